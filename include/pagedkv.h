@@ -1,0 +1,211 @@
+/*
+ * pagedkv.h - the public interface of pagedkv, a paged KV cache and single-query
+ * decode-attention engine for token-by-token LLM generators.
+ *
+ * This header is the product. Everything a program needs is here; every other
+ * file of the project is an implementation detail.
+ *
+ * Glossary
+ *   engine   owns the configuration, the page pool, the worker threads, the kernels
+ *            and (optionally) the spill file. Create one per model.
+ *   session  one sequence being generated: for every layer, a block table that lists
+ *            the pages holding that layer's cached K/V, in position order.
+ *   page     (block) `block_tokens` consecutive positions of one layer for every KV
+ *            group, laid out group-major: [g][K rows | V rows], each [block_tokens][d].
+ *            page_bytes = 2 * g * block_tokens * d * sizeof(kv_dtype).
+ *
+ * Shapes (row-major, head-major)
+ *   q, out   [n_heads][head_dim]        float
+ *   k, v     [n_kv_heads][head_dim]     float
+ *   Query head i reads KV group i / (n_heads / n_kv_heads).
+ *
+ * Conventions
+ *   - Every fallible call returns a pkv_status; results go through out-parameters,
+ *     which come last. A constructor sets *out to the new object on success and to
+ *     NULL on failure. Destroy functions accept NULL.
+ *   - A call that fails changes nothing observable (a failed append leaves the
+ *     session exactly as it was; the engine stays usable).
+ *   - Threads: the engine may be shared by many threads. One session is used by one
+ *     thread at a time; different sessions may be used concurrently. Results are
+ *     bitwise identical for any n_threads, and between single and batched decode
+ *     and prefill.
+ *   - The library never calls abort() or exit() and keeps no global state.
+ */
+#ifndef PAGEDKV_H
+#define PAGEDKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && defined(PAGEDKV_BUILDING)
+#define PKV_API __attribute__((visibility("default")))
+#else
+#define PKV_API
+#endif
+
+#define PKV_VERSION_MAJOR 0
+#define PKV_VERSION_MINOR 1
+#define PKV_VERSION_PATCH 0
+
+/* Status of every fallible call. */
+typedef enum {
+    PKV_OK = 0,
+    PKV_EINVAL,   /* bad argument: NULL pointer, bad layer, bad geometry, zero size,
+                     overflowing size, a file of another format/version/geometry */
+    PKV_ENOMEM,   /* memory budget (after spilling) or the system cannot supply a page */
+    PKV_EIO,      /* an I/O call failed (spill, save, load) */
+    PKV_ECORRUPT, /* a session file is damaged (checksum, truncation, padding) */
+    PKV_ERANGE,   /* a position or length out of range (e.g. truncate beyond length) */
+    PKV_ESTATE    /* the object is not in a state that allows the call (decode of an
+                     empty layer) */
+} pkv_status;
+
+/* A static, human-readable description of s. Never NULL (unknown values included). */
+PKV_API const char *pkv_status_str(pkv_status s);
+
+/* Storage type of cached K/V. Input and output are always f32; values are rounded to
+ * the storage type with round-to-nearest-even when appended. */
+typedef enum { PKV_F32 = 0, PKV_F16, PKV_BF16 } pkv_dtype;
+
+typedef struct {
+    uint32_t n_layers, n_heads, n_kv_heads, head_dim;
+    uint32_t block_tokens;     /* tokens per page; 0 = library default (16) */
+    pkv_dtype kv_dtype;        /* storage type of cached K/V */
+    float    scale;            /* 0 = 1/sqrt(head_dim) */
+    uint64_t mem_budget;       /* max bytes of resident pages; 0 = unlimited */
+    const char *spill_dir;     /* where offloaded pages go; NULL = no spilling.
+                                  Copied by pkv_engine_create. */
+    uint32_t n_threads;        /* 0 = number of online CPUs */
+} pkv_config;
+
+/* All-zero geometry, PKV_F32, defaults elsewhere. Callers start here and set the
+ * geometry, so that fields appended later keep their defaults. */
+PKV_API pkv_config pkv_config_default(void);
+
+/* "MAJOR.MINOR.PATCH"; static storage. */
+PKV_API const char *pkv_version(void);
+
+typedef struct pkv_engine  pkv_engine;
+typedef struct pkv_session pkv_session;
+
+/* Validate cfg and create an engine.
+ * PKV_EINVAL: cfg or out NULL; a geometry field 0; n_heads % n_kv_heads != 0; unknown
+ *   dtype; scale negative or not finite; page size overflowing or absurd (> 1 GiB);
+ *   a budget smaller than one page; spill_dir not an existing directory.
+ * PKV_ENOMEM: the allocator failed. PKV_EIO: the spill file could not be created. */
+PKV_API pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out);
+/* Destroy the engine. Every session of it must have been destroyed first (sessions
+ * still alive are destroyed here, and their handles become invalid). NULL: no-op. */
+PKV_API void pkv_engine_destroy(pkv_engine *e);
+
+/* A new, empty session. PKV_EINVAL (NULL args), PKV_ENOMEM. */
+PKV_API pkv_status pkv_session_create(pkv_engine *e, pkv_session **out);
+/* A new session that shares every page of src by reference (O(pages), no copy).
+ * The first append into a shared, partly filled page copies that page only.
+ * PKV_EINVAL, PKV_ENOMEM (src unchanged). */
+PKV_API pkv_status pkv_session_fork(pkv_session *src, pkv_session **out);
+/* Release the session's references to its pages. NULL: no-op. */
+PKV_API void pkv_session_destroy(pkv_session *s);
+
+/* Append one token's K and V ([n_kv_heads][head_dim] floats each) to `layer`.
+ * Cached data never moves. PKV_EINVAL (NULL, bad layer), PKV_ENOMEM (no page under
+ * the budget after spilling; session unchanged), PKV_EIO (a spilled tail page could
+ * not be read back; session unchanged). */
+PKV_API pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k,
+                              const float *v);
+/* Single-query attention of q ([n_heads][head_dim]) over every cached token of `layer`;
+ * out is [n_heads][head_dim]. Never allocates for a resident session.
+ * PKV_EINVAL (NULL, bad layer), PKV_ESTATE (layer empty), PKV_EIO/PKV_ENOMEM (spilled
+ * pages could not be brought back; nothing changed). */
+PKV_API pkv_status pkv_decode(pkv_session *s, uint32_t layer, const float *q, float *out);
+/* Cached positions of `layer`; 0 for NULL or a bad layer. */
+PKV_API uint64_t pkv_session_len(const pkv_session *s, uint32_t layer);
+/* Every layer keeps min(its length, n_tokens); whole pages past the end are released.
+ * PKV_ERANGE if n_tokens exceeds every layer's length; PKV_EINVAL for NULL. */
+PKV_API pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens);
+
+typedef struct {
+    uint64_t tokens;           /* sum over layers of cached positions */
+    uint64_t blocks;           /* pages this session references */
+    uint64_t bytes_resident;   /* bytes of those pages now in memory */
+    uint64_t bytes_shared;     /* part of bytes_resident shared with other sessions */
+    uint64_t bytes_spilled;    /* bytes of this session's pages now on disk */
+    uint64_t bytes_ideal;      /* what an unpaged cache of exactly these tokens needs */
+    uint64_t bytes_overhead;   /* block tables and other bookkeeping */
+} pkv_memory;
+/* Exact memory figures of one session. PKV_EINVAL for NULL. */
+PKV_API pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out);
+
+typedef struct {
+    const char *isa;           /* kernels in use: "scalar", "avx2", "avx512" */
+    const char *io_backend;    /* "io_uring", "sync", or "none" without spill_dir */
+    uint64_t pages_in_use, pages_free, pages_spilled;
+    uint64_t page_bytes;       /* bytes of one page */
+    uint64_t bytes_allocator;  /* what jemalloc reports for the pool's arena
+                                  (bytes of pages allocated without jemalloc) */
+    uint64_t mem_budget;
+} pkv_stats;
+/* Engine-wide figures; safe to call from any thread. PKV_EINVAL for NULL. */
+PKV_API pkv_status pkv_engine_stats(const pkv_engine *e, pkv_stats *out);
+
+/* Append n tokens (K, V [n][g][d]) to `layer` and write each one's causal attention
+ * output (Q, out [n][h][d]): bitwise identical to n calls of append + decode.
+ * On failure the layer is rolled back to its length before the call. */
+PKV_API pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *q,
+                               const float *k, const float *v, float *out);
+/* Decode one query per session (q, out [n][h][d]) on the engine's threads: bitwise
+ * identical to n calls of pkv_decode. The sessions must be distinct and belong to e.
+ * On failure out is unspecified and no session is changed. */
+PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
+                                    pkv_session *const *sessions, const float *q,
+                                    float *out);
+
+/* Write the session to `path` atomically (temporary file, fsync, rename, directory
+ * fsync), mode 0600. Format: docs/file-format.md. PKV_EINVAL, PKV_EIO, PKV_ENOMEM. */
+PKV_API pkv_status pkv_session_save(pkv_session *s, const char *path);
+/* Read a session file into a new session of e. The whole file is validated before
+ * the session is built: PKV_EINVAL for a file that is not a session file (magic), or
+ * a sound file of another version, geometry, dtype or block size; PKV_ECORRUPT for any
+ * other damage; PKV_EIO, PKV_ENOMEM. Nothing is half-loaded. */
+PKV_API pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out);
+
+/* 2 * layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_value.
+ * Zero factors give 0; PKV_ERANGE if the product overflows uint64; PKV_EINVAL for NULL. */
+PKV_API pkv_status pkv_kv_cache_bytes(uint64_t layers, uint64_t n_kv_heads,
+                                      uint64_t head_dim, uint64_t seq_len, uint64_t batch,
+                                      uint64_t bytes_per_value, uint64_t *out);
+/* Dense reference (the oracle), accumulating in double: causal attention over T tokens,
+ * Q [T][h][d], K,V [T][g][d], out [T][h][d]; scale 0 means 1/sqrt(d).
+ * PKV_EINVAL for NULL, zero sizes, h % g != 0, overflowing sizes; PKV_ENOMEM. */
+PKV_API pkv_status pkv_causal_attention(uint32_t T, uint32_t n_heads, uint32_t n_kv_heads,
+                                        uint32_t head_dim, float scale, const float *Q,
+                                        const float *K, const float *V, float *out);
+/* The textbook layer (SPEC §1) with projections: X [T][d_model], Wq [d_model][h*d],
+ * Wk, Wv [d_model][g*d], Wo [h*d][d_model], d = d_model / h; out is [T][d_model].
+ * PKV_EINVAL for d_model % h != 0, h % g != 0, NULL, zero sizes; PKV_ENOMEM. */
+PKV_API pkv_status pkv_mha_forward(uint32_t T, uint32_t d_model, uint32_t n_heads,
+                                   uint32_t n_kv_heads, const float *X, const float *Wq,
+                                   const float *Wk, const float *Wv, const float *Wo,
+                                   float *out);
+
+/* ---- Additions beyond SPEC §2 ----------------------------------------------------- */
+
+/* Bytes of one stored value of dtype t (4, 2, 2); 0 for an unknown dtype. */
+PKV_API size_t pkv_dtype_size(pkv_dtype t);
+/* "f32", "f16", "bf16"; "?" for an unknown dtype. */
+PKV_API const char *pkv_dtype_name(pkv_dtype t);
+/* Round one float to dtype t (round-to-nearest-even) and back: what the cache stores.
+ * For tests and references. Unknown dtype: x unchanged. */
+PKV_API float pkv_dtype_round(pkv_dtype t, float x);
+/* The configuration the engine runs with (defaults resolved: block_tokens, scale,
+ * n_threads). spill_dir points into the engine. PKV_EINVAL for NULL. */
+PKV_API pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PAGEDKV_H */

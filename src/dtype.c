@@ -1,0 +1,151 @@
+/*
+ * dtype.c - storage types of cached K/V: f32, f16 (IEEE binary16) and bf16.
+ *
+ * Owns the scalar conversions that define what the cache stores: f32 -> f16/bf16 with
+ * round-to-nearest-even (ties to even), NaN kept a quiet NaN with its sign, overflow to
+ * infinity; and the exact widening back to f32. SIMD kernels must produce bitwise the
+ * same values (tests/test_kernels.c checks it); hardware F16C conversion does.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+static uint32_t bits_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+uint16_t pkvi_f32_to_f16(float x)
+{
+    uint32_t u = bits_of(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+
+    if (a >= 0x7f800000u) /* inf stays inf; NaN becomes a quiet NaN, payload kept */
+        return (uint16_t)(sign | 0x7c00u |
+                          (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0u));
+    if (a >= 0x477ff000u) /* >= 65520 rounds to infinity */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x38800000u) {
+        /* Below 2^-14: an f16 subnormal or zero. Adding 0.5f lines the f16 subnormal
+         * unit (2^-24) up with the f32 ulp at 0.5 (2^-24), so the FPU's own
+         * round-to-nearest-even does the rounding; subtract the bits of 0.5f back. */
+        float f = float_of(a) + 0.5f;
+        return (uint16_t)(sign | (bits_of(f) - 0x3f000000u));
+    }
+    /* Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to
+     * nearest, ties to the even mantissa. A carry into the exponent is correct. */
+    uint32_t odd = (a >> 13) & 1u;
+    a += 0xc8000fffu + odd; /* (15 - 127) << 23, plus half-ulp minus one, plus odd */
+    return (uint16_t)(sign | (a >> 13));
+}
+
+float pkvi_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu;
+    uint32_t m = h & 0x3ffu;
+    if (e == 0) {
+        /* zero or subnormal: m * 2^-24, exact in f32 */
+        float f = (float)m * 0x1p-24f;
+        return float_of(sign | bits_of(f));
+    }
+    if (e == 31)
+        return float_of(sign | 0x7f800000u | (m << 13));
+    return float_of(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+uint16_t pkvi_f32_to_bf16(float x)
+{
+    uint32_t u = bits_of(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and top payload, quiet */
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
+    return (uint16_t)(u >> 16);
+}
+
+float pkvi_bf16_to_f32(uint16_t h)
+{
+    return float_of((uint32_t)h << 16);
+}
+
+void pkvi_store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
+{
+    switch (t) {
+    case PKV_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case PKV_F16: {
+        uint16_t *o = dst;
+        for (uint32_t i = 0; i < n; i++)
+            o[i] = pkvi_f32_to_f16(src[i]);
+        break;
+    }
+    case PKV_BF16: {
+        uint16_t *o = dst;
+        for (uint32_t i = 0; i < n; i++)
+            o[i] = pkvi_f32_to_bf16(src[i]);
+        break;
+    }
+    }
+}
+
+void pkvi_load_row(pkv_dtype t, float *dst, const void *src, uint32_t n)
+{
+    switch (t) {
+    case PKV_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case PKV_F16: {
+        const uint16_t *p = src;
+        for (uint32_t i = 0; i < n; i++)
+            dst[i] = pkvi_f16_to_f32(p[i]);
+        break;
+    }
+    case PKV_BF16: {
+        const uint16_t *p = src;
+        for (uint32_t i = 0; i < n; i++)
+            dst[i] = pkvi_bf16_to_f32(p[i]);
+        break;
+    }
+    }
+}
+
+size_t pkv_dtype_size(pkv_dtype t)
+{
+    switch (t) {
+    case PKV_F32: return 4;
+    case PKV_F16: return 2;
+    case PKV_BF16: return 2;
+    }
+    return 0;
+}
+
+const char *pkv_dtype_name(pkv_dtype t)
+{
+    switch (t) {
+    case PKV_F32: return "f32";
+    case PKV_F16: return "f16";
+    case PKV_BF16: return "bf16";
+    }
+    return "?";
+}
+
+float pkv_dtype_round(pkv_dtype t, float x)
+{
+    switch (t) {
+    case PKV_F32: return x;
+    case PKV_F16: return pkvi_f16_to_f32(pkvi_f32_to_f16(x));
+    case PKV_BF16: return pkvi_bf16_to_f32(pkvi_f32_to_bf16(x));
+    }
+    return x;
+}

@@ -1,0 +1,3 @@
+/* PLACEHOLDER */
+#include "internal.h"
+typedef int pkvi_placeholder_persist;

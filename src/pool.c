@@ -1,0 +1,165 @@
+/*
+ * pool.c - the page pool: fixed-size, aligned page buffers from a private jemalloc
+ * arena (or aligned_alloc when built with -Djemalloc=disabled), a small cache of free
+ * buffers for reuse, and the memory budget.
+ *
+ * Owns page *buffers* and their counts. It does not own page descriptors, reference
+ * counts or spilling (session.c, spill.c). Every function runs under e->lock.
+ *
+ * Invariants:
+ *   allocated == in_use + n_free          (every buffer is held or cached)
+ *   budget_pages == 0 || in_use + n_free <= budget_pages
+ *   n_free <= free_cap
+ * The budget caps buffers held *and* cached, so the process's page memory never
+ * exceeds mem_budget whatever the reuse pattern.
+ */
+#include "internal.h"
+#include "pkv_config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if PKV_HAVE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
+/* Free buffers kept for reuse: at most this many bytes (or 4 pages), so a session
+ * destroyed gives its memory back to the allocator instead of pinning it here.
+ * 16 MiB is 256 llama3-8b f16 pages (64 KiB at bt=16): enough to absorb the churn of
+ * forks and truncates without a trip to the allocator. */
+#define FREE_CACHE_BYTES (16ull << 20)
+
+static void *buf_alloc(pkvi_pool *p)
+{
+#if PKV_HAVE_JEMALLOC
+    if (p->use_jemalloc)
+        return mallocx((size_t)p->page_bytes, MALLOCX_ALIGN(PKVI_PAGE_ALIGN) |
+                                              MALLOCX_ARENA(p->arena) |
+                                              MALLOCX_TCACHE_NONE);
+#endif
+    /* aligned_alloc wants a size that is a multiple of the alignment */
+    uint64_t sz = (p->page_bytes + PKVI_PAGE_ALIGN - 1) & ~(uint64_t)(PKVI_PAGE_ALIGN - 1);
+    return aligned_alloc(PKVI_PAGE_ALIGN, (size_t)sz);
+}
+
+static void buf_free(pkvi_pool *p, void *buf)
+{
+#if PKV_HAVE_JEMALLOC
+    if (p->use_jemalloc) {
+        dallocx(buf, MALLOCX_TCACHE_NONE);
+        return;
+    }
+#endif
+    (void)p;
+    free(buf);
+}
+
+pkv_status pkvi_pool_init(pkvi_pool *p, uint64_t page_bytes, uint64_t budget_bytes)
+{
+    memset(p, 0, sizeof *p);
+    p->page_bytes = page_bytes;
+    p->budget_pages = budget_bytes / page_bytes; /* callers checked budget >= 1 page */
+    p->free_cap = FREE_CACHE_BYTES / page_bytes;
+    if (p->free_cap < 4)
+        p->free_cap = 4;
+    if (p->budget_pages && p->free_cap > p->budget_pages)
+        p->free_cap = p->budget_pages;
+    p->free_list = calloc((size_t)p->free_cap, sizeof(void *));
+    if (!p->free_list)
+        return PKV_ENOMEM;
+#if PKV_HAVE_JEMALLOC
+    unsigned arena = 0;
+    size_t sz = sizeof arena;
+    if (mallctl("arenas.create", &arena, &sz, NULL, 0) != 0) {
+        free(p->free_list);
+        p->free_list = NULL;
+        return PKV_ENOMEM;
+    }
+    p->use_jemalloc = true;
+    p->arena = arena;
+#endif
+    return PKV_OK;
+}
+
+void pkvi_pool_fini(pkvi_pool *p)
+{
+    for (uint64_t i = 0; i < p->n_free; i++)
+        buf_free(p, p->free_list[i]);
+    p->allocated -= p->n_free;
+    p->n_free = 0;
+    free(p->free_list);
+    p->free_list = NULL;
+#if PKV_HAVE_JEMALLOC
+    if (p->use_jemalloc && p->allocated == 0) {
+        /* Give the arena's memory back. Only legal once every buffer is freed. */
+        char name[64];
+        snprintf(name, sizeof name, "arena.%u.destroy", p->arena);
+        mallctl(name, NULL, NULL, NULL, 0);
+    }
+#endif
+}
+
+bool pkvi_pool_can_get(const pkvi_pool *p)
+{
+    return p->budget_pages == 0 || p->n_free > 0 || p->in_use + 1 <= p->budget_pages;
+}
+
+pkv_status pkvi_pool_get(pkvi_pool *p, void **out)
+{
+    void *buf;
+    if (p->n_free > 0) {
+        buf = p->free_list[--p->n_free];
+    } else {
+        if (p->budget_pages && p->in_use + 1 > p->budget_pages)
+            return PKV_ENOMEM;
+        buf = buf_alloc(p);
+        if (!buf)
+            return PKV_ENOMEM;
+        p->allocated++;
+    }
+#if PKV_POISON
+    memset(buf, 0xff, (size_t)p->page_bytes); /* all-ones is NaN in f32, f16 and bf16 */
+#endif
+    p->in_use++;
+    *out = buf;
+    return PKV_OK;
+}
+
+void pkvi_pool_put(pkvi_pool *p, void *buf)
+{
+    p->in_use--;
+#if PKV_POISON
+    memset(buf, 0xff, (size_t)p->page_bytes);
+#endif
+    if (p->n_free < p->free_cap) {
+        p->free_list[p->n_free++] = buf;
+        return;
+    }
+    buf_free(p, buf);
+    p->allocated--;
+}
+
+uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p)
+{
+#if PKV_HAVE_JEMALLOC
+    if (p->use_jemalloc) {
+        /* jemalloc's stats are snapshots refreshed by writing "epoch". */
+        uint64_t epoch = 1;
+        size_t sz = sizeof epoch;
+        mallctl("epoch", &epoch, &sz, &epoch, sz);
+        char name[96];
+        size_t small = 0, large = 0;
+        sz = sizeof small;
+        snprintf(name, sizeof name, "stats.arenas.%u.small.allocated", p->arena);
+        if (mallctl(name, &small, &sz, NULL, 0) != 0)
+            small = 0;
+        sz = sizeof large;
+        snprintf(name, sizeof name, "stats.arenas.%u.large.allocated", p->arena);
+        if (mallctl(name, &large, &sz, NULL, 0) != 0)
+            large = 0;
+        return (uint64_t)small + (uint64_t)large;
+    }
+#endif
+    return p->allocated * p->page_bytes;
+}

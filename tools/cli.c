@@ -1,0 +1,175 @@
+/* cli.c - see cli.h. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static const cli_preset presets[] = {
+    /* name          layers heads kv  d */
+    {"llama3-8b",     32,   32,   8, 128},
+    {"llama3-70b",    80,   64,   8, 128},
+    {"mistral-7b",    32,   32,   8, 128},
+    {"llama2-7b",     32,   32,  32, 128},
+    {"mqa",           32,   32,   1, 128},
+    {"mha",           32,   32,  32, 128},
+    {"d64",           32,   32,   8,  64},
+    {"d256",          32,   16,   8, 256},
+};
+
+const cli_preset *cli_presets(uint32_t *n)
+{
+    *n = (uint32_t)(sizeof presets / sizeof presets[0]);
+    return presets;
+}
+
+const cli_preset *cli_preset_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, name) == 0)
+            return &presets[i];
+    return NULL;
+}
+
+int cli_parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
+        return 0;
+    errno = 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s)
+        return 0;
+    unsigned shift = 0;
+    if (*end) {
+        switch (*end) {
+        case 'k': case 'K': shift = 10; break;
+        case 'm': case 'M': shift = 20; break;
+        case 'g': case 'G': shift = 30; break;
+        default: return 0;
+        }
+        if (end[1])
+            return 0;
+    }
+    if (shift && v > (UINT64_MAX >> shift))
+        return 0;
+    *out = (uint64_t)v << shift;
+    return 1;
+}
+
+int cli_parse_u32(const char *s, uint32_t *out)
+{
+    uint64_t v;
+    if (!cli_parse_u64(s, &v) || v > UINT32_MAX)
+        return 0;
+    *out = (uint32_t)v;
+    return 1;
+}
+
+int cli_parse_double(const char *s, double *out)
+{
+    if (!s || !*s)
+        return 0;
+    errno = 0;
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return 0;
+    *out = v;
+    return 1;
+}
+
+int cli_parse_dtype(const char *s, pkv_dtype *out)
+{
+    if (!s)
+        return 0;
+    if (strcmp(s, "f32") == 0 || strcmp(s, "fp32") == 0) { *out = PKV_F32; return 1; }
+    if (strcmp(s, "f16") == 0 || strcmp(s, "fp16") == 0) { *out = PKV_F16; return 1; }
+    if (strcmp(s, "bf16") == 0) { *out = PKV_BF16; return 1; }
+    return 0;
+}
+
+static void vmsg(const char *cmd, const char *fmt, va_list ap)
+{
+    fprintf(stderr, "pagedkv%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vmsg(cmd, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "Try 'pagedkv %s --help'.\n", cmd ? cmd : "");
+    return CLI_USAGE;
+}
+
+int cli_fail(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vmsg(cmd, fmt, ap);
+    va_end(ap);
+    return CLI_FAIL;
+}
+
+const char *cli_value(const char *cmd, int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        cli_usage_error(cmd, "option '%s' needs a value", argv[*i]);
+        return NULL;
+    }
+    *i += 1;
+    return argv[*i];
+}
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+uint64_t cli_peak_rss_bytes(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (uint64_t)ru.ru_maxrss * 1024u;
+}
+
+const char *cli_bytes(uint64_t b, char *buf)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, 32, "%llu B", (unsigned long long)b);
+    else
+        snprintf(buf, 32, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+void cli_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}

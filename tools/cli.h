@@ -1,0 +1,56 @@
+/*
+ * cli.h - shared pieces of the `pagedkv` command: subcommand entry points, argument
+ * parsing, model presets, timing and JSON helpers.
+ *
+ * Exit codes of every subcommand: 0 success, 1 a runtime failure (the library or the
+ * system said no), 2 a usage error (message on stderr, then a hint to run --help).
+ */
+#ifndef PKV_CLI_H
+#define PKV_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "pagedkv.h"
+
+#define CLI_OK 0
+#define CLI_FAIL 1
+#define CLI_USAGE 2
+
+int cmd_mem(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_stress(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+
+/* A model geometry by name: llama3-8b, llama3-70b, mistral-7b, mqa, mha, ... */
+typedef struct {
+    const char *name;
+    uint32_t layers, heads, kv_heads, head_dim;
+} cli_preset;
+const cli_preset *cli_preset_find(const char *name);   /* NULL if unknown */
+const cli_preset *cli_presets(uint32_t *n);             /* the table */
+
+/* Strict parsers: the whole string must be consumed; 1 on success, 0 otherwise.
+ * Integers accept a k/K (x1024), m/M (x2^20), g/G (x2^30) suffix. */
+int cli_parse_u64(const char *s, uint64_t *out);
+int cli_parse_u32(const char *s, uint32_t *out);
+int cli_parse_double(const char *s, double *out);
+int cli_parse_dtype(const char *s, pkv_dtype *out);
+
+/* "pagedkv CMD: <message>\n" on stderr; returns CLI_USAGE / CLI_FAIL for chaining. */
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Option value: argv[*i + 1] (advancing *i), or a usage error message and NULL. */
+const char *cli_value(const char *cmd, int argc, char **argv, int *i);
+
+double cli_now(void);                  /* monotonic seconds */
+uint64_t cli_peak_rss_bytes(void);     /* getrusage ru_maxrss */
+/* Human-readable bytes ("1.00 GiB") into buf (>= 32 bytes); returns buf. */
+const char *cli_bytes(uint64_t b, char *buf);
+/* JSON string literal of s (escaped) to f. */
+void cli_json_str(FILE *f, const char *s);
+
+#endif

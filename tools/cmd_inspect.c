@@ -1,0 +1,8 @@
+/* PLACEHOLDER: replaced by the owner of `pagedkv inspect`. */
+#include "cli.h"
+int cmd_inspect(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    return cli_fail("inspect", "not built yet");
+}

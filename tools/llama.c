@@ -1,0 +1,2 @@
+/* PLACEHOLDER */
+typedef int pkv_placeholder_llama;

@@ -1,0 +1,419 @@
+/*
+ * svg.c - the chart writer of svg.h.
+ *
+ * Owns: the page layout (fixed pixel geometry below), axis ranges and ticks, tick
+ * labels, the legend, XML escaping. Does not own the data or the FILE.
+ *
+ * Invariants
+ *   - Every coordinate written is finite: non-finite points, and points <= 0 on a log
+ *     axis, are skipped before mapping; an empty or degenerate range is widened.
+ *   - Ticks lie inside the axis range, and the axis range holds every drawn point:
+ *     a linear range is widened to whole tick steps, a log range to whole exponents.
+ *   - All text goes through xml_text(), so a series name cannot break the document.
+ */
+#include "svg.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Page geometry in pixels: a plot area with room for tick labels on the left and
+ * below, and the legend on the right, outside the data. */
+enum {
+    PAGE_W = 960,
+    TITLE_H = 40,
+    PANEL_H = 400,
+    PLOT_L = 92,
+    PLOT_R = PAGE_W - 250,
+    PLOT_T = 42,
+    PLOT_B = PANEL_H - 62,
+    MAX_TICKS = 24
+};
+
+static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                                      "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+
+/* One laid-out axis: the range drawn, the ticks, and the unit of its labels. */
+typedef struct {
+    const svg_axis *ax;
+    double lo, hi;          /* axis range in data units (> 0 on a log axis) */
+    double ticks[MAX_TICKS];
+    size_t n_ticks;
+    double step;            /* linear: distance between ticks in data units */
+    double unit;            /* labels are written as value / unit */
+    const char *unit_name;  /* suffix of labels: "GiB", "K", "" */
+} axis_layout;
+
+static void xml_text(FILE *f, const char *s)
+{
+    for (const char *p = s ? s : ""; *p; p++) {
+        switch (*p) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&apos;", f); break;
+        default:
+            /* control characters are not allowed in XML 1.0 text */
+            if ((unsigned char)*p >= 0x20 || *p == '\t' || *p == '\n')
+                fputc(*p, f);
+        }
+    }
+}
+
+/* Heckbert's "nice number": 1, 2, 5 or 10 times a power of ten near x. */
+static double nice_num(double x, bool round_it)
+{
+    double e = floor(log10(x));
+    double p = pow(10.0, e);
+    double fr = x / p, nf;
+    if (round_it)
+        nf = fr < 1.5 ? 1 : fr < 3 ? 2 : fr < 7 ? 5 : 10;
+    else
+        nf = fr <= 1 ? 1 : fr <= 2 ? 2 : fr <= 5 ? 5 : 10;
+    return nf * p;
+}
+
+/* Binary unit for a magnitude: the largest 1024^k (k <= 4) not above m. */
+static void binary_unit(double m, bool bytes, double *unit, const char **name)
+{
+    static const char *const bnames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    static const char *const cnames[] = {"", "K", "M", "G", "T"};
+    int k = 0;
+    double u = 1.0;
+    while (k < 4 && m >= u * 1024.0) {
+        u *= 1024.0;
+        k++;
+    }
+    *unit = u;
+    *name = bytes ? bnames[k] : cnames[k];
+}
+
+static void layout_linear(axis_layout *a, double lo, double hi)
+{
+    if (a->ax->from_zero) {
+        lo = fmin(lo, 0.0);
+        hi = fmax(hi, 0.0);
+    }
+    a->unit = 1.0;
+    a->unit_name = "";
+    if (a->ax->format != SVG_FMT_NUMBER)
+        binary_unit(fmax(fabs(lo), fabs(hi)), a->ax->format == SVG_FMT_BYTES, &a->unit,
+                    &a->unit_name);
+    double l = lo / a->unit, h = hi / a->unit;
+    if (!(h > l)) {
+        double pad = l != 0.0 ? fabs(l) * 0.1 : 1.0;
+        l -= pad;
+        h += pad;
+    }
+    double step = nice_num(nice_num(h - l, false) / 5.0, true);
+    double alo = floor(l / step) * step, ahi = ceil(h / step) * step;
+    a->n_ticks = 0;
+    for (double t = alo; t <= ahi + step * 0.5 && a->n_ticks < MAX_TICKS; t += step)
+        a->ticks[a->n_ticks++] = (fabs(t) < step * 1e-9 ? 0.0 : t) * a->unit;
+    a->lo = alo * a->unit;
+    a->hi = ahi * a->unit;
+    a->step = step * a->unit;
+}
+
+static void layout_log(axis_layout *a, double lo, double hi)
+{
+    double base = a->ax->format == SVG_FMT_NUMBER ? 10.0 : 2.0;
+    double elo = floor(log(lo) / log(base) + 1e-9);
+    double ehi = ceil(log(hi) / log(base) - 1e-9);
+    if (ehi <= elo)
+        ehi = elo + 1;
+    static const int steps10[] = {1, 2, 3, 5, 10};
+    static const int steps2[] = {1, 2, 5, 10, 20, 30};
+    const int *st = base == 10.0 ? steps10 : steps2;
+    size_t nst = base == 10.0 ? 5 : 6;
+    int k = st[nst - 1];
+    for (size_t i = 0; i < nst; i++)
+        if ((ehi - elo) / st[i] <= 8.0) {
+            k = st[i];
+            break;
+        }
+    elo = floor(elo / k) * k;
+    ehi = ceil(ehi / k) * k;
+    a->n_ticks = 0;
+    for (double e = elo; e <= ehi + 0.5 && a->n_ticks < MAX_TICKS; e += k) {
+        double v = pow(base, e);
+        a->ticks[a->n_ticks++] = v;
+        /* one decade alone gets 2 and 5 between its ends, or it has no middle */
+        if (base == 10.0 && k == 1 && ehi - elo <= 1 && e < ehi &&
+            a->n_ticks + 2 < MAX_TICKS) {
+            a->ticks[a->n_ticks++] = 2 * v;
+            a->ticks[a->n_ticks++] = 5 * v;
+        }
+    }
+    a->lo = pow(base, elo);
+    a->hi = pow(base, ehi);
+    a->step = 0.0;
+    a->unit = 1.0;
+    a->unit_name = "";
+}
+
+static bool usable(const svg_axis *ax, double v)
+{
+    return isfinite(v) && (!ax->log || v > 0.0);
+}
+
+static void layout_axis(axis_layout *a, const svg_axis *ax, const svg_panel *p, bool is_x)
+{
+    double lo = INFINITY, hi = -INFINITY;
+    for (size_t s = 0; s < p->n_series; s++) {
+        const svg_series *se = &p->series[s];
+        for (size_t i = 0; i < se->n; i++) {
+            double x = se->x[i], y = se->y[i];
+            if (!usable(&p->x, x) || !usable(&p->y, y))
+                continue;
+            double v = is_x ? x : y;
+            lo = fmin(lo, v);
+            hi = fmax(hi, v);
+        }
+    }
+    a->ax = ax;
+    if (!(lo <= hi)) {  /* no point at all */
+        lo = ax->log ? 1.0 : 0.0;
+        hi = ax->log ? 10.0 : 1.0;
+    }
+    if (ax->log)
+        layout_log(a, lo, hi);
+    else
+        layout_linear(a, lo, hi);
+}
+
+/* Position of v along the axis as a fraction 0..1 of its length. */
+static double frac(const axis_layout *a, double v)
+{
+    if (a->ax->log)
+        return (log(v) - log(a->lo)) / (log(a->hi) - log(a->lo));
+    return (v - a->lo) / (a->hi - a->lo);
+}
+
+static double px_x(const axis_layout *a, double v)
+{
+    return PLOT_L + frac(a, v) * (PLOT_R - PLOT_L);
+}
+
+static double px_y(const axis_layout *a, double v)
+{
+    return PLOT_B - frac(a, v) * (PLOT_B - PLOT_T);
+}
+
+/* Four significant digits: enough for any tick, and no float noise such as
+ * 0.30000000000000004 in a label. */
+static void short_num(char *buf, size_t len, double v, const char *suffix)
+{
+    snprintf(buf, len, "%.4g%s", v, suffix);
+}
+
+static const char *tick_label(const axis_layout *a, double v, char *buf, size_t len)
+{
+    if (v == 0.0) {
+        snprintf(buf, len, "0");
+        return buf;
+    }
+    double unit;
+    const char *name;
+    switch (a->ax->format) {
+    case SVG_FMT_BYTES:
+        if (a->ax->log)
+            binary_unit(fabs(v), true, &unit, &name);
+        else
+            unit = a->unit, name = a->unit_name;
+        snprintf(buf, len, "%.4g %s", v / unit, name);
+        return buf;
+    case SVG_FMT_COUNT:
+        if (a->ax->log)
+            binary_unit(fabs(v), false, &unit, &name);
+        else
+            unit = a->unit, name = a->unit_name;
+        short_num(buf, len, v / unit, name);
+        return buf;
+    case SVG_FMT_NUMBER:
+    default: {
+        static const char *const si[] = {"", "k", "M", "G", "T"};
+        int k = 0;
+        double m = fabs(v);
+        while (k < 4 && m >= 1e4) {
+            m /= 1e3;
+            k++;
+        }
+        short_num(buf, len, v / pow(1e3, k), si[k]);
+        return buf;
+    }
+    }
+}
+
+static void draw_axes(FILE *f, const axis_layout *xa, const axis_layout *ya,
+                      const svg_panel *p)
+{
+    char buf[48];
+    fputs("<g class=\"grid\" stroke=\"#e3e3e3\" stroke-width=\"1\">\n", f);
+    for (size_t i = 0; i < xa->n_ticks; i++) {
+        double x = px_x(xa, xa->ticks[i]);
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>\n", x, PLOT_T, x,
+                PLOT_B);
+    }
+    for (size_t i = 0; i < ya->n_ticks; i++) {
+        double y = px_y(ya, ya->ticks[i]);
+        fprintf(f, "<line x1=\"%d\" y1=\"%.2f\" x2=\"%d\" y2=\"%.2f\"/>\n", PLOT_L, y, PLOT_R,
+                y);
+    }
+    fputs("</g>\n<g class=\"ticks\" fill=\"#333\">\n", f);
+    for (size_t i = 0; i < xa->n_ticks; i++) {
+        double x = px_x(xa, xa->ticks[i]);
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\" stroke=\"#333\"/>", x,
+                PLOT_B, x, PLOT_B + 5);
+        fprintf(f, "<text x=\"%.2f\" y=\"%d\" text-anchor=\"middle\">", x, PLOT_B + 19);
+        xml_text(f, tick_label(xa, xa->ticks[i], buf, sizeof buf));
+        fputs("</text>\n", f);
+    }
+    for (size_t i = 0; i < ya->n_ticks; i++) {
+        double y = px_y(ya, ya->ticks[i]);
+        fprintf(f, "<line x1=\"%d\" y1=\"%.2f\" x2=\"%d\" y2=\"%.2f\" stroke=\"#333\"/>",
+                PLOT_L - 5, y, PLOT_L, y);
+        fprintf(f, "<text x=\"%d\" y=\"%.2f\" text-anchor=\"end\">", PLOT_L - 8, y + 4);
+        xml_text(f, tick_label(ya, ya->ticks[i], buf, sizeof buf));
+        fputs("</text>\n", f);
+    }
+    fputs("</g>\n", f);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+               "stroke=\"#333\"/>\n",
+            PLOT_L, PLOT_T, PLOT_R - PLOT_L, PLOT_B - PLOT_T);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"13\">",
+            (PLOT_L + PLOT_R) / 2, PLOT_B + 42);
+    xml_text(f, p->x.label);
+    fputs("</text>\n", f);
+    int cy = (PLOT_T + PLOT_B) / 2;
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"13\" "
+               "transform=\"rotate(-90 %d %d)\">",
+            22, cy, 22, cy);
+    xml_text(f, p->y.label);
+    fputs("</text>\n", f);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"15\" "
+               "font-weight=\"bold\">",
+            (PLOT_L + PLOT_R) / 2, PLOT_T - 14);
+    xml_text(f, p->title);
+    fputs("</text>\n", f);
+}
+
+static void draw_series(FILE *f, const svg_series *se, const char *color,
+                        const axis_layout *xa, const axis_layout *ya, const svg_panel *p,
+                        size_t panel_no)
+{
+    fputs("<g class=\"series\"><title>", f);
+    xml_text(f, se->name);
+    fprintf(f, "</title>\n");
+    if (se->line) {
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" "
+                   "stroke-linejoin=\"round\"%s clip-path=\"url(#plot%zu)\" points=\"",
+                color, se->dashed ? " stroke-dasharray=\"6 4\"" : "", panel_no);
+        size_t k = 0;
+        for (size_t i = 0; i < se->n; i++) {
+            if (!usable(&p->x, se->x[i]) || !usable(&p->y, se->y[i]))
+                continue;
+            const char *sep = k == 0 ? "" : k % 8 == 0 ? "\n" : " ";
+            k++;
+            fprintf(f, "%s%.2f,%.2f", sep, px_x(xa, se->x[i]), px_y(ya, se->y[i]));
+        }
+        fputs("\"/>\n", f);
+    }
+    if (se->markers) {
+        fprintf(f, "<g fill=\"%s\" clip-path=\"url(#plot%zu)\">\n", color, panel_no);
+        for (size_t i = 0; i < se->n; i++) {
+            if (!usable(&p->x, se->x[i]) || !usable(&p->y, se->y[i]))
+                continue;
+            fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2.6\"/>\n", px_x(xa, se->x[i]),
+                    px_y(ya, se->y[i]));
+        }
+        fputs("</g>\n", f);
+    }
+    fputs("</g>\n", f);
+}
+
+static void draw_legend(FILE *f, const svg_panel *p, const char *const *colors)
+{
+    fputs("<g class=\"legend\">\n", f);
+    for (size_t s = 0; s < p->n_series; s++) {
+        const svg_series *se = &p->series[s];
+        int y = PLOT_T + 12 + (int)s * 22;
+        int x = PLOT_R + 16;
+        if (se->line)
+            fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
+                       "stroke-width=\"2\"%s/>",
+                    x, y, x + 26, y, colors[s], se->dashed ? " stroke-dasharray=\"6 4\"" : "");
+        if (se->markers)
+            fprintf(f, "<circle cx=\"%d\" cy=\"%d\" r=\"3\" fill=\"%s\"/>", x + 13, y,
+                    colors[s]);
+        fprintf(f, "<text x=\"%d\" y=\"%d\">", x + 34, y + 4);
+        xml_text(f, se->name);
+        fputs("</text>\n", f);
+    }
+    fputs("</g>\n", f);
+}
+
+int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_panels)
+{
+    if (!f || (!panels && n_panels))
+        return -1;
+    for (size_t i = 0; i < n_panels; i++) {
+        if (panels[i].n_series && !panels[i].series)
+            return -1;
+        for (size_t s = 0; s < panels[i].n_series; s++)
+            if (panels[i].series[s].n && (!panels[i].series[s].x || !panels[i].series[s].y))
+                return -1;
+    }
+    int height = TITLE_H + (int)n_panels * PANEL_H;
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+               "viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, "
+               "sans-serif\" font-size=\"12\">\n",
+            PAGE_W, height, PAGE_W, height);
+    fputs("<rect x=\"0\" y=\"0\" width=\"100%\" height=\"100%\" fill=\"white\"/>\n", f);
+    fprintf(f, "<text x=\"%d\" y=\"26\" text-anchor=\"middle\" font-size=\"15\">",
+            PAGE_W / 2);
+    xml_text(f, title);
+    fputs("</text>\n", f);
+    size_t next_color = 0;
+    for (size_t i = 0; i < n_panels; i++) {
+        const svg_panel *p = &panels[i];
+        axis_layout xa, ya;
+        layout_axis(&xa, &p->x, p, true);
+        layout_axis(&ya, &p->y, p, false);
+        fprintf(f, "<g class=\"panel\" transform=\"translate(0 %d)\">\n",
+                TITLE_H + (int)i * PANEL_H);
+        fprintf(f, "<defs><clipPath id=\"plot%zu\"><rect x=\"%d\" y=\"%d\" width=\"%d\" "
+                   "height=\"%d\"/></clipPath></defs>\n",
+                i, PLOT_L - 4, PLOT_T - 4, PLOT_R - PLOT_L + 8, PLOT_B - PLOT_T + 8);
+        draw_axes(f, &xa, &ya, p);
+        const char *colors[16];
+        size_t ns = p->n_series < 16 ? p->n_series : 16;
+        for (size_t s = 0; s < ns; s++) {
+            const svg_series *se = &p->series[s];
+            colors[s] = se->color ? se->color
+                                  : palette[next_color++ % (sizeof palette / sizeof *palette)];
+            draw_series(f, se, colors[s], &xa, &ya, p, i);
+        }
+        svg_panel shown = *p;
+        shown.n_series = ns;
+        draw_legend(f, &shown, colors);
+        fputs("</g>\n", f);
+    }
+    fputs("</svg>\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+int svg_write_file(const char *path, const char *title, const svg_panel *panels,
+                   size_t n_panels)
+{
+    if (!path)
+        return -1;
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    int rc = svg_write(f, title, panels, n_panels);
+    if (fclose(f) != 0)
+        rc = -1;
+    return rc;
+}

@@ -1,0 +1,59 @@
+/*
+ * svg.h - a small chart writer for the `pagedkv` tools: line/marker charts with axes,
+ * "nice" ticks, labels with units and a legend, written as one standalone SVG file
+ * with one or more panels stacked vertically.
+ *
+ * Owns: layout, tick choice, tick label formatting, XML escaping, the SVG text.
+ * Does not own: the data (series arrays are borrowed for the duration of the call)
+ * or the file (svg_write writes to a caller's FILE; svg_write_file opens, writes and
+ * closes a path).
+ *
+ * Every series of a panel is drawn as <g class="series"><title>NAME</title>...</g>,
+ * so a program (or a test) can find the series in the file by name.
+ */
+#ifndef PKV_SVG_H
+#define PKV_SVG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+/* How tick labels of an axis are written. */
+typedef enum {
+    SVG_FMT_NUMBER = 0, /* decimal, SI suffix for large values: 250k, 1.5M */
+    SVG_FMT_BYTES,      /* one binary unit per axis: 0, 1, 2 GiB */
+    SVG_FMT_COUNT       /* binary suffixes: 512, 1K, 256K, 1M (K = 1024) */
+} svg_format;
+
+typedef struct {
+    const char *label;  /* axis title with its unit, e.g. "context length (tokens)" */
+    bool log;           /* logarithmic axis; points with a value <= 0 are not drawn */
+    svg_format format;
+    bool from_zero;     /* linear axis: include 0 in the range */
+} svg_axis;
+
+typedef struct {
+    const char *name;      /* legend text */
+    const double *x, *y;   /* n points, drawn in the given order */
+    size_t n;
+    const char *color;     /* "#rrggbb"; NULL = the next colour of the palette */
+    bool line;             /* connect the points */
+    bool markers;          /* draw a dot at each point */
+    bool dashed;
+} svg_series;
+
+typedef struct {
+    const char *title;
+    svg_axis x, y;
+    const svg_series *series;
+    size_t n_series;
+} svg_panel;
+
+/* Write a complete SVG document: `title` on top, then the panels. Non-finite points
+ * are skipped. Returns 0, or -1 on bad arguments or a write error. */
+int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_panels);
+/* svg_write to a new file at path (truncated); -1 if it cannot be written. */
+int svg_write_file(const char *path, const char *title, const svg_panel *panels,
+                   size_t n_panels);
+
+#endif

@@ -1,0 +1,51 @@
+#!/bin/sh
+# bootstrap.sh - set up a fresh Debian machine for pagedkv, build it, and run the
+# main job or the tests. Idempotent: packages already present are not reinstalled,
+# an existing build directory is reused.
+#
+#   tools/bootstrap.sh run     install what is missing, build, run `pagedkv generate`
+#   tools/bootstrap.sh test    install what is missing, build, run the whole test suite
+#   tools/bootstrap.sh build   install what is missing and build
+#
+# Environment: BUILD_DIR (default: build), MESON_ARGS (extra `meson setup` arguments).
+set -eu
+
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+MODE=${1:-run}
+
+# Debian packages the build and the tests need (pkg-config names checked below).
+PKGS="meson ninja-build pkg-config gcc libc6-dev libjemalloc-dev liburing-dev check"
+
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+        missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "bootstrap: installing:$missing" >&2
+    if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+    # shellcheck disable=SC2086
+    meson setup "$BUILD_DIR" ${MESON_ARGS:-}
+fi
+ninja -C "$BUILD_DIR"
+
+case "$MODE" in
+run)
+    "$BUILD_DIR/tools/pagedkv" generate
+    ;;
+test)
+    meson test -C "$BUILD_DIR" --print-errorlogs --num-processes 2
+    ;;
+build)
+    ;;
+*)
+    echo "usage: tools/bootstrap.sh [run|test|build]" >&2
+    exit 2
+    ;;
+esac

@@ -1,8 +1,888 @@
-/* PLACEHOLDER: replaced by the owner of `pagedkv generate`. */
+/*
+ * cmd_generate.c - `pagedkv generate`: a tiny Llama generating token by token with
+ * pagedkv as its only KV cache (the main job of the project; docs/generate.md).
+ *
+ * Owns: option parsing, the generation loop (prompt through pkv_prefill, one
+ * pkv_append per layer and token, pkv_decode / pkv_decode_batch for the query), the
+ * N forked continuations, the --check and --check-e2e verifiers, and the report
+ * (text on stdout; figures on stderr, or everything as JSON on stdout).
+ * Does not own: the model math (llama.c), the tokenizer (tokenizer.c), the cache.
+ *
+ * Invariants:
+ *   - Positions are token indices: tok[s][p] is the token forwarded at position p, and
+ *     ntok[s] == pkv_session_len(sess[s], layer) + 1 for every layer (the newest token
+ *     is sampled but not yet forwarded). `steps` (-n) counts forwarded positions,
+ *     prompt included, as llama2.c's runner does.
+ *   - Every buffer is allocated before the first token; the token loop only calls the
+ *     library, the model and stdio. (--check's reference, pkv_causal_attention,
+ *     allocates its own double copies: the checker is not the hot path.)
+ *   - Sessions 1..N-1 are forks of session 0 taken right after the prompt's prefill,
+ *     so they share the prompt's pages; each has its own sampler stream.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli.h"
+#include "llama.h"
+#include "tokenizer.h"
+
+#define CMD "generate"
+#define SYNTHETIC_SEED 0x5eedull
+#define MAX_SESSIONS 4096u
+/* --check: |paged - dense| <= CHECK_REL * max|V| per output, the library's own
+ * accuracy contract (SPEC §4; for f16/bf16 against the reference on rounded K/V). */
+#define CHECK_REL 1e-5
+/* --check-e2e: |logit_paged - logit_dense| <= max(E2E_REL, 4 eps(dtype)) * max(1,
+ * max|logit|). In f32, float reassociation in the decode kernel moves logits by ~1e-6
+ * relative; any real defect (a wrong page, position or group) moves them by O(1).
+ * With f16/bf16 storage the two paths round K/V computed from activations that differ
+ * in the last float bits, so a value can round to the neighbouring f16/bf16 number:
+ * differences of about that dtype's machine epsilon eps (2^-10, 2^-7) are
+ * legitimate: stories260K shows up to ~1 eps x max|logit|, hence 4 eps. */
+#define E2E_REL 1e-3
+
+typedef struct {
+    const char *model_path, *tok_path, *prompt;
+    uint32_t steps, block_tokens, sessions, threads;
+    double temperature, topp;
+    uint64_t seed;
+    pkv_dtype dtype;
+    bool dtype_set, check, check_e2e, json;
+} gen_opts;
+
+enum { MODE_PREFILL, MODE_DECODE, MODE_DENSE };
+
+typedef struct {
+    const gen_opts *o;
+    llama_model model;
+    const llama_config *c;
+    tokenizer tk;
+    bool have_tok;
+    pkv_engine *eng;
+    uint32_t N, steps, n_prompt, P; /* P: prompt positions prefilled (<= steps) */
+    uint32_t *prompt;               /* [n_prompt] encoded prompt, BOS first */
+    pkv_session **sess;             /* [N] */
+    pkv_session **act_sess;         /* [N] sessions still generating, this step */
+    uint32_t *act;                  /* [N] their indices */
+    uint32_t *tok;                  /* [N][steps + 1] */
+    uint32_t *ntok;                 /* [N] */
+    llama_state st;
+    llama_sampler smp;
+    llama_rng *rng;                 /* [N] */
+    float *logits;                  /* [N][vocab] */
+    uint32_t *row_tok, *row_pos;    /* [rows] inputs of one forward */
+    int mode;
+    uint32_t cur_pos;
+    /* --check: per session and layer, the Q/K/V every position saw (K/V rounded to
+     * the cache dtype), and the dense reference rows */
+    float *hq, *hk, *hv;            /* [N][L][steps][dim | kv_dim] */
+    float *ref;                     /* [steps][dim] */
+    uint64_t n_checked;             /* attention rows compared */
+    double check_maxerr, check_worst, check_secs;
+    /* --check-e2e: what the paged path saw at every sampled step */
+    uint32_t gen_cap;               /* sampled steps per session at most */
+    float *rec_logits;              /* [N][gen_cap][vocab] */
+    float *coins;                   /* [N][gen_cap] */
+    float *dense_logits;            /* [gen_cap][vocab] */
+    float *dk, *dv;                 /* [steps][kv_dim] rounded K/V of the dense pass */
+    uint32_t *dense_tok;            /* [N][gen_cap] */
+    double e2e_maxdiff, e2e_tol;
+    uint64_t e2e_steps, e2e_ties;
+    double t_prefill, t_decode;
+    uint64_t n_generated;
+    char err[512];
+} gen;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: pagedkv generate [OPTIONS]\n\n"
+        "Run a tiny Llama-architecture model token by token with pagedkv as its KV\n"
+        "cache. Without --model it uses a built-in synthetic model (seeded random\n"
+        "weights: dim 256, 4 layers, 8 query heads on 2 KV heads, vocab 512).\n\n"
+        "  --model FILE        llama2.c checkpoint (legacy version-0 format)\n"
+        "  --tokenizer FILE    llama2.c tokenizer; without one, tokens print as ids\n"
+        "  -n, --steps N       positions to run, prompt included (default 256;\n"
+        "                      at most the model's seq_len)\n"
+        "  -i, --prompt TEXT   prompt (default empty: BOS alone). Without a tokenizer\n"
+        "                      each byte b is token b+3\n"
+        "  -t, --temperature T 0 = greedy (default 1.0)\n"
+        "  -p, --top-p P       nucleus sampling mass in (0,1); 0 or 1 = off (default 0.9)\n"
+        "  -s, --seed S        sampler seed (default 42); session i uses its own stream\n"
+        "  --dtype D           KV storage: f32, f16, bf16 (default f32 with --model,\n"
+        "                      f16 for the synthetic model)\n"
+        "  --block-tokens B    tokens per page (default: the library's, 16)\n"
+        "  --sessions N        N continuations of one prompt, forked after the prompt so\n"
+        "                      they share its pages (default 1)\n"
+        "  --threads N         engine threads (default 0 = online CPUs)\n"
+        "  --check             after every step, recompute each layer's attention densely\n"
+        "                      (pkv_causal_attention) from the same Q/K/V; fail if any\n"
+        "                      output differs by more than 1e-5 x max|V|. Costs O(n^3)\n"
+        "  --check-e2e         afterwards, recompute every step without the cache (one\n"
+        "                      causal pass over each session's tokens); fail if a logit\n"
+        "                      differs by more than 1e-3 x max(1, max|logit|) (f16 KV:\n"
+        "                      2^-8 x, bf16: 2^-5 x) or a greedy token differs beyond\n"
+        "                      a near-tie\n"
+        "  --json              one JSON object on stdout instead of text and figures\n"
+        "  -h, --help          this help\n\n"
+        "Generation stops after -n positions or when a --model emits BOS (token 1).\n"
+        "Text goes to stdout; tokens/s and per-session cache memory to stderr.\n");
+}
+
+static int parse_opts(int argc, char **argv, gen_opts *o, bool *help)
+{
+    memset(o, 0, sizeof *o);
+    o->prompt = "";
+    o->steps = 256;
+    o->temperature = 1.0;
+    o->topp = 0.9;
+    o->seed = 42;
+    o->sessions = 1;
+    *help = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define VALUE() do { if (!(v = cli_value(CMD, argc, argv, &i))) return CLI_USAGE; } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            *help = true;
+            return CLI_OK;
+        } else if (!strcmp(a, "--model")) {
+            VALUE(); o->model_path = v;
+        } else if (!strcmp(a, "--tokenizer")) {
+            VALUE(); o->tok_path = v;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--steps")) {
+            VALUE();
+            if (!cli_parse_u32(v, &o->steps) || o->steps == 0)
+                return cli_usage_error(CMD, "-n needs a positive integer, not '%s'", v);
+        } else if (!strcmp(a, "-i") || !strcmp(a, "--prompt")) {
+            VALUE(); o->prompt = v;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--temperature")) {
+            VALUE();
+            if (!cli_parse_double(v, &o->temperature) || o->temperature < 0 ||
+                o->temperature > 1e6)
+                return cli_usage_error(CMD, "-t needs a temperature >= 0, not '%s'", v);
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--top-p")) {
+            VALUE();
+            if (!cli_parse_double(v, &o->topp) || o->topp < 0 || o->topp > 1)
+                return cli_usage_error(CMD, "-p needs a value in [0, 1], not '%s'", v);
+        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
+            VALUE();
+            if (!cli_parse_u64(v, &o->seed))
+                return cli_usage_error(CMD, "-s needs an unsigned integer, not '%s'", v);
+        } else if (!strcmp(a, "--dtype")) {
+            VALUE();
+            if (!cli_parse_dtype(v, &o->dtype))
+                return cli_usage_error(CMD, "unknown dtype '%s' (f32, f16, bf16)", v);
+            o->dtype_set = true;
+        } else if (!strcmp(a, "--block-tokens")) {
+            VALUE();
+            if (!cli_parse_u32(v, &o->block_tokens) || o->block_tokens == 0)
+                return cli_usage_error(CMD, "--block-tokens needs a positive integer, "
+                                            "not '%s'", v);
+        } else if (!strcmp(a, "--sessions")) {
+            VALUE();
+            if (!cli_parse_u32(v, &o->sessions) || o->sessions == 0 ||
+                o->sessions > MAX_SESSIONS)
+                return cli_usage_error(CMD, "--sessions needs 1..%u, not '%s'",
+                                       MAX_SESSIONS, v);
+        } else if (!strcmp(a, "--threads")) {
+            VALUE();
+            if (!cli_parse_u32(v, &o->threads) || o->threads > 1024)
+                return cli_usage_error(CMD, "--threads needs 0..1024, not '%s'", v);
+        } else if (!strcmp(a, "--check")) {
+            o->check = true;
+        } else if (!strcmp(a, "--check-e2e")) {
+            o->check_e2e = true;
+        } else if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else {
+            return cli_usage_error(CMD, "unknown option '%s'", a);
+        }
+#undef VALUE
+    }
+    return CLI_OK;
+}
+
+/* ---- allocation ---------------------------------------------------------------- */
+
+/* calloc of a * b * c elements of `size` bytes, NULL on overflow. */
+static void *alloc3(size_t a, size_t b, size_t c, size_t size)
+{
+    if (b && a > SIZE_MAX / b)
+        return NULL;
+    size_t n = a * b;
+    if (c && n > SIZE_MAX / c)
+        return NULL;
+    n *= c;
+    if (n == 0)
+        n = 1;
+    return calloc(n, size);
+}
+
+static void gen_free(gen *g)
+{
+    if (g->sess)
+        for (uint32_t s = 0; s < g->N; s++)
+            pkv_session_destroy(g->sess[s]);
+    pkv_engine_destroy(g->eng);
+    llama_state_free(&g->st);
+    llama_sampler_free(&g->smp);
+    tokenizer_free(&g->tk);
+    llama_free(&g->model);
+    void *bufs[] = {g->prompt, g->sess, g->act_sess, g->act, g->tok, g->ntok, g->rng,
+                    g->logits, g->row_tok, g->row_pos, g->hq, g->hk, g->hv, g->ref,
+                    g->rec_logits, g->coins, g->dense_logits, g->dk, g->dv,
+                    g->dense_tok};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+}
+
+/* Load the model and tokenizer, encode the prompt, size every buffer, create the
+ * engine. Returns a CLI exit code. */
+static int gen_setup(gen *g)
+{
+    const gen_opts *o = g->o;
+    pkv_status st;
+    if (o->model_path) {
+        st = llama_load(&g->model, o->model_path, g->err, sizeof g->err);
+        if (st != PKV_OK)
+            return cli_fail(CMD, "%s", g->err);
+    } else if ((st = llama_synthetic(&g->model, SYNTHETIC_SEED)) != PKV_OK) {
+        return cli_fail(CMD, "synthetic model: %s", pkv_status_str(st));
+    }
+    g->c = &g->model.cfg;
+    const llama_config *c = g->c;
+    if (o->tok_path) {
+        st = tokenizer_load(&g->tk, o->tok_path, c->vocab_size, g->err, sizeof g->err);
+        if (st != PKV_OK)
+            return cli_fail(CMD, "%s", g->err);
+        g->have_tok = true;
+    }
+    size_t plen = strlen(o->prompt);
+    if (plen > (size_t)1 << 24)
+        return cli_usage_error(CMD, "the prompt is too long");
+    g->prompt = calloc(tokenizer_max_tokens(plen), sizeof *g->prompt);
+    if (!g->prompt)
+        return cli_fail(CMD, "out of memory");
+    size_t np = 0;
+    if (g->have_tok) {
+        tokenizer_encode(&g->tk, o->prompt, g->prompt, tokenizer_max_tokens(plen), &np);
+    } else {
+        if (plen && c->vocab_size < 259)
+            return cli_usage_error(CMD, "a prompt without --tokenizer needs a vocabulary "
+                                        "of at least 259 (byte tokens)");
+        g->prompt[np++] = TOKENIZER_BOS;
+        for (size_t i = 0; i < plen; i++)
+            g->prompt[np++] = (uint32_t)(unsigned char)o->prompt[i] + 3u;
+    }
+    g->n_prompt = (uint32_t)np;
+    g->steps = o->steps;
+    if (g->steps > c->seq_len) {
+        if (!o->json)
+            fprintf(stderr, "pagedkv generate: -n %u exceeds the model's seq_len; using "
+                            "%u\n", g->steps, c->seq_len);
+        g->steps = c->seq_len;
+    }
+    g->P = g->n_prompt < g->steps ? g->n_prompt : g->steps;
+    g->gen_cap = g->steps - g->P + 1;
+    g->N = o->sessions;
+
+    const uint32_t N = g->N, S = g->steps, V = c->vocab_size, L = c->n_layers;
+    uint32_t rows = g->P > N ? g->P : N;
+    if (o->check_e2e && S > rows)
+        rows = S;
+    st = llama_state_init(&g->st, c, rows);
+    if (st == PKV_OK)
+        st = llama_sampler_init(&g->smp, V, (float)o->temperature, (float)o->topp);
+    g->sess = alloc3(N, 1, 1, sizeof *g->sess);
+    g->act_sess = alloc3(N, 1, 1, sizeof *g->act_sess);
+    g->act = alloc3(N, 1, 1, sizeof *g->act);
+    g->tok = alloc3(N, (size_t)S + 1, 1, sizeof *g->tok);
+    g->ntok = alloc3(N, 1, 1, sizeof *g->ntok);
+    g->rng = alloc3(N, 1, 1, sizeof *g->rng);
+    g->logits = alloc3(rows, V, 1, sizeof *g->logits);
+    g->row_tok = alloc3(rows, 1, 1, sizeof *g->row_tok);
+    g->row_pos = alloc3(rows, 1, 1, sizeof *g->row_pos);
+    bool ok = st == PKV_OK && g->sess && g->act_sess && g->act && g->tok && g->ntok &&
+              g->rng && g->logits && g->row_tok && g->row_pos;
+    if (ok && o->check) {
+        g->hq = alloc3((size_t)N * L, S, c->dim, sizeof(float));
+        g->hk = alloc3((size_t)N * L, S, c->kv_dim, sizeof(float));
+        g->hv = alloc3((size_t)N * L, S, c->kv_dim, sizeof(float));
+        g->ref = alloc3(S, c->dim, 1, sizeof(float));
+        ok = g->hq && g->hk && g->hv && g->ref;
+    }
+    if (ok && o->check_e2e) {
+        g->rec_logits = alloc3(N, g->gen_cap, V, sizeof(float));
+        g->coins = alloc3(N, g->gen_cap, 1, sizeof(float));
+        g->dense_logits = alloc3(g->gen_cap, V, 1, sizeof(float));
+        g->dk = alloc3(S, c->kv_dim, 1, sizeof(float));
+        g->dv = alloc3(S, c->kv_dim, 1, sizeof(float));
+        g->dense_tok = alloc3(N, g->gen_cap, 1, sizeof(uint32_t));
+        ok = g->rec_logits && g->coins && g->dense_logits && g->dk && g->dv &&
+             g->dense_tok;
+    }
+    if (!ok)
+        return cli_fail(CMD, "cannot allocate buffers for %u sessions x %u positions", N,
+                        S);
+    for (uint32_t s = 0; s < N; s++)
+        llama_rng_init(&g->rng[s], o->seed ^ ((uint64_t)s * 0x9e3779b97f4a7c15ull));
+
+    pkv_config cfg = pkv_config_default();
+    cfg.n_layers = L;
+    cfg.n_heads = c->n_heads;
+    cfg.n_kv_heads = c->n_kv_heads;
+    cfg.head_dim = c->head_size;
+    cfg.block_tokens = o->block_tokens;
+    cfg.kv_dtype = o->dtype_set ? o->dtype : (o->model_path ? PKV_F32 : PKV_F16);
+    cfg.n_threads = o->threads;
+    st = pkv_engine_create(&cfg, &g->eng);
+    if (st == PKV_EINVAL)
+        return cli_usage_error(CMD, "the engine rejects this configuration (block "
+                                    "tokens %u): %s", o->block_tokens, pkv_status_str(st));
+    if (st != PKV_OK)
+        return cli_fail(CMD, "cannot create the engine: %s", pkv_status_str(st));
+    st = pkv_session_create(g->eng, &g->sess[0]);
+    if (st != PKV_OK)
+        return cli_fail(CMD, "cannot create a session: %s", pkv_status_str(st));
+    return CLI_OK;
+}
+
+/* ---- attention: the paged cache, and the checks -------------------------------- */
+
+static pkv_dtype gen_dtype(const gen *g)
+{
+    pkv_config cfg;
+    if (pkv_engine_config(g->eng, &cfg) != PKV_OK)
+        return PKV_F32;
+    return cfg.kv_dtype;
+}
+
+static float *hist(const gen *g, float *base, uint32_t s, uint32_t layer, uint32_t pos,
+                   uint32_t width)
+{
+    size_t slot = ((size_t)s * g->c->n_layers + layer) * g->steps + pos;
+    return base + slot * width;
+}
+
+/* Record row r's q/k/v for session s at position pos (K/V rounded as the cache
+ * stores them). */
+static void record(gen *g, pkv_dtype dt, uint32_t s, uint32_t layer, uint32_t pos,
+                   const float *q, const float *k, const float *v)
+{
+    const llama_config *c = g->c;
+    memcpy(hist(g, g->hq, s, layer, pos, c->dim), q, c->dim * sizeof(float));
+    float *hk = hist(g, g->hk, s, layer, pos, c->kv_dim);
+    float *hv = hist(g, g->hv, s, layer, pos, c->kv_dim);
+    for (uint32_t i = 0; i < c->kv_dim; i++) {
+        hk[i] = pkv_dtype_round(dt, k[i]);
+        hv[i] = pkv_dtype_round(dt, v[i]);
+    }
+}
+
+/* Dense causal attention over positions 0..T-1 of (s, layer); compare rows
+ * first..T-1 with out (row first at out[0]). */
+static pkv_status check_rows(gen *g, uint32_t s, uint32_t layer, uint32_t T,
+                             uint32_t first, const float *out)
+{
+    const llama_config *c = g->c;
+    const float *hv = hist(g, g->hv, s, layer, 0, c->kv_dim);
+    pkv_status st = pkv_causal_attention(T, c->n_heads, c->n_kv_heads, c->head_size, 0.0f,
+                                         hist(g, g->hq, s, layer, 0, c->dim),
+                                         hist(g, g->hk, s, layer, 0, c->kv_dim), hv,
+                                         g->ref);
+    if (st != PKV_OK) {
+        snprintf(g->err, sizeof g->err, "check: pkv_causal_attention: %s",
+                 pkv_status_str(st));
+        return st;
+    }
+    double vmax = 0;
+    for (size_t i = 0; i < (size_t)T * c->kv_dim; i++)
+        vmax = fmax(vmax, fabs((double)hv[i]));
+    double tol = CHECK_REL * vmax;
+    for (uint32_t t = first; t < T; t++) {
+        const float *a = out + (size_t)(t - first) * c->dim;
+        const float *b = g->ref + (size_t)t * c->dim;
+        for (uint32_t i = 0; i < c->dim; i++) {
+            double e = fabs((double)a[i] - (double)b[i]);
+            if (!(e <= tol)) {
+                snprintf(g->err, sizeof g->err,
+                         "check failed: session %u, layer %u, position %u, head %u: "
+                         "paged %.9g vs dense %.9g (|diff| %.3g > tolerance %.3g = "
+                         "%.0e x max|V|)",
+                         s, layer, t, i / c->head_size, (double)a[i], (double)b[i], e, tol,
+                         CHECK_REL);
+                return PKV_ECORRUPT;
+            }
+            g->check_maxerr = fmax(g->check_maxerr, e);
+            if (tol > 0)
+                g->check_worst = fmax(g->check_worst, e / tol);
+        }
+        g->n_checked++;
+    }
+    return PKV_OK;
+}
+
+/* The model's attention: the paged cache (prefill or append + decode), or, for the
+ * end-to-end check, dense causal attention with no cache at all. */
+static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
+                          const float *k, const float *v, float *out)
+{
+    gen *g = ctx;
+    const llama_config *c = g->c;
+    pkv_status st = PKV_OK;
+    if (g->mode == MODE_DENSE) {
+        pkv_dtype dt = gen_dtype(g);
+        for (size_t i = 0; i < (size_t)n * c->kv_dim; i++) {
+            g->dk[i] = pkv_dtype_round(dt, k[i]);
+            g->dv[i] = pkv_dtype_round(dt, v[i]);
+        }
+        st = pkv_causal_attention(n, c->n_heads, c->n_kv_heads, c->head_size, 0.0f, q,
+                                  g->dk, g->dv, out);
+        if (st != PKV_OK)
+            snprintf(g->err, sizeof g->err, "dense recompute: %s", pkv_status_str(st));
+        return st;
+    }
+    if (g->mode == MODE_PREFILL) {
+        st = pkv_prefill(g->sess[0], layer, n, q, k, v, out);
+        if (st != PKV_OK) {
+            snprintf(g->err, sizeof g->err, "pkv_prefill (layer %u, %u tokens): %s", layer,
+                     n, pkv_status_str(st));
+            return st;
+        }
+    } else {
+        for (uint32_t r = 0; r < n && st == PKV_OK; r++)
+            st = pkv_append(g->act_sess[r], layer, k + (size_t)r * c->kv_dim,
+                            v + (size_t)r * c->kv_dim);
+        if (st == PKV_OK)
+            st = n == 1 ? pkv_decode(g->act_sess[0], layer, q, out)
+                        : pkv_decode_batch(g->eng, layer, n, g->act_sess, q, out);
+        if (st != PKV_OK) {
+            snprintf(g->err, sizeof g->err, "append/decode (layer %u, position %u): %s",
+                     layer, g->cur_pos, pkv_status_str(st));
+            return st;
+        }
+    }
+    if (!g->o->check)
+        return PKV_OK;
+    double t0 = cli_now();
+    pkv_dtype dt = gen_dtype(g);
+    if (g->mode == MODE_PREFILL) {
+        for (uint32_t r = 0; r < n; r++)
+            record(g, dt, 0, layer, r, q + (size_t)r * c->dim, k + (size_t)r * c->kv_dim,
+                   v + (size_t)r * c->kv_dim);
+        st = check_rows(g, 0, layer, n, 0, out);
+    } else {
+        for (uint32_t r = 0; r < n && st == PKV_OK; r++) {
+            record(g, dt, g->act[r], layer, g->cur_pos, q + (size_t)r * c->dim,
+                   k + (size_t)r * c->kv_dim, v + (size_t)r * c->kv_dim);
+            st = check_rows(g, g->act[r], layer, g->cur_pos + 1, g->cur_pos,
+                            out + (size_t)r * c->dim);
+        }
+    }
+    g->check_secs += cli_now() - t0;
+    return st;
+}
+
+/* ---- generation ---------------------------------------------------------------- */
+
+/* A checkpoint's BOS ends its text (llama2.c). The synthetic model's tokens mean
+ * nothing, so it always runs its -n positions: timings stay comparable. */
+static bool stops(const gen *g, uint32_t token)
+{
+    return token == TOKENIZER_BOS && g->o->model_path != NULL;
+}
+
+static void emit(const gen *g, uint32_t s, uint32_t i)
+{
+    const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+    if (!g->have_tok) {
+        printf("%s%u", i ? " " : "", t[i]);
+        return;
+    }
+    if (i == 0)
+        return;     /* BOS prints nothing */
+    const char *p;
+    size_t n;
+    tokenizer_decode(&g->tk, t[i - 1], t[i], &p, &n);
+    fwrite(p, 1, n, stdout);
+}
+
+/* Print session s's tokens [from, to), except a final BOS that stopped it. */
+static void emit_range(const gen *g, uint32_t s, uint32_t from, uint32_t to)
+{
+    const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+    for (uint32_t i = from; i < to; i++)
+        if (!(i > 0 && i >= g->P && stops(g, t[i])))
+            emit(g, s, i);
+}
+
+/* Sample session s's next token from `logits` (sampled step `k`). */
+static bool take(gen *g, uint32_t s, uint32_t k, const float *logits)
+{
+    const uint32_t V = g->c->vocab_size;
+    float coin = llama_rng_coin(&g->rng[s]);
+    uint32_t next = llama_sample(&g->smp, logits, coin);
+    if (g->o->check_e2e) {
+        memcpy(g->rec_logits + ((size_t)s * g->gen_cap + k) * V, logits, V * sizeof(float));
+        g->coins[(size_t)s * g->gen_cap + k] = coin;
+    }
+    uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+    t[g->ntok[s]++] = next;
+    g->n_generated++;
+    return !stops(g, next);
+}
+
+static int gen_run(gen *g)
+{
+    const uint32_t N = g->N, P = g->P, V = g->c->vocab_size;
+    const bool stream = N == 1 && !g->o->json;
+    pkv_status st;
+
+    /* the prompt, through pkv_prefill, layer by layer */
+    for (uint32_t r = 0; r < P; r++)
+        g->row_pos[r] = r;
+    g->mode = MODE_PREFILL;
+    double t0 = cli_now();
+    bool sample_first = g->n_prompt <= g->steps;
+    st = llama_forward(&g->model, &g->st, P, g->prompt, g->row_pos, attn_cb, g,
+                       sample_first ? P - 1 : P, g->logits);
+    if (st != PKV_OK)
+        return cli_fail(CMD, "prompt: %s", g->err[0] ? g->err : pkv_status_str(st));
+    g->t_prefill = cli_now() - t0 - g->check_secs;
+    double check_before = g->check_secs;
+
+    for (uint32_t s = 1; s < N; s++) {
+        st = pkv_session_fork(g->sess[0], &g->sess[s]);
+        if (st != PKV_OK)
+            return cli_fail(CMD, "pkv_session_fork: %s", pkv_status_str(st));
+        /* the fork's check history starts as its parent's prompt rows */
+        float *const h[3] = {g->hq, g->hk, g->hv};
+        const uint32_t w[3] = {g->c->dim, g->c->kv_dim, g->c->kv_dim};
+        for (uint32_t l = 0; g->o->check && l < g->c->n_layers; l++)
+            for (int a = 0; a < 3; a++)
+                memcpy(hist(g, h[a], s, l, 0, w[a]), hist(g, h[a], 0, l, 0, w[a]),
+                       (size_t)P * w[a] * sizeof(float));
+    }
+    bool live = false;
+    for (uint32_t s = 0; s < N; s++) {
+        uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+        memcpy(t, g->prompt, P * sizeof *t);
+        g->ntok[s] = P;
+        if (sample_first)
+            live = take(g, s, 0, g->logits) || live;
+        else
+            t[g->ntok[s]++] = g->prompt[P];   /* -n ended inside the prompt */
+    }
+    if (stream) {
+        emit_range(g, 0, 0, g->ntok[0]);
+        fflush(stdout);
+    }
+
+    /* token loop: no allocation from here on */
+    t0 = cli_now();
+    for (uint32_t pos = P; live && sample_first && pos < g->steps; pos++) {
+        uint32_t n = 0;
+        for (uint32_t s = 0; s < N; s++) {
+            const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+            if (g->ntok[s] == pos + 1 && !stops(g, t[pos])) {
+                g->act[n] = s;
+                g->act_sess[n] = g->sess[s];
+                g->row_tok[n] = t[pos];
+                g->row_pos[n] = pos;
+                n++;
+            }
+        }
+        if (n == 0)
+            break;
+        g->mode = MODE_DECODE;
+        g->cur_pos = pos;
+        st = llama_forward(&g->model, &g->st, n, g->row_tok, g->row_pos, attn_cb, g, 0,
+                           g->logits);
+        if (st != PKV_OK)
+            return cli_fail(CMD, "%s", g->err[0] ? g->err : pkv_status_str(st));
+        for (uint32_t r = 0; r < n; r++) {
+            uint32_t s = g->act[r];
+            take(g, s, pos + 1 - P, g->logits + (size_t)r * V);
+            if (stream)
+                emit_range(g, s, g->ntok[s] - 1, g->ntok[s]);
+        }
+        if (stream)
+            fflush(stdout);
+    }
+    g->t_decode = cli_now() - t0 - (g->check_secs - check_before);
+    if (stream) {
+        printf("\n");
+    } else if (!g->o->json) {
+        for (uint32_t s = 0; s < N; s++) {
+            printf("[session %u]\n", s);
+            emit_range(g, s, 0, g->ntok[s]);
+            printf("\n");
+        }
+    }
+    fflush(stdout);
+    return CLI_OK;
+}
+
+/* ---- the end-to-end check: every step again, without the cache ------------------ */
+
+/* One causal pass over a session's forwarded tokens gives, at row p, exactly the
+ * logits a cache-free generator computes at step p (causality: row p sees only
+ * tokens 0..p, which are the same tokens). So a single dense pass per session
+ * recomputes every step of the generation. */
+static double e2e_rel(pkv_dtype dt)
+{
+    double eps = dt == PKV_BF16 ? 0x1p-7 : dt == PKV_F16 ? 0x1p-10 : 0x1p-23;
+    return 4 * eps > E2E_REL ? 4 * eps : E2E_REL;
+}
+
+static int gen_e2e(gen *g)
+{
+    const uint32_t P = g->P, V = g->c->vocab_size;
+    const double rel = e2e_rel(gen_dtype(g));
+    if (g->n_prompt > g->steps)
+        return CLI_OK;                  /* nothing was sampled */
+    g->mode = MODE_DENSE;
+    for (uint32_t r = 0; r < g->steps; r++)
+        g->row_pos[r] = r;
+    for (uint32_t s = 0; s < g->N; s++) {
+        const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+        const uint32_t R = g->ntok[s] - 1, G = g->ntok[s] - P;
+        pkv_status st = llama_forward(&g->model, &g->st, R, t, g->row_pos, attn_cb, g,
+                                      P - 1, g->dense_logits);
+        if (st != PKV_OK)
+            return cli_fail(CMD, "%s", g->err[0] ? g->err : pkv_status_str(st));
+        for (uint32_t k = 0; k < G; k++) {
+            const float *dl = g->dense_logits + (size_t)k * V;
+            const float *pl = g->rec_logits + ((size_t)s * g->gen_cap + k) * V;
+            double mx = 1.0, diff = 0.0;
+            for (uint32_t i = 0; i < V; i++) {
+                mx = fmax(mx, fabs((double)dl[i]));
+                diff = fmax(diff, fabs((double)dl[i] - (double)pl[i]));
+            }
+            double tol = rel * mx;
+            g->e2e_maxdiff = fmax(g->e2e_maxdiff, diff);
+            g->e2e_tol = fmax(g->e2e_tol, tol);
+            if (!(diff <= tol))
+                return cli_fail(CMD, "check-e2e failed: session %u, position %u: logits "
+                                     "differ by %.3g from the cache-free recompute "
+                                     "(tolerance %.3g)", s, P - 1 + k, diff, tol);
+            uint32_t dt = llama_sample(&g->smp, dl, g->coins[(size_t)s * g->gen_cap + k]);
+            uint32_t pt = t[P + k];
+            g->dense_tok[(size_t)s * g->gen_cap + k] = dt;
+            g->e2e_steps++;
+            if (dt == pt)
+                continue;
+            /* Greedy: the paged logits may flip a near-tie whose margin is within the
+             * logit error; anything wider is a defect. Sampling: the logits are
+             * already held to the tolerance above; a token can still differ when the
+             * coin sits within that error of a CDF boundary or two near-equal tokens
+             * swap places in the nucleus order, so a flip is counted, not failed. */
+            double margin = (double)dl[dt] - (double)dl[pt];
+            if (g->o->temperature > 0 || margin <= 2.0 * diff) {
+                g->e2e_ties++;
+                continue;
+            }
+            return cli_fail(CMD, "check-e2e failed: session %u, position %u: the cache "
+                                 "gave token %u, the cache-free recompute %u (margin "
+                                 "%.3g, logit error %.3g)",
+                            s, P + k, pt, dt, margin, diff);
+        }
+    }
+    return CLI_OK;
+}
+
+/* ---- report ---------------------------------------------------------------------- */
+
+static void json_bytes(FILE *f, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch == '\n')
+            fputs("\\n", f);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+}
+
+static void json_session(const gen *g, uint32_t s, const pkv_memory *m)
+{
+    const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+    printf("    {\"id\": %u, \"positions\": %llu, \"stopped_on_bos\": %s,\n", s,
+           (unsigned long long)pkv_session_len(g->sess[s], 0),
+           g->ntok[s] > g->P && stops(g, t[g->ntok[s] - 1]) ? "true" : "false");
+    printf("     \"tokens\": [");
+    for (uint32_t i = 0; i < g->ntok[s]; i++)
+        printf("%s%u", i ? ", " : "", t[i]);
+    printf("],\n     \"generated\": [");
+    for (uint32_t i = g->P; i < g->ntok[s] && g->n_prompt <= g->steps; i++)
+        printf("%s%u", i > g->P ? ", " : "", t[i]);
+    printf("],\n");
+    if (g->o->check_e2e && g->n_prompt <= g->steps) {
+        printf("     \"dense_generated\": [");
+        for (uint32_t k = 0; k + g->P < g->ntok[s]; k++)
+            printf("%s%u", k ? ", " : "", g->dense_tok[(size_t)s * g->gen_cap + k]);
+        printf("],\n");
+    }
+    if (g->have_tok) {
+        printf("     \"text\": \"");
+        for (uint32_t i = 1; i < g->ntok[s]; i++) {
+            if (i >= g->P && stops(g, t[i]))
+                continue;
+            const char *p;
+            size_t n;
+            tokenizer_decode(&g->tk, t[i - 1], t[i], &p, &n);
+            json_bytes(stdout, p, n);
+        }
+        printf("\",\n");
+    }
+    printf("     \"memory\": {\"tokens\": %llu, \"blocks\": %llu, \"bytes_resident\": %llu, "
+           "\"bytes_shared\": %llu, \"bytes_ideal\": %llu, \"bytes_overhead\": %llu, "
+           "\"bytes_spilled\": %llu}}",
+           (unsigned long long)m->tokens, (unsigned long long)m->blocks,
+           (unsigned long long)m->bytes_resident, (unsigned long long)m->bytes_shared,
+           (unsigned long long)m->bytes_ideal, (unsigned long long)m->bytes_overhead,
+           (unsigned long long)m->bytes_spilled);
+}
+
+static int gen_report(gen *g)
+{
+    const gen_opts *o = g->o;
+    const llama_config *c = g->c;
+    pkv_config cfg;
+    pkv_stats es;
+    pkv_status st = pkv_engine_config(g->eng, &cfg);
+    if (st == PKV_OK)
+        st = pkv_engine_stats(g->eng, &es);
+    if (st != PKV_OK)
+        return cli_fail(CMD, "engine figures: %s", pkv_status_str(st));
+    uint64_t decoded = g->n_generated - (g->n_prompt <= g->steps ? g->N : 0);
+    double tps = g->t_decode > 0 ? (double)decoded / g->t_decode : 0.0;
+    double pps = g->t_prefill > 0 ? (double)g->P / g->t_prefill : 0.0;
+    uint64_t sum_resident = 0;
+    char b1[32], b2[32], b3[32], b4[32];
+
+    if (o->json) {
+        printf("{\n  \"model\": {\"source\": ");
+        cli_json_str(stdout, o->model_path ? o->model_path : "synthetic");
+        printf(", \"dim\": %u, \"hidden_dim\": %u, \"n_layers\": %u, \"n_heads\": %u, "
+               "\"n_kv_heads\": %u, \"head_dim\": %u, \"vocab_size\": %u, \"seq_len\": %u, "
+               "\"params\": %llu},\n",
+               c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_size,
+               c->vocab_size, c->seq_len, (unsigned long long)llama_param_count(c));
+        printf("  \"cache\": {\"dtype\": \"%s\", \"block_tokens\": %u, \"page_bytes\": %llu, "
+               "\"n_threads\": %u, \"isa\": ",
+               pkv_dtype_name(cfg.kv_dtype), cfg.block_tokens,
+               (unsigned long long)es.page_bytes, cfg.n_threads);
+        cli_json_str(stdout, es.isa);
+        printf("},\n  \"steps\": %u, \"temperature\": %g, \"top_p\": %g, \"seed\": %llu,\n",
+               g->steps, o->temperature, o->topp, (unsigned long long)o->seed);
+        printf("  \"prompt_tokens\": [");
+        for (uint32_t i = 0; i < g->n_prompt; i++)
+            printf("%s%u", i ? ", " : "", g->prompt[i]);
+        printf("],\n  \"sessions\": [\n");
+    }
+    for (uint32_t s = 0; s < g->N; s++) {
+        pkv_memory m;
+        if ((st = pkv_session_memory(g->sess[s], &m)) != PKV_OK)
+            return cli_fail(CMD, "pkv_session_memory: %s", pkv_status_str(st));
+        sum_resident += m.bytes_resident;
+        if (o->json) {
+            json_session(g, s, &m);
+            printf("%s\n", s + 1 < g->N ? "," : "");
+        } else {
+            if (s == 0)
+                fprintf(stderr, "cache memory per session (%s, %u tokens/page, %u layers, "
+                                "page %s):\n", pkv_dtype_name(cfg.kv_dtype),
+                        cfg.block_tokens, c->n_layers, cli_bytes(es.page_bytes, b1));
+            fprintf(stderr, "  session %u: %llu positions, %llu pages: resident %s, "
+                            "shared %s, ideal %s, overhead %s\n",
+                    s, (unsigned long long)pkv_session_len(g->sess[s], 0),
+                    (unsigned long long)m.blocks, cli_bytes(m.bytes_resident, b1),
+                    cli_bytes(m.bytes_shared, b2), cli_bytes(m.bytes_ideal, b3),
+                    cli_bytes(m.bytes_overhead, b4));
+        }
+    }
+    uint64_t engine_bytes = es.pages_in_use * es.page_bytes;
+    if (o->json) {
+        printf("  ],\n  \"engine\": {\"pages_in_use\": %llu, \"pages_free\": %llu, "
+               "\"bytes_in_use\": %llu, \"sum_session_resident\": %llu, "
+               "\"bytes_allocator\": %llu},\n",
+               (unsigned long long)es.pages_in_use, (unsigned long long)es.pages_free,
+               (unsigned long long)engine_bytes, (unsigned long long)sum_resident,
+               (unsigned long long)es.bytes_allocator);
+        printf("  \"prompt_positions\": %u, \"prefill_seconds\": %.6f, "
+               "\"prefill_tokens_per_s\": %.1f,\n",
+               g->P, g->t_prefill, pps);
+        printf("  \"generated_tokens\": %llu, \"decode_seconds\": %.6f, "
+               "\"tokens_per_s\": %.1f",
+               (unsigned long long)g->n_generated, g->t_decode, tps);
+        if (o->check)
+            printf(",\n  \"check\": {\"passed\": true, \"rows\": %llu, \"max_abs_err\": %.3e, "
+                   "\"tolerance_rel_max_v\": %.0e, \"worst_fraction_of_tolerance\": %.4f, "
+                   "\"seconds\": %.3f}",
+                   (unsigned long long)g->n_checked, g->check_maxerr, CHECK_REL,
+                   g->check_worst, g->check_secs);
+        if (o->check_e2e)
+            printf(",\n  \"check_e2e\": {\"passed\": true, \"steps\": %llu, "
+                   "\"max_logit_diff\": %.3e, \"tolerance\": %.3e, \"token_flips\": %llu}",
+                   (unsigned long long)g->e2e_steps, g->e2e_maxdiff, g->e2e_tol,
+                   (unsigned long long)g->e2e_ties);
+        printf("\n}\n");
+        return CLI_OK;
+    }
+    fprintf(stderr, "engine: %llu pages in use = %s for %u session(s) (%s if nothing "
+                    "were shared)\n",
+            (unsigned long long)es.pages_in_use, cli_bytes(engine_bytes, b1), g->N,
+            cli_bytes(sum_resident, b2));
+    fprintf(stderr, "prompt: %u positions prefilled in %.3f ms (%.0f tok/s)\n", g->P,
+            g->t_prefill * 1e3, pps);
+    fprintf(stderr, "generated: %llu tokens, %llu decoded in %.3f s: %.1f tok/s (%s KV, "
+                    "%u thread(s), %s kernels%s)\n",
+            (unsigned long long)g->n_generated, (unsigned long long)decoded, g->t_decode,
+            tps, pkv_dtype_name(cfg.kv_dtype), cfg.n_threads, es.isa,
+            o->check ? ", --check time excluded" : "");
+    if (o->check)
+        fprintf(stderr, "check: passed, %llu attention rows vs pkv_causal_attention, max "
+                        "|diff| %.3g, worst %.4f of the tolerance (%.0e x max|V|), %.2f s\n",
+                (unsigned long long)g->n_checked, g->check_maxerr, g->check_worst,
+                CHECK_REL, g->check_secs);
+    if (o->check_e2e)
+        fprintf(stderr, "check-e2e: passed, %llu steps recomputed without the cache, max "
+                        "|logit diff| %.3g (tolerance %.3g), %llu token flip(s) within the error\n",
+                (unsigned long long)g->e2e_steps, g->e2e_maxdiff, g->e2e_tol,
+                (unsigned long long)g->e2e_ties);
+    return CLI_OK;
+}
+
 int cmd_generate(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return cli_fail("generate", "not built yet");
+    gen_opts o;
+    bool help;
+    int rc = parse_opts(argc, argv, &o, &help);
+    if (rc != CLI_OK)
+        return rc;
+    if (help) {
+        usage(stdout);
+        return CLI_OK;
+    }
+    gen *g = calloc(1, sizeof *g);
+    if (!g)
+        return cli_fail(CMD, "out of memory");
+    g->o = &o;
+    rc = gen_setup(g);
+    if (rc == CLI_OK)
+        rc = gen_run(g);
+    if (rc == CLI_OK && o.check_e2e)
+        rc = gen_e2e(g);
+    if (rc == CLI_OK)
+        rc = gen_report(g);
+    gen_free(g);
+    free(g);
+    return rc;
 }

@@ -180,13 +180,16 @@ PKV_API pkv_status pkv_kv_cache_bytes(uint64_t layers, uint64_t n_kv_heads,
                                       uint64_t bytes_per_value, uint64_t *out);
 /* Dense reference (the oracle), accumulating in double: causal attention over T tokens,
  * Q [T][h][d], K,V [T][g][d], out [T][h][d]; scale 0 means 1/sqrt(d).
- * PKV_EINVAL for NULL, zero sizes, h % g != 0, overflowing sizes; PKV_ENOMEM. */
+ * PKV_EINVAL for NULL, zero sizes, h % g != 0, a negative or non-finite scale,
+ * overflowing sizes; PKV_ENOMEM. out is untouched on failure. */
 PKV_API pkv_status pkv_causal_attention(uint32_t T, uint32_t n_heads, uint32_t n_kv_heads,
                                         uint32_t head_dim, float scale, const float *Q,
                                         const float *K, const float *V, float *out);
 /* The textbook layer (SPEC §1) with projections: X [T][d_model], Wq [d_model][h*d],
  * Wk, Wv [d_model][g*d], Wo [h*d][d_model], d = d_model / h; out is [T][d_model].
- * PKV_EINVAL for d_model % h != 0, h % g != 0, NULL, zero sizes; PKV_ENOMEM. */
+ * Projections and heads are computed in double; out is rounded once at the end.
+ * PKV_EINVAL for d_model % h != 0, h % g != 0, NULL, zero sizes, overflowing sizes;
+ * PKV_ENOMEM. out is untouched on failure. */
 PKV_API pkv_status pkv_mha_forward(uint32_t T, uint32_t d_model, uint32_t n_heads,
                                    uint32_t n_kv_heads, const float *X, const float *Wq,
                                    const float *Wk, const float *Wv, const float *Wo,

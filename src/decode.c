@@ -18,6 +18,7 @@
  *     l = l*a + l'*b;  acc = acc*a + acc'*b;   finally out = acc / l.
  */
 #include "internal.h"
+#include "pkv_config.h"
 
 #include <math.h>
 #include <string.h>
@@ -149,6 +150,7 @@ pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
 {
     if (layer >= e->cfg.n_layers)
         return PKV_EINVAL;
+    PKVI_BOUNDARY_CHECK(e);
     for (uint32_t i = 0; i < n; i++) {
         if (!sessions[i] || sessions[i]->e != e)
             return PKV_EINVAL;

@@ -9,6 +9,7 @@
 #include "pkv_config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,7 +206,15 @@ pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out)
                 body                                                                 \
             }
 
-bool pkvi_engine_check(pkv_engine *e)
+#if PKV_POISON
+pkv_status pkvi_report_broken(const char *where)
+{
+    fprintf(stderr, "pagedkv: engine invariants broken (detected in %s)\n", where);
+    return PKV_ECORRUPT;
+}
+#endif
+
+static bool engine_check(pkv_engine *e, bool quiescent)
 {
     bool ok = true;
     pthread_mutex_lock(&e->lock);
@@ -221,7 +230,8 @@ bool pkvi_engine_check(pkv_engine *e)
             if (L->n_pages != (L->len + bt - 1) / bt || L->n_pages > L->cap) /* I5 */
                 ok = false;
             for (uint64_t i = 0; i < L->n_pages; i++)
-                if (!L->pages[i] || L->pages[i]->refs == 0 || L->pages[i]->pins != 0)
+                if (!L->pages[i] || L->pages[i]->refs == 0 ||
+                    (quiescent && L->pages[i]->pins != 0))
                     ok = false;
         }
     if (!ok)
@@ -246,4 +256,14 @@ bool pkvi_engine_check(pkv_engine *e)
 out:
     pthread_mutex_unlock(&e->lock);
     return ok;
+}
+
+bool pkvi_engine_check(pkv_engine *e)
+{
+    return engine_check(e, true);
+}
+
+bool pkvi_engine_check_live(pkv_engine *e)
+{
+    return engine_check(e, false);
 }

@@ -136,11 +136,13 @@ pkv_status pkv_causal_attention(uint32_t T, uint32_t n_heads, uint32_t n_kv_head
     const size_t q_n = q_bytes / sizeof(double), kv_n = kv_bytes / sizeof(double);
 
     /* Exact double copies keep one attention routine for both entries (mha works in
-     * double); the oracle trades memory for having a single, readable code path. */
-    double *Qd = malloc(q_bytes), *Kd = malloc(kv_bytes), *Vd = malloc(kv_bytes);
-    double *Od = malloc(q_bytes), *w = malloc(w_bytes);
+     * double); the oracle trades memory for having a single, readable code path.
+     * Allocated one after the other, largest first (h >= g), so an impossible size
+     * fails before anything else large has been obtained. */
+    double *Qd = NULL, *Od = NULL, *Kd = NULL, *Vd = NULL, *w = NULL;
     pkv_status st = PKV_ENOMEM;
-    if (!Qd || !Kd || !Vd || !Od || !w)
+    if (!(Qd = malloc(q_bytes)) || !(Od = malloc(q_bytes)) || !(Kd = malloc(kv_bytes)) ||
+        !(Vd = malloc(kv_bytes)) || !(w = malloc(w_bytes)))
         goto done;
 
     widen(Qd, Q, q_n);
@@ -148,8 +150,8 @@ pkv_status pkv_causal_attention(uint32_t T, uint32_t n_heads, uint32_t n_kv_head
     widen(Vd, V, kv_n);
     const double sc = scale == 0.0f ? 1.0 / sqrt((double)head_dim) : (double)scale;
     attend(T, n_heads, n_kv_heads, head_dim, sc, Qd, Kd, Vd, Od, w);
-    /* out is written only now, after everything that can fail, and only from Od, so
-     * out may even alias Q (but not K or V, which are read for every row) */
+    /* out is written only now, after everything that can fail and after every input
+     * has been copied, so out may even alias Q, K or V */
     for (size_t i = 0; i < q_n; i++)
         out[i] = (float)Od[i];
     st = PKV_OK;
@@ -222,10 +224,11 @@ pkv_status pkv_mha_forward(uint32_t T, uint32_t d_model, uint32_t n_heads,
     const size_t q_n = q_bytes / sizeof(double);
 
     /* Qd [T][h*d], Kd, Vd [T][g*d], Ad [T][h*d] (heads concatenated), Od [T][d_model] */
-    double *Qd = malloc(q_bytes), *Kd = malloc(kv_bytes), *Vd = malloc(kv_bytes);
-    double *Ad = malloc(q_bytes), *Od = malloc(q_bytes), *w = malloc(w_bytes);
+    double *Qd = NULL, *Ad = NULL, *Od = NULL, *Kd = NULL, *Vd = NULL, *w = NULL;
     pkv_status st = PKV_ENOMEM;
-    if (!Qd || !Kd || !Vd || !Ad || !Od || !w)
+    /* one after the other, largest first (as in pkv_causal_attention) */
+    if (!(Qd = malloc(q_bytes)) || !(Ad = malloc(q_bytes)) || !(Od = malloc(q_bytes)) ||
+        !(Kd = malloc(kv_bytes)) || !(Vd = malloc(kv_bytes)) || !(w = malloc(w_bytes)))
         goto done;
 
     matmul_fd(T, d_model, d_model, X, Wq, Qd);

@@ -22,6 +22,7 @@
  * the whole append runs under it, so the spiller never sees a half-written page.
  */
 #include "internal.h"
+#include "pkv_config.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,7 @@ pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
     if (!src)
         return PKV_EINVAL;
     pkv_engine *e = src->e;
+    PKVI_BOUNDARY_CHECK(e);
     pkv_session *s = session_alloc(e);
     if (!s)
         return PKV_ENOMEM;
@@ -256,6 +258,7 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
     if (!s)
         return PKV_EINVAL;
     pkv_engine *e = s->e;
+    PKVI_BOUNDARY_CHECK(e);
     uint64_t max_len = 0;
     for (uint32_t l = 0; l < e->cfg.n_layers; l++)
         if (s->layers[l].len > max_len)
@@ -342,6 +345,7 @@ pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k, const floa
     if (!s || !k || !v || layer >= s->e->cfg.n_layers)
         return PKV_EINVAL;
     pkv_engine *e = s->e;
+    PKVI_BOUNDARY_CHECK(e);
     pkvi_layer *L = &s->layers[layer];
     const uint64_t slot = L->len % e->cfg.block_tokens;
 

@@ -242,6 +242,8 @@ static void one_hot(uint64_t f[6], int pos, uint64_t v)
 
 START_TEST(kv_bytes_overflow_boundaries)
 {
+    /* The result is 2 * (...), always even, so UINT64_MAX itself is never a result:
+     * the boundary is UINT64_MAX - 1 (valid) against UINT64_MAX + 1 (overflow). */
     uint64_t f[6];
     for (int pos = 0; pos < 6; pos++) {
         /* 2 * (2^63 - 1) = UINT64_MAX - 1: the largest representable result */

@@ -1,8 +1,494 @@
-/* PLACEHOLDER: replaced by the owner of `pagedkv mem`. */
+/*
+ * cmd_mem.c - `pagedkv mem`: how much KV-cache memory a model geometry costs, as the
+ * SPEC §1 formula and as the paged cache really stores it (SPEC §3, §6).
+ *
+ * Owns: option parsing and presentation of the figures, and the --measure run.
+ * Does not own: any arithmetic the library defines. The formula is
+ *   pkv_kv_cache_bytes(); the page size and the resolved block size are read back from
+ *   a real engine (pkv_engine_stats, pkv_engine_config), so the tool can never drift
+ *   from the library. It uses only the public API and cli.h.
+ *
+ * Figures (all uint64, overflow-checked; "batch" sessions of "ctx" tokens each):
+ *   formula         2 * layers * g * d * ctx * batch * bytes_per_value
+ *   pages/layer     ceil(ctx / block_tokens)
+ *   pages/session   layers * pages/layer
+ *   paged           pages/session * page_bytes * batch       (>= formula)
+ *   waste           paged - formula   (< layers * page_bytes * batch: the last page of
+ *                   each layer is partly filled)
+ *   table estimate  pages * (two pointers per block-table entry + a 32-byte page
+ *                   descriptor); an estimate only, --measure prints the real figure
+ *   mha             the formula with g = heads; GQA saves mha - formula
+ *
+ * Exit status (cli.h): 0 ok; 1 the library failed (engine, append, or a measured
+ * figure disagreeing with the computed one); 2 usage error (missing geometry, bad
+ * value, sizes overflowing 64 bits, --measure above the limit without --force).
+ */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli.h"
+
+static const char *const CMD = "mem";
+
+/* --measure refuses sessions larger than this without --force: one session of this
+ * size is really allocated (and touched) in RAM. */
+#define MEASURE_LIMIT_BYTES (1ull << 30)
+
+/* Bookkeeping per page assumed by the estimate: a page pointer and a data pointer per
+ * block-table entry, plus one page descriptor. */
+#define TABLE_BYTES_PER_PAGE (2u * sizeof(void *) + 32u)
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: pagedkv mem --layers N --kv-heads N --head-dim N --ctx N [options]\n"
+"       pagedkv mem --model-preset NAME --ctx N [options]\n"
+"\n"
+"KV-cache memory of a model geometry: the SPEC §1 formula\n"
+"  2 * layers * kv_heads * head_dim * ctx * batch * bytes_per_value\n"
+"and the paged figure, layers * ceil(ctx / block_tokens) * page_bytes * batch, with\n"
+"page_bytes read back from a real engine of that geometry.\n"
+"\n"
+"options:\n"
+"  --layers N          transformer layers\n"
+"  --heads N           query heads (default: --kv-heads); used for the MHA comparison\n"
+"  --kv-heads N        KV heads (groups); must divide --heads\n"
+"  --head-dim N        dimension of one head\n"
+"  --ctx N             tokens per session (k/m/g suffixes: x1024, x2^20, x2^30)\n"
+"  --batch N           sessions (default 1)\n"
+"  --dtype T           stored K/V type: f32, f16 (default) or bf16\n"
+"  --block-tokens N    tokens per page (default: the library's, 0 = the same)\n"
+"  --model-preset NAME take the geometry from a preset; explicit flags override it\n"
+"  --measure           build one session of ctx tokens in every layer (zeros) and\n"
+"                      print pkv_session_memory next to the computed figures\n"
+"  --force             allow --measure above %llu bytes per session\n"
+"  --json              one JSON object on stdout instead of text\n"
+"  --help              this text\n"
+"\n",
+            (unsigned long long)MEASURE_LIMIT_BYTES);
+    uint32_t n;
+    const cli_preset *p = cli_presets(&n);
+    fprintf(f, "presets (layers/heads/kv-heads/head-dim):\n");
+    for (uint32_t i = 0; i < n; i++)
+        fprintf(f, "  %-12s %u/%u/%u/%u\n", p[i].name, p[i].layers, p[i].heads,
+                p[i].kv_heads, p[i].head_dim);
+    fprintf(f,
+"\n"
+"JSON keys (stable): preset (string or null), layers, heads, kv_heads, head_dim,\n"
+"  ctx, batch, dtype, bytes_per_value, block_tokens, formula_bytes, paged_bytes,\n"
+"  page_bytes, pages_per_layer, pages_per_session, waste_bytes,\n"
+"  block_table_bytes_est (null if it overflows 64 bits), mha_formula_bytes,\n"
+"  gqa_saving_bytes (both null if the MHA figure overflows 64 bits), gqa_ratio (heads / kv_heads), measured (null without\n"
+"  --measure, else an object for one session: tokens, blocks, bytes_resident,\n"
+"  bytes_ideal, bytes_overhead, engine_pages_in_use, engine_bytes_allocator,\n"
+"  peak_rss_bytes, seconds, matches). All byte figures are for the whole batch\n"
+"  unless their name says per session or page.\n"
+"\n"
+"exit status: 0 ok, 1 library failure (or measured figures disagree with the\n"
+"computed ones), 2 usage error.\n");
+}
+
+typedef struct {
+    const char *preset;
+    uint32_t layers, heads, kv_heads, head_dim, block_tokens;
+    uint64_t ctx, batch;
+    pkv_dtype dtype;
+    bool has_layers, has_heads, has_kv, has_dim, has_ctx;
+    bool json, measure, force;
+} mem_opts;
+
+typedef struct {
+    uint64_t bytes_per_value;
+    uint32_t block_tokens;       /* resolved by the engine */
+    uint64_t formula;            /* SPEC §1, whole batch */
+    uint64_t formula_session;    /* the same, batch = 1 */
+    uint64_t page_bytes;         /* from pkv_engine_stats */
+    uint64_t pages_per_layer;    /* ceil(ctx / bt) */
+    uint64_t pages_per_session;  /* layers * pages_per_layer */
+    uint64_t paged_session;      /* pages_per_session * page_bytes */
+    uint64_t paged;              /* paged_session * batch */
+    uint64_t waste;              /* paged - formula */
+    bool table_ok;               /* false: the estimate overflows */
+    uint64_t table_est;          /* whole batch */
+    bool mha_ok;                 /* false: the MHA formula overflows */
+    uint64_t mha;                /* formula with g = heads, whole batch */
+    uint64_t saving;             /* mha - formula */
+} mem_figures;
+
+typedef struct {
+    pkv_memory m;                /* one session */
+    pkv_stats st;                /* engine, after the appends */
+    uint64_t peak_rss;
+    double seconds;
+    bool matches;
+} mem_measured;
+
+static bool mul64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+/* Parse a u32 option value; 0 and a usage message on failure. */
+static int opt_u32(const char *name, const char *v, uint32_t *out)
+{
+    if (!cli_parse_u32(v, out)) {
+        cli_usage_error(CMD, "%s: '%s' is not an integer in 0..%u", name, v, UINT32_MAX);
+        return 0;
+    }
+    return 1;
+}
+
+static int parse(int argc, char **argv, mem_opts *o, bool *help)
+{
+    memset(o, 0, sizeof *o);
+    o->batch = 1;
+    o->dtype = PKV_F16;
+    *help = false;
+    const char *v;
+#define VALUE() do { if (!(v = cli_value(CMD, argc, argv, &i))) return CLI_USAGE; } while (0)
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            *help = true;
+            return CLI_OK;
+        } else if (!strcmp(a, "--layers")) {
+            VALUE();
+            if (!opt_u32(a, v, &o->layers))
+                return CLI_USAGE;
+            o->has_layers = true;
+        } else if (!strcmp(a, "--heads")) {
+            VALUE();
+            if (!opt_u32(a, v, &o->heads))
+                return CLI_USAGE;
+            o->has_heads = true;
+        } else if (!strcmp(a, "--kv-heads")) {
+            VALUE();
+            if (!opt_u32(a, v, &o->kv_heads))
+                return CLI_USAGE;
+            o->has_kv = true;
+        } else if (!strcmp(a, "--head-dim")) {
+            VALUE();
+            if (!opt_u32(a, v, &o->head_dim))
+                return CLI_USAGE;
+            o->has_dim = true;
+        } else if (!strcmp(a, "--ctx")) {
+            VALUE();
+            if (!cli_parse_u64(v, &o->ctx))
+                return cli_usage_error(CMD, "--ctx: '%s' is not a token count", v);
+            o->has_ctx = true;
+        } else if (!strcmp(a, "--batch")) {
+            VALUE();
+            if (!cli_parse_u64(v, &o->batch))
+                return cli_usage_error(CMD, "--batch: '%s' is not a session count", v);
+        } else if (!strcmp(a, "--dtype")) {
+            VALUE();
+            if (!cli_parse_dtype(v, &o->dtype))
+                return cli_usage_error(CMD, "--dtype: '%s' is not f32, f16 or bf16", v);
+        } else if (!strcmp(a, "--block-tokens")) {
+            VALUE();
+            if (!opt_u32(a, v, &o->block_tokens))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--model-preset")) {
+            VALUE();
+            o->preset = v;
+        } else if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!strcmp(a, "--measure")) {
+            o->measure = true;
+        } else if (!strcmp(a, "--force")) {
+            o->force = true;
+        } else {
+            return cli_usage_error(CMD, "unknown argument '%s'", a);
+        }
+    }
+#undef VALUE
+
+    /* The preset fills whatever the flags left unset (flags override it). */
+    if (o->preset) {
+        const cli_preset *p = cli_preset_find(o->preset);
+        if (!p)
+            return cli_usage_error(CMD, "unknown preset '%s' (see --help for the list)",
+                                   o->preset);
+        if (!o->has_layers) { o->layers = p->layers; o->has_layers = true; }
+        if (!o->has_heads) { o->heads = p->heads; o->has_heads = true; }
+        if (!o->has_kv) { o->kv_heads = p->kv_heads; o->has_kv = true; }
+        if (!o->has_dim) { o->head_dim = p->head_dim; o->has_dim = true; }
+    }
+    if (!o->has_layers || !o->has_kv || !o->has_dim || !o->has_ctx)
+        return cli_usage_error(CMD, "missing geometry: need %s%s%s%s(or --model-preset)",
+                               o->has_layers ? "" : "--layers ",
+                               o->has_kv ? "" : "--kv-heads ",
+                               o->has_dim ? "" : "--head-dim ",
+                               o->has_ctx ? "" : "--ctx ");
+    if (!o->has_heads)
+        o->heads = o->kv_heads;
+    if (o->layers == 0 || o->heads == 0 || o->kv_heads == 0 || o->head_dim == 0)
+        return cli_usage_error(CMD, "--layers, --heads, --kv-heads and --head-dim must be "
+                                    "at least 1");
+    if (o->ctx == 0)
+        return cli_usage_error(CMD, "--ctx must be at least 1");
+    if (o->batch == 0)
+        return cli_usage_error(CMD, "--batch must be at least 1");
+    if (o->heads % o->kv_heads != 0)
+        return cli_usage_error(CMD, "--heads (%u) must be a multiple of --kv-heads (%u)",
+                               o->heads, o->kv_heads);
+    return CLI_OK;
+}
+
+/* The engine for this geometry (one worker thread: nothing here decodes). */
+static int make_engine(const mem_opts *o, pkv_engine **e)
+{
+    pkv_config c = pkv_config_default();
+    c.n_layers = o->layers;
+    c.n_heads = o->heads;
+    c.n_kv_heads = o->kv_heads;
+    c.head_dim = o->head_dim;
+    c.block_tokens = o->block_tokens;
+    c.kv_dtype = o->dtype;
+    c.n_threads = 1;
+    pkv_status st = pkv_engine_create(&c, e);
+    if (st != PKV_OK)
+        return cli_fail(CMD, "the library refuses this geometry (layers %u, heads %u, "
+                             "kv-heads %u, head-dim %u, block-tokens %u, %s): %s%s",
+                        o->layers, o->heads, o->kv_heads, o->head_dim, o->block_tokens,
+                        pkv_dtype_name(o->dtype), pkv_status_str(st),
+                        st == PKV_EINVAL ? " (pkv_engine_create in pagedkv.h lists its "
+                                           "limits, e.g. pages of at most 1 GiB)"
+                                         : "");
+    return CLI_OK;
+}
+
+static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
+{
+    memset(f, 0, sizeof *f);
+    f->bytes_per_value = pkv_dtype_size(o->dtype);
+
+    pkv_config rc;
+    pkv_stats st;
+    pkv_status s = pkv_engine_config(e, &rc);
+    if (s == PKV_OK)
+        s = pkv_engine_stats(e, &st);
+    if (s != PKV_OK)
+        return cli_fail(CMD, "cannot read the engine back: %s", pkv_status_str(s));
+    f->block_tokens = rc.block_tokens;
+    f->page_bytes = st.page_bytes;
+    if (f->block_tokens == 0)
+        return cli_fail(CMD, "the engine reports block_tokens 0");
+
+    s = pkv_kv_cache_bytes(o->layers, o->kv_heads, o->head_dim, o->ctx, o->batch,
+                           f->bytes_per_value, &f->formula);
+    if (s == PKV_ERANGE)
+        return cli_usage_error(CMD, "the KV cache of %" PRIu64 " sessions of %" PRIu64
+                                    " tokens overflows 64 bits", o->batch, o->ctx);
+    if (s == PKV_OK)
+        s = pkv_kv_cache_bytes(o->layers, o->kv_heads, o->head_dim, o->ctx, 1,
+                               f->bytes_per_value, &f->formula_session);
+    if (s != PKV_OK)
+        return cli_fail(CMD, "pkv_kv_cache_bytes: %s", pkv_status_str(s));
+
+    f->pages_per_layer = o->ctx / f->block_tokens + (o->ctx % f->block_tokens != 0);
+    if (!mul64(o->layers, f->pages_per_layer, &f->pages_per_session) ||
+        !mul64(f->pages_per_session, f->page_bytes, &f->paged_session) ||
+        !mul64(f->paged_session, o->batch, &f->paged))
+        return cli_usage_error(CMD, "the paged cache of this geometry overflows 64 bits");
+    f->table_ok = mul64(f->pages_per_session, o->batch, &f->table_est) &&
+                  mul64(f->table_est, TABLE_BYTES_PER_PAGE, &f->table_est);
+    if (f->paged < f->formula)
+        return cli_fail(CMD, "paged figure %" PRIu64 " below the formula %" PRIu64
+                             ": library and formula disagree", f->paged, f->formula);
+    f->waste = f->paged - f->formula;
+
+    s = pkv_kv_cache_bytes(o->layers, o->heads, o->head_dim, o->ctx, o->batch,
+                           f->bytes_per_value, &f->mha);
+    f->mha_ok = s == PKV_OK;
+    if (s != PKV_OK && s != PKV_ERANGE)
+        return cli_fail(CMD, "pkv_kv_cache_bytes: %s", pkv_status_str(s));
+    f->saving = f->mha_ok ? f->mha - f->formula : 0;
+    return CLI_OK;
+}
+
+/* One session of ctx zero tokens in every layer; its memory next to the figures. */
+static int measure(const mem_opts *o, pkv_engine *e, const mem_figures *f,
+                   mem_measured *r)
+{
+    memset(r, 0, sizeof *r);
+    if (f->paged_session > MEASURE_LIMIT_BYTES && !o->force) {
+        char b1[32], b2[32];
+        return cli_usage_error(CMD, "--measure would allocate %" PRIu64 " bytes (%s) for "
+                                    "one session, above the limit of %llu bytes (%s); "
+                                    "add --force to do it anyway",
+                               f->paged_session, cli_bytes(f->paged_session, b1),
+                               (unsigned long long)MEASURE_LIMIT_BYTES,
+                               cli_bytes(MEASURE_LIMIT_BYTES, b2));
+    }
+    size_t row = (size_t)o->kv_heads * o->head_dim;
+    float *zeros = calloc(row, sizeof(float));
+    if (!zeros)
+        return cli_fail(CMD, "out of memory");
+    pkv_session *s = NULL;
+    double t0 = cli_now();
+    pkv_status st = pkv_session_create(e, &s);
+    for (uint32_t l = 0; st == PKV_OK && l < o->layers; l++)
+        for (uint64_t t = 0; st == PKV_OK && t < o->ctx; t++)
+            st = pkv_append(s, l, zeros, zeros);
+    if (st == PKV_OK)
+        st = pkv_session_memory(s, &r->m);
+    if (st == PKV_OK)
+        st = pkv_engine_stats(e, &r->st);
+    r->seconds = cli_now() - t0;
+    r->peak_rss = cli_peak_rss_bytes();
+    pkv_session_destroy(s);
+    free(zeros);
+    if (st != PKV_OK)
+        return cli_fail(CMD, "--measure: building the session failed: %s",
+                        pkv_status_str(st));
+    uint64_t tokens;
+    r->matches = mul64(o->layers, o->ctx, &tokens) && r->m.tokens == tokens &&
+                 r->m.blocks == f->pages_per_session &&
+                 r->m.bytes_resident == f->paged_session &&
+                 r->m.bytes_ideal == f->formula_session;
+    return CLI_OK;
+}
+
+static void print_text(const mem_opts *o, const mem_figures *f, const mem_measured *r)
+{
+    char b1[32], b2[32];
+    const uint32_t hg = o->heads / o->kv_heads;
+    const char *kind = o->kv_heads == o->heads ? "MHA" : o->kv_heads == 1 ? "MQA" : "GQA";
+    if (o->preset)
+        printf("preset          %s\n", o->preset);
+    printf("geometry        %u layers, %u heads, %u kv-heads (%s, %u quer%s per group), "
+           "head-dim %u\n", o->layers, o->heads, o->kv_heads, kind, hg,
+           hg == 1 ? "y" : "ies", o->head_dim);
+    printf("sessions        %" PRIu64 " x %" PRIu64 " tokens, %s (%" PRIu64
+           " bytes/value), block-tokens %u\n",
+           o->batch, o->ctx, pkv_dtype_name(o->dtype), f->bytes_per_value, f->block_tokens);
+    printf("\n");
+    printf("formula         2 * %u * %u * %u * %" PRIu64 " * %" PRIu64 " * %" PRIu64 "\n",
+           o->layers, o->kv_heads, o->head_dim, o->ctx, o->batch, f->bytes_per_value);
+    printf("                = %" PRIu64 " bytes (%s)\n", f->formula, cli_bytes(f->formula, b1));
+    printf("paged           %u layers * %" PRIu64 " pages * %" PRIu64 " bytes * %" PRIu64
+           "\n", o->layers, f->pages_per_layer, f->page_bytes, o->batch);
+    printf("                = %" PRIu64 " bytes (%s)\n", f->paged, cli_bytes(f->paged, b1));
+    printf("page            %" PRIu64 " bytes (%s) = 2 * %u kv-heads * %u tokens * %u "
+           "* %" PRIu64 "\n", f->page_bytes, cli_bytes(f->page_bytes, b1), o->kv_heads,
+           f->block_tokens, o->head_dim, f->bytes_per_value);
+    printf("pages/session   %" PRIu64 " (%" PRIu64 " per layer)\n", f->pages_per_session,
+           f->pages_per_layer);
+    printf("waste           %" PRIu64 " bytes (%s, %.3f%%): the partly filled last page "
+           "of each layer\n", f->waste, cli_bytes(f->waste, b1),
+           f->paged ? 100.0 * (double)f->waste / (double)f->paged : 0.0);
+    if (f->table_ok)
+        printf("block tables    ~%" PRIu64 " bytes (%s, estimate: %u bytes per page; table "
+               "growth slack and decode scratch come on top)\n",
+               f->table_est, cli_bytes(f->table_est, b1), (unsigned)TABLE_BYTES_PER_PAGE);
+    else
+        printf("block tables    the estimate overflows 64 bits\n");
+    if (hg == 1)
+        printf("vs MHA          this is MHA (kv-heads = heads); give --heads to compare "
+               "a GQA/MQA model\n");
+    else if (f->mha_ok)
+        printf("vs MHA          %" PRIu64 " bytes (%s) with kv-heads = heads = %u; "
+               "%s saves %" PRIu64 " bytes (%s, %ux less)\n",
+               f->mha, cli_bytes(f->mha, b1), o->heads, kind, f->saving,
+               cli_bytes(f->saving, b2), hg);
+    else
+        printf("vs MHA          the MHA cache (kv-heads = heads = %u) overflows 64 bits\n",
+               o->heads);
+    if (!r)
+        return;
+    printf("\nmeasured        one session, %" PRIu64 " tokens in each of %u layers, %.2f s\n",
+           o->ctx, o->layers, r->seconds);
+    printf("  tokens          %" PRIu64 "\n", r->m.tokens);
+    printf("  blocks          %" PRIu64 "   (computed %" PRIu64 ")\n", r->m.blocks,
+           f->pages_per_session);
+    printf("  bytes_resident  %" PRIu64 "   (computed paged/session %" PRIu64 ")\n",
+           r->m.bytes_resident, f->paged_session);
+    printf("  bytes_ideal     %" PRIu64 "   (computed formula/session %" PRIu64 ")\n",
+           r->m.bytes_ideal, f->formula_session);
+    /* the estimate per session: the pages of one session at the same rate */
+    printf("  bytes_overhead  %" PRIu64 "   (estimate %" PRIu64 ")\n", r->m.bytes_overhead,
+           f->pages_per_session * (uint64_t)TABLE_BYTES_PER_PAGE);
+    printf("  engine          %" PRIu64 " pages in use, allocator %" PRIu64 " bytes (%s)\n",
+           r->st.pages_in_use, r->st.bytes_allocator, cli_bytes(r->st.bytes_allocator, b1));
+    printf("  peak RSS        %" PRIu64 " bytes (%s)\n", r->peak_rss,
+           cli_bytes(r->peak_rss, b1));
+    printf("  matches         %s\n", r->matches ? "yes" : "NO");
+}
+
+static void print_json(const mem_opts *o, const mem_figures *f, const mem_measured *r)
+{
+    printf("{\"preset\":");
+    if (o->preset)
+        cli_json_str(stdout, o->preset);
+    else
+        printf("null");
+    printf(",\"layers\":%u,\"heads\":%u,\"kv_heads\":%u,\"head_dim\":%u", o->layers,
+           o->heads, o->kv_heads, o->head_dim);
+    printf(",\"ctx\":%" PRIu64 ",\"batch\":%" PRIu64 ",\"dtype\":", o->ctx, o->batch);
+    cli_json_str(stdout, pkv_dtype_name(o->dtype));
+    printf(",\"bytes_per_value\":%" PRIu64 ",\"block_tokens\":%u", f->bytes_per_value,
+           f->block_tokens);
+    printf(",\"formula_bytes\":%" PRIu64 ",\"paged_bytes\":%" PRIu64
+           ",\"page_bytes\":%" PRIu64, f->formula, f->paged, f->page_bytes);
+    printf(",\"pages_per_layer\":%" PRIu64 ",\"pages_per_session\":%" PRIu64
+           ",\"waste_bytes\":%" PRIu64 ",\"block_table_bytes_est\":",
+           f->pages_per_layer, f->pages_per_session, f->waste);
+    if (f->table_ok)
+        printf("%" PRIu64, f->table_est);
+    else
+        printf("null");
+    if (f->mha_ok)
+        printf(",\"mha_formula_bytes\":%" PRIu64 ",\"gqa_saving_bytes\":%" PRIu64,
+               f->mha, f->saving);
+    else
+        printf(",\"mha_formula_bytes\":null,\"gqa_saving_bytes\":null");
+    printf(",\"gqa_ratio\":%u", o->heads / o->kv_heads);
+    printf(",\"measured\":");
+    if (!r) {
+        printf("null}\n");
+        return;
+    }
+    printf("{\"tokens\":%" PRIu64 ",\"blocks\":%" PRIu64 ",\"bytes_resident\":%" PRIu64
+           ",\"bytes_ideal\":%" PRIu64 ",\"bytes_overhead\":%" PRIu64,
+           r->m.tokens, r->m.blocks, r->m.bytes_resident, r->m.bytes_ideal,
+           r->m.bytes_overhead);
+    printf(",\"engine_pages_in_use\":%" PRIu64 ",\"engine_bytes_allocator\":%" PRIu64
+           ",\"peak_rss_bytes\":%" PRIu64 ",\"seconds\":%.6f,\"matches\":%s}}\n",
+           r->st.pages_in_use, r->st.bytes_allocator, r->peak_rss, r->seconds,
+           r->matches ? "true" : "false");
+}
+
 int cmd_mem(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return cli_fail("mem", "not built yet");
+    mem_opts o;
+    bool help;
+    int rc = parse(argc, argv, &o, &help);
+    if (rc != CLI_OK)
+        return rc;
+    if (help) {
+        usage(stdout);
+        return CLI_OK;
+    }
+    pkv_engine *e = NULL;
+    if ((rc = make_engine(&o, &e)) != CLI_OK)
+        return rc;
+    mem_figures f;
+    mem_measured m;
+    rc = compute(&o, e, &f);
+    if (rc == CLI_OK && o.measure)
+        rc = measure(&o, e, &f, &m);
+    pkv_engine_destroy(e);
+    if (rc != CLI_OK)
+        return rc;
+    if (o.json)
+        print_json(&o, &f, o.measure ? &m : NULL);
+    else
+        print_text(&o, &f, o.measure ? &m : NULL);
+    if (o.measure && !m.matches)
+        return cli_fail(CMD, "measured session memory disagrees with the computed figures");
+    return CLI_OK;
 }

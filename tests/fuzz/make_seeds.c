@@ -1,0 +1,98 @@
+/*
+ * make_seeds.c - writes the seed corpora of the fuzz harnesses:
+ *   corpus/load: valid session files of fuzz_load's geometry (empty, one token, partial
+ *                last pages, layers of different lengths), f16;
+ *   corpus/api:  byte programs that exercise every operation of fuzz_api.
+ * Usage: make_seeds DIR   (writes the files DIR/load/NAME and DIR/api/NAME)
+ */
+#include "pagedkv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int save_case(pkv_engine *e, const char *dir, const char *name, uint32_t len0,
+                     uint32_t len1)
+{
+    pkv_session *s;
+    if (pkv_session_create(e, &s) != PKV_OK)
+        return 1;
+    float k[16], v[16];
+    for (uint32_t t = 0; t < len0 || t < len1; t++) {
+        for (int i = 0; i < 16; i++) {
+            k[i] = (float)((t * 7 + (uint32_t)i * 3) % 11) - 5.0f;
+            v[i] = (float)((t * 5 + (uint32_t)i) % 9) * 0.25f;
+        }
+        if (t < len0 && pkv_append(s, 0, k, v) != PKV_OK)
+            return 1;
+        if (t < len1 && pkv_append(s, 1, k, v) != PKV_OK)
+            return 1;
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/load/%s", dir, name);
+    pkv_status st = pkv_session_save(s, path);
+    pkv_session_destroy(s);
+    if (st != PKV_OK)
+        fprintf(stderr, "save %s: %s\n", path, pkv_status_str(st));
+    return st != PKV_OK;
+}
+
+static int write_bytes(const char *dir, const char *name, const unsigned char *b, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/api/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return 1;
+    fwrite(b, 1, n, f);
+    return fclose(f) != 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: make_seeds DIR\n");
+        return 2;
+    }
+    pkv_config c = pkv_config_default();
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 8;
+    c.block_tokens = 4;
+    c.kv_dtype = PKV_F16;
+    c.n_threads = 1;
+    pkv_engine *e;
+    if (pkv_engine_create(&c, &e) != PKV_OK)
+        return 1;
+    int bad = 0;
+    bad |= save_case(e, argv[1], "empty.pkv", 0, 0);
+    bad |= save_case(e, argv[1], "one-token.pkv", 1, 0);
+    bad |= save_case(e, argv[1], "partial.pkv", 6, 3);
+    bad |= save_case(e, argv[1], "full-pages.pkv", 8, 4);
+    bad |= save_case(e, argv[1], "longer.pkv", 21, 13);
+    pkv_engine_destroy(e);
+
+    /* api programs: geometry bytes, then (op, slot, layer, payload...) */
+    unsigned char p[4096];
+    size_t n = 0;
+    unsigned char geom[] = {1, 1, 1, 7, 2, 1, 0, 5, 1}; /* 2 layers, g=2, hg=2, d=8 */
+    for (int mode = 0; mode < 3; mode++) {
+        n = 0;
+        memcpy(p, geom, sizeof geom);
+        p[7] = (unsigned char)mode;
+        n = sizeof geom;
+        for (int op = 0; op < 8 && n + 600 < sizeof p; op++)
+            for (int rep = 0; rep < 3; rep++) {
+                p[n++] = (unsigned char)(rep == 0 ? 0 : op); /* create first */
+                p[n++] = (unsigned char)rep;
+                p[n++] = (unsigned char)op;
+                for (int x = 0; x < 40; x++)
+                    p[n++] = (unsigned char)(x * 37 + op * 11 + rep);
+            }
+        char name[32];
+        snprintf(name, sizeof name, "program-%d", mode);
+        bad |= write_bytes(argv[1], name, p, n);
+    }
+    return bad;
+}

@@ -1,12 +1,912 @@
-/* PLACEHOLDER suite: replaced by its owner. */
+/*
+ * test_tools.c - the `pagedkv` command as a user runs it: the built binary (env
+ * PKV_TOOL) is started with posix_spawn and its exit status, stdout and stderr are
+ * checked.
+ *
+ * Owns: argument-parsing tests of the top-level command, `stress` and `mem`; the
+ * checks of a real small `stress` run (its JSON against the memory formula computed
+ * here independently, its SVG); Ctrl-C handling. Does not own the library's own
+ * tests: the tool is only trusted as far as these outputs are checked.
+ *
+ * The JSON and XML checkers below are deliberately small and strict (syntax only,
+ * plus a path lookup for JSON); python3, when present, checks the same files again.
+ */
 #include "testutil.h"
-START_TEST(placeholder) { ck_assert_int_eq(pkv_status_str(PKV_OK) != NULL, 1); }
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* ---- running a program -------------------------------------------------------- */
+
+typedef struct {
+    pid_t pid;
+    char out_path[64], err_path[64];
+    int status;       /* exit code, or 128 + signal */
+    char *out, *err;  /* NUL-terminated captures */
+} proc;
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = pkvt_alloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n < 2) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            ck_assert(buf != NULL);
+        }
+    }
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* Start prog (searched in PATH when search is true) with stdout and stderr into
+ * temporary files and stdin from /dev/null. */
+static void proc_start(proc *p, const char *prog, bool search, char *const argv[])
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->out_path, sizeof p->out_path, "/tmp/pkvt-out-XXXXXX");
+    snprintf(p->err_path, sizeof p->err_path, "/tmp/pkvt-err-XXXXXX");
+    int fo = mkstemp(p->out_path), fe = mkstemp(p->err_path);
+    ck_assert_msg(fo >= 0 && fe >= 0, "mkstemp: %s", strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, fo, 1);
+    posix_spawn_file_actions_adddup2(&fa, fe, 2);
+    int rc = search ? posix_spawnp(&p->pid, prog, &fa, NULL, argv, environ)
+                    : posix_spawn(&p->pid, prog, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fo);
+    close(fe);
+    ck_assert_msg(rc == 0, "cannot start %s: %s", prog, strerror(rc));
+}
+
+static void proc_wait(proc *p)
+{
+    int st;
+    pid_t w;
+    while ((w = waitpid(p->pid, &st, 0)) < 0 && errno == EINTR)
+        ;
+    ck_assert_msg(w == p->pid, "waitpid: %s", strerror(errno));
+    p->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    p->out = slurp(p->out_path);
+    p->err = slurp(p->err_path);
+    unlink(p->out_path);
+    unlink(p->err_path);
+}
+
+static void proc_free(proc *p)
+{
+    free(p->out);
+    free(p->err);
+}
+
+static const char *tool(void)
+{
+    const char *t = getenv("PKV_TOOL");
+    ck_assert_msg(t && *t, "PKV_TOOL is not set (run through meson test)");
+    return t;
+}
+
+/* Run `pagedkv ARGS...` (NULL-terminated) to completion. */
+static void run_tool(proc *p, const char *const *args)
+{
+    char *argv[64];
+    size_t n = 0;
+    argv[n++] = (char *)"pagedkv";
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = (char *)args[n - 1];
+    argv[n] = NULL;
+    proc_start(p, tool(), false, argv);
+    proc_wait(p);
+}
+
+/* python3 for the cross-checks: the system's first (a version manager's shim in
+ * PATH can take seconds per start), else PATH's; NULL when there is none. */
+static const char *python(void)
+{
+    static int cached = -1;
+    static const char *const cands[] = {"/usr/bin/python3", "python3"};
+    static const char *found;
+    for (size_t i = 0; cached < 0 && i < 2; i++) {
+        if (i == 0 && access(cands[0], X_OK) != 0)
+            continue;
+        proc p;
+        char *argv[] = {(char *)cands[i], (char *)"-c", (char *)"pass", NULL};
+        proc_start(&p, cands[i], i == 1, argv);
+        proc_wait(&p);
+        if (p.status == 0) {
+            found = cands[i];
+            cached = 1;
+        }
+        proc_free(&p);
+    }
+    if (cached < 0)
+        cached = 0;
+    return found;
+}
+
+/* python3 -c script args...: exit status 0 means the script's checks held. */
+static int python_check(const char *script, const char *a1, const char *a2, char **err)
+{
+    proc p;
+    char *argv[] = {(char *)python(), (char *)"-c", (char *)script, (char *)a1, (char *)a2,
+                    NULL};
+    proc_start(&p, python(), false, argv);
+    proc_wait(&p);
+    *err = p.err;
+    free(p.out);
+    return p.status;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert(f != NULL);
+    fputs(text, f);
+    ck_assert(fclose(f) == 0);
+}
+
+/* ---- a strict JSON syntax checker with a path lookup --------------------------- */
+
+static const char *ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+static const char *json_value(const char *p, int depth);
+
+static const char *json_string(const char *p)
+{
+    if (*p++ != '"')
+        return NULL;
+    for (; *p != '"'; p++) {
+        if ((unsigned char)*p < 0x20)
+            return NULL;
+        if (*p == '\\') {
+            p++;
+            if (*p == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (!strchr("0123456789abcdefABCDEF", p[i]) || !p[i])
+                        return NULL;
+                p += 4;
+            } else if (!*p || !strchr("\"\\/bfnrt", *p)) {
+                return NULL;
+            }
+        }
+    }
+    return p + 1;
+}
+
+static const char *json_number(const char *p)
+{
+    const char *s = p;
+    if (*p == '-')
+        p++;
+    if (*p == '0')
+        p++;
+    else if (*p >= '1' && *p <= '9')
+        while (*p >= '0' && *p <= '9')
+            p++;
+    else
+        return NULL;
+    if (*p == '.') {
+        if (!(*++p >= '0' && *p <= '9'))
+            return NULL;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-')
+            p++;
+        if (!(*p >= '0' && *p <= '9'))
+            return NULL;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    return p > s ? p : NULL;
+}
+
+static const char *json_seq(const char *p, int depth, char close, bool object)
+{
+    p = ws(p + 1);
+    if (*p == close)
+        return p + 1;
+    for (;;) {
+        if (object) {
+            if (!(p = json_string(p)))
+                return NULL;
+            p = ws(p);
+            if (*p++ != ':')
+                return NULL;
+        }
+        if (!(p = json_value(ws(p), depth + 1)))
+            return NULL;
+        p = ws(p);
+        if (*p == close)
+            return p + 1;
+        if (*p++ != ',')
+            return NULL;
+        p = ws(p);
+    }
+}
+
+static const char *json_value(const char *p, int depth)
+{
+    if (depth > 64)
+        return NULL;
+    switch (*p) {
+    case '{': return json_seq(p, depth, '}', true);
+    case '[': return json_seq(p, depth, ']', false);
+    case '"': return json_string(p);
+    case 't': return strncmp(p, "true", 4) == 0 ? p + 4 : NULL;
+    case 'f': return strncmp(p, "false", 5) == 0 ? p + 5 : NULL;
+    case 'n': return strncmp(p, "null", 4) == 0 ? p + 4 : NULL;
+    default: return json_number(p);
+    }
+}
+
+/* Exactly one JSON value, surrounded by white space only. */
+static bool json_valid(const char *text)
+{
+    const char *e = json_value(ws(text), 0);
+    return e && *ws(e) == 0;
+}
+
+/* The value at a dotted path ("decode.points.3.ctx": keys, or indexes in arrays) of
+ * valid JSON; NULL when absent. Keys are compared raw (the tool writes plain ones). */
+static const char *json_at(const char *p, const char *path)
+{
+    p = ws(p);
+    if (!*path)
+        return p;
+    size_t seg = strcspn(path, ".");
+    const char *rest = path[seg] ? path + seg + 1 : path + seg;
+    if (*p == '{') {
+        p = ws(p + 1);
+        while (*p == '"') {
+            const char *k = p + 1, *ke = json_string(p);
+            bool match = (size_t)(ke - 1 - k) == seg && strncmp(k, path, seg) == 0;
+            p = ws(ws(ke) + 1);  /* past ':' */
+            if (match)
+                return json_at(p, rest);
+            p = ws(json_value(p, 0));
+            if (*p == ',')
+                p = ws(p + 1);
+        }
+        return NULL;
+    }
+    if (*p == '[') {
+        long idx = strtol(path, NULL, 10);
+        p = ws(p + 1);
+        for (long i = 0; *p != ']'; i++) {
+            if (i == idx)
+                return json_at(p, rest);
+            p = ws(json_value(p, 0));
+            if (*p == ',')
+                p = ws(p + 1);
+        }
+    }
+    return NULL;
+}
+
+static uint64_t json_u64(const char *json, const char *path)
+{
+    const char *v = json_at(json, path);
+    ck_assert_msg(v && *v >= '0' && *v <= '9', "JSON has no number at '%s'", path);
+    return strtoull(v, NULL, 10);
+}
+
+static double json_dbl(const char *json, const char *path)
+{
+    const char *v = json_at(json, path);
+    ck_assert_msg(v && json_number(v), "JSON has no number at '%s'", path);
+    return strtod(v, NULL);
+}
+
+static size_t json_len(const char *json, const char *path)
+{
+    const char *v = json_at(json, path);
+    ck_assert_msg(v && *v == '[', "JSON has no array at '%s'", path);
+    char buf[160];
+    size_t n = 0;
+    for (;; n++) {
+        snprintf(buf, sizeof buf, "%s.%zu", path, n);
+        if (!json_at(json, buf))
+            return n;
+    }
+}
+
+static bool json_true(const char *json, const char *path)
+{
+    const char *v = json_at(json, path);
+    return v && strncmp(v, "true", 4) == 0;
+}
+
+/* ---- a strict-enough XML well-formedness checker -------------------------------- */
+
+static bool xml_name(const char **pp, char *name, size_t cap)
+{
+    const char *p = *pp;
+    size_t n = 0;
+    while (*p && (strchr(":_-.", *p) || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')
+                  || (n && *p >= '0' && *p <= '9'))) {
+        if (n + 1 < cap)
+            name[n++] = *p;
+        p++;
+    }
+    name[n] = 0;
+    *pp = p;
+    return n > 0;
+}
+
+static bool xml_chars(const char *p, const char *end)
+{
+    for (; p < end; p++) {
+        if (*p == '<')
+            return false;
+        if (*p == '&') {
+            static const char *const ents[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"};
+            bool ok = p[1] == '#';
+            for (size_t i = 0; i < 5 && !ok; i++)
+                ok = strncmp(p, ents[i], strlen(ents[i])) == 0;
+            if (!ok || !memchr(p, ';', (size_t)(end - p)))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* Balanced, properly nested tags with quoted attributes and valid entities; one root
+ * element; returns the root's name in root. */
+static bool xml_wellformed(const char *p, char *root, size_t cap)
+{
+    char stack[64][48];
+    int depth = 0, roots = 0;
+    if (strncmp(p, "<?xml", 5) == 0) {
+        const char *e = strstr(p, "?>");
+        if (!e)
+            return false;
+        p = e + 2;
+    }
+    while (*p) {
+        const char *lt = strchr(p, '<');
+        if (!lt)
+            return depth == 0 && roots == 1 && xml_chars(p, p + strlen(p)) &&
+                   strspn(p, " \n\t\r") == strlen(p);
+        if (!xml_chars(p, lt) || (depth == 0 && strspn(p, " \n\t\r") < (size_t)(lt - p)))
+            return false;
+        p = lt + 1;
+        if (strncmp(p, "!--", 3) == 0) {
+            const char *e = strstr(p, "-->");
+            if (!e)
+                return false;
+            p = e + 3;
+            continue;
+        }
+        bool closing = *p == '/';
+        char name[48];
+        if (closing)
+            p++;
+        if (!xml_name(&p, name, sizeof name))
+            return false;
+        if (closing) {
+            p = ws(p);
+            if (*p++ != '>' || depth == 0 || strcmp(stack[--depth], name) != 0)
+                return false;
+            continue;
+        }
+        for (;;) {   /* attributes */
+            const char *before = p;
+            p = ws(p);
+            if (*p == '>' || (p[0] == '/' && p[1] == '>'))
+                break;
+            char an[48];
+            if (p == before || !xml_name(&p, an, sizeof an) || *p++ != '=' ||
+                (*p != '"' && *p != '\''))
+                return false;
+            char q = *p++;
+            const char *e = strchr(p, q);
+            if (!e || !xml_chars(p, e))
+                return false;
+            p = e + 1;
+        }
+        if (depth == 0) {
+            if (roots++)
+                return false;
+            snprintf(root, cap, "%s", name);
+        }
+        if (*p == '/') {
+            p += 2;
+            continue;
+        }
+        p++;
+        if (depth == 64)
+            return false;
+        snprintf(stack[depth++], sizeof stack[0], "%s", name);
+    }
+    return depth == 0 && roots == 1;
+}
+
+/* ---- the top-level command -------------------------------------------------------- */
+
+static bool has(const char *hay, const char *needle)
+{
+    return hay && strstr(hay, needle) != NULL;
+}
+
+START_TEST(top_level)
+{
+    proc p;
+    run_tool(&p, (const char *[]){NULL});
+    ck_assert_msg(p.status == 2 && has(p.err, "usage"), "no command: %d %s", p.status, p.err);
+    proc_free(&p);
+    run_tool(&p, (const char *[]){"--help", NULL});
+    ck_assert_msg(p.status == 0 && has(p.out, "usage: pagedkv") && has(p.out, "stress"),
+                  "--help: %d", p.status);
+    proc_free(&p);
+    run_tool(&p, (const char *[]){"frobnicate", NULL});
+    ck_assert_msg(p.status == 2 && has(p.err, "frobnicate") && !p.out[0],
+                  "unknown command: %d %s", p.status, p.err);
+    proc_free(&p);
+}
 END_TEST
+
+/* ---- usage errors of stress and mem ------------------------------------------- */
+
+/* Each row: the arguments after the command, and a word the message must contain. */
+typedef struct { const char *args[11]; const char *says; } bad_args; /* args NULL-ended */
+
+static void expect_usage_errors(const char *cmd, const bad_args *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *argv[13] = {cmd};
+        for (size_t j = 0; rows[i].args[j]; j++)
+            argv[j + 1] = rows[i].args[j];
+        proc p;
+        run_tool(&p, argv);
+        char shown[160] = "";
+        for (size_t j = 0; rows[i].args[j]; j++)
+            snprintf(shown + strlen(shown), sizeof shown - strlen(shown), " %s",
+                     rows[i].args[j]);
+        ck_assert_msg(p.status == 2, "pagedkv %s%s: exit %d, want 2 (stderr: %s)", cmd,
+                      shown, p.status, p.err);
+        ck_assert_msg(has(p.err, rows[i].says), "pagedkv %s%s: stderr lacks '%s': %s", cmd,
+                      shown, rows[i].says, p.err);
+        ck_assert_msg(p.out[0] == 0, "pagedkv %s%s wrote to stdout: %s", cmd, shown, p.out);
+        proc_free(&p);
+    }
+}
+
+static void expect_help(const char *cmd)
+{
+    proc p;
+    run_tool(&p, (const char *[]){cmd, "--help", NULL});
+    char want[64];
+    snprintf(want, sizeof want, "pagedkv %s", cmd);
+    ck_assert_msg(p.status == 0 && has(p.out, "usage") && has(p.out, want) && has(p.out, "--ctx"),
+                  "%s --help: exit %d, stdout %s", cmd, p.status, p.out);
+    proc_free(&p);
+}
+
+START_TEST(stress_usage)
+{
+    static const bad_args rows[] = {
+        {{"--ctx", "-5"}, "-5"},
+        {{"--ctx", "abc"}, "abc"},
+        {{"--ctx", "12x"}, "12x"},
+        {{"--ctx", "99999999999999999999999"}, "--ctx"},
+        {{"--ctx"}, "--ctx"},
+        {{"--frobnicate"}, "--frobnicate"},
+        {{"--kv-heads", "3", "--heads", "8"}, "--kv-heads"},
+        {{"--model-preset", "gpt-9"}, "gpt-9"},
+        {{"--dtype", "f8"}, "f8"},
+        {{"--ctx", "0"}, "--ctx"},
+        {{"--sessions", "0"}, "--sessions"},
+        {{"--block-tokens", "0"}, "--block-tokens"},
+        {{"--points", "1"}, "--points"},
+        {{"--layers", ""}, "--layers"},
+        {{"--head-dim", "1.5"}, "1.5"},
+    };
+    expect_usage_errors("stress", rows, sizeof rows / sizeof rows[0]);
+    expect_help("stress");
+}
+END_TEST
+
+START_TEST(mem_usage)
+{
+    static const bad_args rows[] = {
+        {{"--ctx", "-5"}, "-5"},
+        {{"--ctx", "abc"}, "abc"},
+        {{"--ctx"}, "--ctx"},
+        {{"--frobnicate"}, "--frobnicate"},
+        {{"--layers", "32", "--kv-heads", "3", "--heads", "8", "--head-dim", "128", "--ctx",
+          "8192"}, "heads"},
+    };
+    expect_usage_errors("mem", rows, sizeof rows / sizeof rows[0]);
+    expect_help("mem");
+}
+END_TEST
+
+/* SPEC §1's two checks of the formula, through `pagedkv mem`: the number must appear
+ * as a whole word in the output. */
+START_TEST(mem_formula)
+{
+    static const struct { const char *kv; const char *want; } rows[] = {
+        {"8", "1073741824"}, {"32", "4294967296"}};
+    for (size_t i = 0; i < 2; i++) {
+        proc p;
+        run_tool(&p, (const char *[]){"mem", "--layers", "32", "--kv-heads", rows[i].kv,
+                                      "--head-dim", "128", "--ctx", "8192", "--dtype", "f16",
+                                      NULL});
+        ck_assert_msg(p.status == 0, "mem: exit %d: %s", p.status, p.err);
+        const char *at = p.out;
+        bool whole = false;
+        while ((at = strstr(at, rows[i].want)) != NULL) {
+            char before = at == p.out ? ' ' : at[-1], after = at[strlen(rows[i].want)];
+            whole = whole || ((before < '0' || before > '9') && (after < '0' || after > '9'));
+            at++;
+        }
+        ck_assert_msg(whole, "mem --kv-heads %s: no %s in: %s", rows[i].kv, rows[i].want,
+                      p.out);
+        proc_free(&p);
+    }
+}
+END_TEST
+
+/* ---- real stress runs ------------------------------------------------------------- */
+
+typedef struct {
+    uint32_t ctx, sessions, layers, h, g, d, bt, fork_every, reps;
+    pkv_dtype dt;
+} geometry;
+
+static const char *const dtype_names[] = {"f32", "f16", "bf16"};
+static const uint64_t dtype_bytes[] = {4, 2, 2};
+
+/* The expected figures, computed here from SPEC §1 and §3, not by the tool. */
+static void check_stress_json(const char *json, const geometry *g, uint64_t seed)
+{
+    uint64_t pages = (g->ctx + g->bt - 1) / g->bt;
+    uint64_t page_bytes = 2ull * g->g * g->bt * g->d * dtype_bytes[g->dt];
+    uint64_t ideal = 2ull * g->layers * g->g * g->d * g->ctx * dtype_bytes[g->dt];
+    ck_assert_msg(json_valid(json), "seed %llu: stdout is not one JSON value: %s",
+                  (unsigned long long)seed, json);
+    ck_assert_msg(json_at(json, "command") && json_at(json, "config.ctx") &&
+                      json_at(json, "append.tokens_per_s") && json_at(json, "decode.fit.r2") &&
+                      json_at(json, "engine.bytes_allocator") &&
+                      json_at(json, "peak_rss_bytes") && json_at(json, "decode.buckets.0.p90_us"),
+                  "seed %llu: keys missing in %s", (unsigned long long)seed, json);
+    ck_assert_uint_eq(json_u64(json, "tokens"), g->ctx);
+    ck_assert_msg(json_true(json, "memory_check.exact"), "seed %llu: memory check: %s",
+                  (unsigned long long)seed, json_at(json, "memory_check"));
+    ck_assert_uint_eq(json_u64(json, "engine.page_bytes"), page_bytes);
+    ck_assert_uint_eq(json_u64(json, "engine.pages_in_use"), pages * g->layers * g->sessions);
+    ck_assert_uint_eq(json_len(json, "sessions"), g->sessions);
+    char path[96];
+    for (uint32_t s = 0; s < g->sessions; s++) {
+        snprintf(path, sizeof path, "sessions.%u.bytes_resident", s);
+        ck_assert_msg(json_u64(json, path) == pages * g->layers * page_bytes,
+                      "seed %llu: %s = %llu, want %llu", (unsigned long long)seed, path,
+                      (unsigned long long)json_u64(json, path),
+                      (unsigned long long)(pages * g->layers * page_bytes));
+        snprintf(path, sizeof path, "sessions.%u.bytes_ideal", s);
+        ck_assert_uint_eq(json_u64(json, path), ideal);
+        snprintf(path, sizeof path, "sessions.%u.bytes_shared", s);
+        ck_assert_uint_eq(json_u64(json, path), 0);
+    }
+    /* every timed decode lands in exactly one bucket; points ascend and end at ctx */
+    size_t np = json_len(json, "decode.points"), nb = json_len(json, "decode.buckets");
+    uint64_t in_buckets = 0, prev = 0;
+    for (size_t i = 0; i < nb; i++) {
+        snprintf(path, sizeof path, "decode.buckets.%zu.samples", i);
+        in_buckets += json_u64(json, path);
+        snprintf(path, sizeof path, "decode.buckets.%zu.p50_us", i);
+        double p50 = json_dbl(json, path);
+        snprintf(path, sizeof path, "decode.buckets.%zu.max_us", i);
+        ck_assert_msg(p50 <= json_dbl(json, path), "seed %llu: bucket %zu p50 > max",
+                      (unsigned long long)seed, i);
+    }
+    ck_assert_uint_eq(in_buckets, json_u64(json, "decode.samples"));
+    ck_assert_uint_eq(in_buckets, (uint64_t)np * g->sessions * g->layers * g->reps);
+    for (size_t i = 0; i < np; i++) {
+        snprintf(path, sizeof path, "decode.points.%zu.ctx", i);
+        uint64_t c = json_u64(json, path);
+        ck_assert_msg(c > prev, "seed %llu: decode points not ascending",
+                      (unsigned long long)seed);
+        prev = c;
+    }
+    ck_assert_uint_eq(prev, g->ctx);
+    uint64_t forks = g->fork_every ? (uint64_t)(g->ctx - 1) / g->fork_every * g->sessions : 0;
+    ck_assert_uint_eq(json_u64(json, "forks.count"), forks);
+    ck_assert_uint_eq(json_u64(json, "forks.mismatches"), 0);
+}
+
+/* The SVG is well-formed, has both panels' series, and the p50 line has one vertex
+ * per decode point. */
+static void check_stress_svg(const char *path, size_t n_points, uint64_t seed)
+{
+    char *svg = slurp(path), root[48] = "";
+    ck_assert_msg(xml_wellformed(svg, root, sizeof root) && strcmp(root, "svg") == 0,
+                  "seed %llu: %s is not well-formed SVG", (unsigned long long)seed, path);
+    static const char *const names[] = {"p50", "p90", "least-squares fit", "resident (paged)",
+                                        "ideal (formula)", "process RSS"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "<g class=\"series\"><title>%s", names[i]);
+        ck_assert_msg(has(svg, tag), "seed %llu: no series '%s' in the SVG",
+                      (unsigned long long)seed, names[i]);
+    }
+    const char *p50 = strstr(svg, "<title>p50</title>");
+    const char *pts = strstr(p50, "points=\"");
+    ck_assert(pts != NULL);
+    pts += 8;
+    size_t commas = 0;
+    for (const char *c = pts; *c != '"'; c++)
+        commas += *c == ',';
+    ck_assert_msg(commas == n_points, "seed %llu: p50 line has %zu vertices, %zu points",
+                  (unsigned long long)seed, commas, n_points);
+    free(svg);
+}
+
+/* python3, when present, parses the same JSON and SVG independently. */
+static void python_cross_check(const char *json, const char *svg_path, uint64_t seed)
+{
+    if (!python())
+        return;
+    char path[] = "/tmp/pkvt-json-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    close(fd);
+    write_file(path, json);
+    char *err;
+    int rc = python_check(
+        "import sys, json, xml.etree.ElementTree as E\n"
+        "j = json.load(open(sys.argv[1]))\n"
+        "assert j['memory_check']['exact'] is True\n"
+        "r = E.parse(sys.argv[2]).getroot()\n"
+        "ns = '{http://www.w3.org/2000/svg}'\n"
+        "assert r.tag == ns + 'svg', r.tag\n"
+        "t = [g.find(ns + 'title').text for g in r.iter(ns + 'g')\n"
+        "     if g.get('class') == 'series']\n"
+        "assert len(t) >= 6 and 'p50' in t and 'resident (paged)' in t, t\n",
+        path, svg_path, &err);
+    unlink(path);
+    ck_assert_msg(rc == 0, "seed %llu: python3 rejects the JSON or the SVG: %s",
+                  (unsigned long long)seed, err);
+    free(err);
+}
+
+static void stress_run_geometry(const geometry *g, uint64_t seed)
+{
+    char a[10][24], svg[] = "/tmp/pkvt-svg-XXXXXX";
+    int fd = mkstemp(svg);
+    ck_assert(fd >= 0);
+    close(fd);
+    uint32_t v[] = {g->ctx, g->sessions, g->layers, g->h, g->g, g->d, g->bt, g->fork_every,
+                    g->reps};
+    for (size_t i = 0; i < 9; i++)
+        snprintf(a[i], sizeof a[i], "%u", v[i]);
+    proc p;
+    run_tool(&p, (const char *[]){"stress", "--ctx", a[0], "--sessions", a[1], "--layers",
+                                  a[2], "--heads", a[3], "--kv-heads", a[4], "--head-dim",
+                                  a[5], "--block-tokens", a[6], "--fork-every", a[7],
+                                  "--reps", a[8], "--dtype", dtype_names[g->dt],
+                                  "--points", "24", "--threads", "2", "--json", "--svg", svg,
+                                  NULL});
+    ck_assert_msg(p.status == 0, "seed %llu: stress ctx %u s %u L %u h %u g %u d %u bt %u "
+                  "fork %u %s: exit %d\n%s%s", (unsigned long long)seed, g->ctx, g->sessions,
+                  g->layers, g->h, g->g, g->d, g->bt, g->fork_every, dtype_names[g->dt],
+                  p.status, p.err, p.out);
+    check_stress_json(p.out, g, seed);
+    check_stress_svg(svg, json_len(p.out, "decode.points"), seed);
+    python_cross_check(p.out, svg, seed);
+    unlink(svg);
+    proc_free(&p);
+}
+
+START_TEST(stress_json_random)
+{
+    uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed);
+    static const uint32_t ds[] = {1, 8, 17, 64, 128};
+    static const uint32_t bts[] = {1, 3, 16, 64};
+    int runs = pkvt_quick() ? 1 : 4;
+    for (int i = 0; i < runs; i++) {
+        geometry g;
+        g.g = 1u << pkvt_below(&r, 3);
+        g.h = g.g << pkvt_below(&r, 3);
+        g.d = ds[pkvt_below(&r, 5)];
+        g.bt = bts[pkvt_below(&r, 4)];
+        g.ctx = 1 + pkvt_below(&r, 900);
+        g.sessions = 1 + pkvt_below(&r, 3);
+        g.layers = 1 + pkvt_below(&r, 3);
+        g.fork_every = pkvt_below(&r, 2) ? 1 + pkvt_below(&r, 200) : 0;
+        g.reps = 1 + pkvt_below(&r, 3);
+        g.dt = (pkv_dtype)pkvt_below(&r, 3);
+        stress_run_geometry(&g, seed);
+    }
+}
+END_TEST
+
+/* --decode-every adds exactly its multiples to the log-spaced lengths. */
+START_TEST(stress_decode_every)
+{
+    proc p;
+    run_tool(&p, (const char *[]){"stress", "--ctx", "256", "--heads", "4", "--kv-heads", "2",
+                                  "--head-dim", "16", "--points", "2", "--decode-every", "16",
+                                  "--reps", "1", "--json", "--quiet", NULL});
+    ck_assert_msg(p.status == 0, "exit %d: %s", p.status, p.err);
+    ck_assert(json_valid(p.out));
+    /* {1, 256} from --points 2, and 16, 32, ..., 256 */
+    ck_assert_uint_eq(json_len(p.out, "decode.points"), 17);
+    ck_assert_uint_eq(json_u64(p.out, "decode.points.0.ctx"), 1);
+    ck_assert_uint_eq(json_u64(p.out, "decode.points.1.ctx"), 16);
+    ck_assert_uint_eq(json_u64(p.out, "decode.points.16.ctx"), 256);
+    proc_free(&p);
+
+    /* the text summary says the memory check passed */
+    run_tool(&p, (const char *[]){"stress", "--ctx", "100", "--model-preset", "mqa",
+                                  "--layers", "2", "--head-dim", "8", "--quiet", NULL});
+    ck_assert_msg(p.status == 0 && has(p.out, "memory check: exact") &&
+                      has(p.out, "kv-heads 1") && has(p.out, "heads 32"),
+                  "text run: exit %d: %s%s", p.status, p.out, p.err);
+    proc_free(&p);
+
+    /* an unwritable plot is a runtime failure, after the summary */
+    run_tool(&p, (const char *[]){"stress", "--ctx", "10", "--heads", "2", "--kv-heads", "1",
+                                  "--head-dim", "4", "--quiet", "--svg",
+                                  "/nonexistent-dir/x.svg", NULL});
+    ck_assert_msg(p.status == 1 && has(p.err, "x.svg"), "bad --svg: exit %d %s", p.status,
+                  p.err);
+    proc_free(&p);
+}
+END_TEST
+
+/* Under a budget with a spill directory: pages go to disk, the memory report still
+ * adds up to the formula, and the spill file leaves no name behind (SPEC §5). Without
+ * a spill directory the same budget runs out: exit 1, with the error in the JSON. */
+START_TEST(stress_spill)
+{
+    char dir[] = "/tmp/pkvt-spill-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    const uint64_t page = 2 * 2 * 16 * 32 * 2, pages = (3000 + 15) / 16;
+    proc p;
+    run_tool(&p, (const char *[]){"stress", "--ctx", "3000", "--sessions", "3", "--heads", "4",
+                                  "--kv-heads", "2", "--head-dim", "32", "--block-tokens", "16",
+                                  "--budget", "819200", "--spill-dir", dir, "--fork-every",
+                                  "700", "--points", "12", "--json", "--quiet", NULL});
+    ck_assert_msg(p.status == 0, "spill run: exit %d: %s%s", p.status, p.err, p.out);
+    ck_assert(json_valid(p.out));
+    ck_assert_msg(json_true(p.out, "memory_check.exact"), "memory check: %s",
+                  json_at(p.out, "memory_check"));
+    ck_assert(json_at(p.out, "memory_check.compares") &&
+              strncmp(json_at(p.out, "memory_check.compares"), "\"bytes_resident+", 16) == 0);
+    ck_assert_msg(json_u64(p.out, "engine.pages_spilled") > 0, "nothing spilled: %s", p.out);
+    ck_assert_uint_le(json_u64(p.out, "engine.pages_in_use"), 819200 / page);
+    ck_assert_uint_eq(json_u64(p.out, "forks.mismatches"), 0);
+    char path[64];
+    for (int s = 0; s < 3; s++) {
+        snprintf(path, sizeof path, "sessions.%d.bytes_resident", s);
+        uint64_t res = json_u64(p.out, path);
+        snprintf(path, sizeof path, "sessions.%d.bytes_spilled", s);
+        ck_assert_uint_eq(res + json_u64(p.out, path), pages * page);
+    }
+    proc_free(&p);
+    ck_assert_msg(rmdir(dir) == 0, "the spill directory is not empty after the run: %s",
+                  strerror(errno));
+
+    run_tool(&p, (const char *[]){"stress", "--ctx", "3000", "--sessions", "3", "--heads", "4",
+                                  "--kv-heads", "2", "--head-dim", "32", "--block-tokens", "16",
+                                  "--budget", "819200", "--json", "--quiet", NULL});
+    ck_assert_msg(p.status == 1, "budget without spill: exit %d", p.status);
+    ck_assert(json_valid(p.out));
+    const char *err = json_at(p.out, "error");
+    ck_assert_msg(err && *err == '"', "no error in the JSON: %s", p.out);
+    ck_assert_uint_lt(json_u64(p.out, "tokens"), 3000);
+    proc_free(&p);
+}
+END_TEST
+
+/* Ctrl-C stops the run, and the summary of the work so far is still printed. */
+START_TEST(stress_sigint)
+{
+    proc p;
+    char *argv[] = {(char *)"pagedkv", (char *)"stress", (char *)"--ctx", (char *)"1g",
+                    (char *)"--heads", (char *)"2", (char *)"--kv-heads", (char *)"1",
+                    (char *)"--head-dim", (char *)"4", (char *)"--points", (char *)"40",
+                    (char *)"--json", NULL};
+    proc_start(&p, tool(), false, argv);
+    /* the start line on stderr comes after the handler is installed */
+    bool started = false;
+    for (int i = 0; i < 2000 && !started; i++) {
+        struct stat st;
+        if (stat(p.err_path, &st) == 0 && st.st_size > 0) {
+            char *e = slurp(p.err_path);
+            started = has(e, "session(s) x");
+            free(e);
+        }
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    ck_assert_msg(started, "stress did not start");
+    nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
+    kill(p.pid, SIGINT);
+    proc_wait(&p);
+    ck_assert_msg(p.status == 130, "after SIGINT: exit %d (stderr %s)", p.status, p.err);
+    ck_assert_msg(json_valid(p.out), "after SIGINT: not JSON: %s", p.out);
+    ck_assert(json_true(p.out, "interrupted"));
+    uint64_t done = json_u64(p.out, "tokens");
+    ck_assert_msg(done > 0 && done < (1ull << 30), "tokens %llu", (unsigned long long)done);
+    ck_assert(json_true(p.out, "memory_check.exact"));
+    ck_assert_uint_eq(json_u64(p.out, "sessions.0.bytes_ideal"), 2ull * 1 * 4 * done * 2);
+    proc_free(&p);
+}
+END_TEST
+
+/* The checkers themselves reject what they must, or a broken output would pass. */
+START_TEST(checkers)
+{
+    ck_assert(json_valid("{\"a\":[1,2.5e3,-0.5,true,null,\"x\\n\"],\"b\":{}}"));
+    static const char *const bad_json[] = {"", "{", "{\"a\":1,}", "[1 2]", "{\"a\" 1}",
+                                           "01", "1.", "\"\t\"", "{} {}", "nan", "[-]"};
+    for (size_t i = 0; i < sizeof bad_json / sizeof bad_json[0]; i++)
+        ck_assert_msg(!json_valid(bad_json[i]), "accepted JSON %s", bad_json[i]);
+    const char *j = "{\"x\":{\"y\":[5,{\"z\":7}]},\"w\":true}";
+    ck_assert_uint_eq(json_u64(j, "x.y.0"), 5);
+    ck_assert_uint_eq(json_u64(j, "x.y.1.z"), 7);
+    ck_assert(json_true(j, "w"));
+    ck_assert(json_at(j, "x.q") == NULL);
+    char root[48];
+    ck_assert(xml_wellformed("<?xml version=\"1.0\"?>\n<svg a=\"1\"><g><t>x &amp; y</t></g>"
+                             "<c/></svg>\n", root, sizeof root));
+    ck_assert_str_eq(root, "svg");
+    static const char *const bad_xml[] = {"<a><b></a></b>", "<a>", "<a x=1/>", "<a/><b/>",
+                                          "<a>&bogus;</a>", "<a>x < y</a>", "text<a/>",
+                                          "<a x=\"1\"y=\"2\"/>"};
+    for (size_t i = 0; i < sizeof bad_xml / sizeof bad_xml[0]; i++)
+        ck_assert_msg(!xml_wellformed(bad_xml[i], root, sizeof root), "accepted XML %s",
+                      bad_xml[i]);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tools");
-    TCase *tc = tcase_create("placeholder");
-    tcase_add_test(tc, placeholder);
+    TCase *tc = tcase_create("cli");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, checkers);
+    tcase_add_test(tc, top_level);
+    tcase_add_test(tc, stress_usage);
+    tcase_add_test(tc, mem_usage);
+    tcase_add_test(tc, mem_formula);
     suite_add_tcase(s, tc);
+    TCase *tr = tcase_create("stress");
+    tcase_set_timeout(tr, 120);
+    tcase_add_test(tr, stress_json_random);
+    tcase_add_test(tr, stress_decode_every);
+    tcase_add_test(tr, stress_spill);
+    tcase_add_test(tr, stress_sigint);
+    suite_add_tcase(s, tr);
     return pkvt_run(s);
 }

@@ -19,11 +19,11 @@
 /* Page geometry in pixels: a plot area with room for tick labels on the left and
  * below, and the legend on the right, outside the data. */
 enum {
-    PAGE_W = 960,
+    PAGE_W = 1000,
     TITLE_H = 40,
     PANEL_H = 400,
     PLOT_L = 92,
-    PLOT_R = PAGE_W - 250,
+    PLOT_R = PAGE_W - 280,
     PLOT_T = 42,
     PLOT_B = PANEL_H - 62,
     MAX_TICKS = 24
@@ -106,6 +106,8 @@ static void layout_linear(axis_layout *a, double lo, double hi)
         h += pad;
     }
     double step = nice_num(nice_num(h - l, false) / 5.0, true);
+    if (a->ax->format != SVG_FMT_NUMBER && a->unit == 1.0)
+        step = fmax(step, 1.0);   /* no fractions of a token or a byte */
     double alo = floor(l / step) * step, ahi = ceil(h / step) * step;
     a->n_ticks = 0;
     for (double t = alo; t <= ahi + step * 0.5 && a->n_ticks < MAX_TICKS; t += step)
@@ -132,10 +134,9 @@ static void layout_log(axis_layout *a, double lo, double hi)
             k = st[i];
             break;
         }
-    elo = floor(elo / k) * k;
-    ehi = ceil(ehi / k) * k;
+    /* the range stays at whole exponents around the data; ticks at multiples of k */
     a->n_ticks = 0;
-    for (double e = elo; e <= ehi + 0.5 && a->n_ticks < MAX_TICKS; e += k) {
+    for (double e = ceil(elo / k) * k; e <= ehi + 0.5 && a->n_ticks < MAX_TICKS; e += k) {
         double v = pow(base, e);
         a->ticks[a->n_ticks++] = v;
         /* one decade alone gets 2 and 5 between its ends, or it has no middle */
@@ -319,7 +320,10 @@ static void draw_series(FILE *f, const svg_series *se, const char *color,
         }
         fputs("\"/>\n", f);
     }
-    if (se->markers) {
+    size_t drawn = 0;
+    for (size_t i = 0; i < se->n; i++)
+        drawn += usable(&p->x, se->x[i]) && usable(&p->y, se->y[i]);
+    if (se->markers || drawn == 1) {   /* a line of one point would be invisible */
         fprintf(f, "<g fill=\"%s\" clip-path=\"url(#plot%zu)\">\n", color, panel_no);
         for (size_t i = 0; i < se->n; i++) {
             if (!usable(&p->x, se->x[i]) || !usable(&p->y, se->y[i]))

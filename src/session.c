@@ -44,6 +44,12 @@ static pkv_status page_new(pkv_engine *e, pkvi_page **out)
         free(pg);
         return st;
     }
+#if !PKV_POISON
+    /* A spilled page is written whole, unused rows included: start them defined, so
+     * no stale bytes of an earlier page (another user's K/V) ever reach the disk. */
+    if (e->spill)
+        memset(pg->data, 0, (size_t)e->page_bytes);
+#endif
     pg->refs = 1;
     *out = pg;
     return PKV_OK;

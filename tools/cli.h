@@ -22,6 +22,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_stress(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_soak(int argc, char **argv);
 
 /* A model geometry by name: llama3-8b, llama3-70b, mistral-7b, mqa, mha, ... */
 typedef struct {

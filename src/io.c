@@ -163,6 +163,8 @@ pkv_status pkvi_io_submit(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n)
 {
     if (io == NULL || (n > 0 && reqs == NULL))
         return PKV_EINVAL;
+    if (n == 0)
+        return PKV_OK;
     for (uint32_t i = 0; i < n; i++)
         if (reqs[i].fd < 0 || (reqs[i].len > 0 && reqs[i].buf == NULL) ||
             reqs[i].off + reqs[i].len < reqs[i].off || reqs[i].off > (uint64_t)INT64_MAX ||

@@ -77,6 +77,10 @@ typedef struct {
     uint64_t data_off;         /* offset of page 0 */
     uint64_t file_bytes;
     uint64_t *layer_len;       /* [n_layers] positions per layer, owned (or NULL) */
+    uint64_t bad_page;         /* file index of the first page that failed its checks,
+                                  UINT64_MAX if none did */
+    uint32_t bad_layer;        /* ... its layer and index within the layer */
+    uint64_t bad_index;
 } pkvi_sfile_info;
 
 /* Check every byte of the session file at `path` (header, page table, every page's

@@ -1,3 +1,784 @@
-/* PLACEHOLDER */
-#include "internal.h"
-typedef int pkvi_placeholder_persist;
+/*
+ * persist.c - session files: pkv_session_save, pkv_session_load and the engine-free
+ * verifier behind `pagedkv inspect`. The format is docs/file-format.md; this file
+ * and that document change together (a layout change bumps PKVI_SFILE_VERSION).
+ *
+ * Owns: the byte layout of a session file, its validation, the atomic-save protocol
+ *   (temporary file O_EXCL 0600 in the target's directory, write, fsync, rename,
+ *   directory fsync).
+ * Does not own: sessions and pages (session.c: pkvi_session_acquire/release/
+ *   push_page), the I/O backends (io.c, io_uring.c), the checksum (crc32c.c).
+ *
+ * Invariants:
+ *   - Nothing of a file is trusted before it is checked: sizes are bounded by the
+ *     file's real size before anything is allocated from them; arithmetic on file
+ *     fields is checked (pkvi_mul/pkvi_add).
+ *   - Load validates the whole file (header, page table, every page's CRC and
+ *     padding) before it creates the session, then builds it while checking every
+ *     page again (the file may change between the passes); any failure destroys the
+ *     half-built session: a load either returns a whole session or nothing.
+ *   - Save never writes memory it did not define: rows past a layer's length in its
+ *     last page are written as zeros (and load insists they are zero).
+ *   - Save either replaces the target with a complete, fsynced file or leaves it as
+ *     it was and removes its temporary file (a failing directory fsync, after the
+ *     rename, is the one exception: the new file is in place, durability unknown).
+ *
+ * Error mapping (SPEC §5): not a session file (magic), or a sound header (CRC
+ *   matches) of another version / geometry / dtype / block size / scale -> EINVAL;
+ *   any other damage (header or page CRC, truncation, trailing bytes, nonzero
+ *   padding, inconsistent fields) -> ECORRUPT; failing system calls -> EIO.
+ */
+#include "io_backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the layout (docs/file-format.md) ------------------------------------------------ */
+
+static const unsigned char sfile_magic[8] = {0x89, 'P', 'K', 'V', '\r', '\n', 0x1a, '\n'};
+
+enum {
+    OFF_MAGIC = 0, OFF_VERSION = 8, OFF_HEADER_BYTES = 12, OFF_N_LAYERS = 16,
+    OFF_N_HEADS = 20, OFF_N_KV_HEADS = 24, OFF_HEAD_DIM = 28, OFF_DTYPE = 32,
+    OFF_BLOCK_TOKENS = 36, OFF_SCALE = 40, OFF_FLAGS = 44, OFF_PAGE_BYTES = 48,
+    OFF_N_PAGES = 56, OFF_TABLE_OFF = 64, OFF_DATA_OFF = 72, OFF_TABLE_CRC = 80,
+    OFF_RESERVED = 84, OFF_LAYER_LEN = 88,
+    HEADER_FIXED = 92,     /* header_bytes = HEADER_FIXED + 8 * n_layers */
+    PREFIX_BYTES = 16,     /* magic, version, header_bytes: the same in every version */
+    ENTRY_BYTES = 16,      /* page-table entry: layer u32, crc u32, index u64 */
+};
+
+/* Reads and writes are cut into requests of this size so io_uring keeps several in
+ * flight; batches of pages are read into a buffer of about BATCH_BYTES. */
+#define REQ_BYTES (1ull << 20)
+#define BATCH_BYTES (16ull << 20)
+/* Save writes pages of at least this size straight from pool memory; smaller pages
+ * (and every partly filled last page) are gathered in a staging buffer first so one
+ * request moves many of them. */
+#define DIRECT_MIN (64ull << 10)
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+static uint64_t get64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static bool dtype_to_code(pkv_dtype t, uint32_t *code)
+{
+    switch (t) {
+    case PKV_F32: *code = 0; return true;
+    case PKV_F16: *code = 1; return true;
+    case PKV_BF16: *code = 2; return true;
+    }
+    return false;
+}
+static uint32_t code_dsize(uint32_t code)
+{
+    return code == 0 ? 4 : (code == 1 || code == 2) ? 2 : 0;
+}
+
+static uint32_t float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static bool all_zero(const unsigned char *p, uint64_t n)
+{
+    return n == 0 || (p[0] == 0 && memcmp(p, p + 1, (size_t)(n - 1)) == 0);
+}
+
+static uint64_t align_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static void *alloc_aligned(uint64_t bytes)
+{
+    if (bytes == 0 || bytes > SIZE_MAX - PKVI_SFILE_ALIGN)
+        return NULL;
+    return aligned_alloc(PKVI_SFILE_ALIGN, (size_t)align_up(bytes, PKVI_SFILE_ALIGN));
+}
+
+/* One contiguous transfer, cut into REQ_BYTES requests submitted together. */
+static pkv_status transfer(pkvi_io *io, bool write, int fd, void *buf, uint64_t len,
+                           uint64_t off)
+{
+    enum { MAXR = 64 };
+    pkvi_io_req reqs[MAXR];
+    uint64_t done = 0;
+    while (done < len) {
+        uint32_t n = 0;
+        while (n < MAXR && done < len) {
+            uint64_t want = len - done < REQ_BYTES ? len - done : REQ_BYTES;
+            reqs[n++] = (pkvi_io_req){write, fd, (char *)buf + done, want, off + done};
+            done += want;
+        }
+        if (pkvi_io_submit(io, reqs, n) != PKV_OK)
+            return PKV_EIO;
+    }
+    return PKV_OK;
+}
+
+/* ---- reading and checking a file ----------------------------------------------------- */
+
+typedef struct {
+    pkvi_io *io;
+    int fd;
+    pkvi_sfile_info *info;
+    unsigned char *table;    /* [data_off - table_off]: entries, then zero gap */
+    uint64_t rows_bytes;     /* d * dsize: one K or V row of one group */
+    const char *why;
+} reader;
+
+static pkv_status fail(reader *r, pkv_status st, const char *why)
+{
+    r->why = why;
+    return st;
+}
+
+/* Magic, header CRC, version; then the version-1 fields into r->info. */
+static pkv_status read_header(reader *r)
+{
+    pkvi_sfile_info *in = r->info;
+    unsigned char pre[PREFIX_BYTES];
+    uint64_t have = in->file_bytes < PREFIX_BYTES ? in->file_bytes : PREFIX_BYTES;
+    if (have > 0 && transfer(r->io, false, r->fd, pre, have, 0) != PKV_OK)
+        return fail(r, PKV_EIO, "read error");
+    uint64_t m = have < 8 ? have : 8;
+    if (memcmp(pre, sfile_magic, (size_t)m) != 0)
+        return fail(r, PKV_EINVAL, "not a pagedkv session file (bad magic)");
+    if (have < PREFIX_BYTES)
+        return fail(r, PKV_ECORRUPT, "truncated header");
+    uint32_t hbytes = get32(pre + OFF_HEADER_BYTES);
+    if (hbytes < PREFIX_BYTES + 4)
+        return fail(r, PKV_ECORRUPT, "header size field is damaged");
+    if (hbytes > in->file_bytes)
+        return fail(r, PKV_ECORRUPT, "truncated header");
+
+    unsigned char *h = malloc(hbytes);
+    if (h == NULL)
+        return fail(r, PKV_ENOMEM, "out of memory");
+    pkv_status st = PKV_OK;
+    if (transfer(r->io, false, r->fd, h, hbytes, 0) != PKV_OK) {
+        st = fail(r, PKV_EIO, "read error");
+        goto out;
+    }
+    if (pkvi_crc32c(0, h, hbytes - 4) != get32(h + hbytes - 4)) {
+        st = fail(r, PKV_ECORRUPT, "header checksum mismatch");
+        goto out;
+    }
+    in->version = get32(h + OFF_VERSION);
+    if (in->version != PKVI_SFILE_VERSION) {
+        st = fail(r, PKV_EINVAL, "unsupported format version");
+        goto out;
+    }
+    in->n_layers = get32(h + OFF_N_LAYERS);
+    if (in->n_layers == 0 || hbytes != HEADER_FIXED + 8ull * in->n_layers) {
+        st = fail(r, PKV_ECORRUPT, "header size does not match its layer count");
+        goto out;
+    }
+    in->n_heads = get32(h + OFF_N_HEADS);
+    in->n_kv_heads = get32(h + OFF_N_KV_HEADS);
+    in->head_dim = get32(h + OFF_HEAD_DIM);
+    in->dtype_code = get32(h + OFF_DTYPE);
+    in->block_tokens = get32(h + OFF_BLOCK_TOKENS);
+    in->scale_bits = get32(h + OFF_SCALE);
+    in->page_bytes = get64(h + OFF_PAGE_BYTES);
+    in->n_pages = get64(h + OFF_N_PAGES);
+    in->data_off = get64(h + OFF_DATA_OFF);
+    in->layer_len = malloc(sizeof(uint64_t) * in->n_layers);
+    if (in->layer_len == NULL) {
+        st = fail(r, PKV_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (uint32_t l = 0; l < in->n_layers; l++)
+        in->layer_len[l] = get64(h + OFF_LAYER_LEN + 8ull * l);
+    in->header_sound = true;
+
+    /* Internal consistency of a header whose CRC matched: our writer never produces
+     * these, so they are damage (or a forged file), not another format. */
+    uint32_t g = in->n_kv_heads, bt = in->block_tokens;
+    if (get32(h + OFF_FLAGS) != 0 || get32(h + OFF_RESERVED) != 0) {
+        st = fail(r, PKV_ECORRUPT, "reserved header fields are not zero");
+        goto out;
+    }
+    if (code_dsize(in->dtype_code) == 0) {
+        st = fail(r, PKV_EINVAL, "unknown dtype code");
+        goto out;
+    }
+    if (in->n_heads == 0 || g == 0 || in->n_heads % g != 0 || in->head_dim == 0 ||
+        bt == 0) {
+        st = fail(r, PKV_ECORRUPT, "header geometry is invalid");
+        goto out;
+    }
+    uint64_t row = 0, pb = 0, n_pages = 0, end = 0;
+    bool ok = pkvi_mul(in->head_dim, code_dsize(in->dtype_code), &row) &&
+              pkvi_mul(row, 2ull * bt, &pb) && pkvi_mul(pb, g, &pb);
+    for (uint32_t l = 0; ok && l < in->n_layers; l++)
+        ok = pkvi_add(n_pages, in->layer_len[l] / bt + (in->layer_len[l] % bt != 0),
+                      &n_pages);
+    uint64_t table_end = 0;
+    ok = ok && pkvi_mul(in->n_pages, ENTRY_BYTES, &table_end) &&
+         pkvi_add(table_end, hbytes, &table_end) && table_end <= UINT64_MAX - PKVI_SFILE_ALIGN;
+    if (!ok || pb != in->page_bytes || n_pages != in->n_pages ||
+        get64(h + OFF_TABLE_OFF) != hbytes ||
+        in->data_off != align_up(table_end, PKVI_SFILE_ALIGN) ||
+        !pkvi_mul(in->n_pages, pb, &end) || !pkvi_add(end, in->data_off, &end)) {
+        st = fail(r, PKV_ECORRUPT, "header fields are inconsistent");
+        goto out;
+    }
+    r->rows_bytes = row;
+    if (in->file_bytes < end) {
+        st = fail(r, PKV_ECORRUPT, "truncated file");
+        goto out;
+    }
+    if (in->file_bytes > end) {
+        st = fail(r, PKV_ECORRUPT, "trailing bytes after the last page");
+        goto out;
+    }
+
+    /* The page table and the zero gap up to the first page. */
+    uint64_t tbytes = in->data_off - hbytes;
+    r->table = malloc((size_t)tbytes);
+    if (r->table == NULL) {
+        st = fail(r, PKV_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (transfer(r->io, false, r->fd, r->table, tbytes, hbytes) != PKV_OK) {
+        st = fail(r, PKV_EIO, "read error");
+        goto out;
+    }
+    uint64_t ebytes = in->n_pages * ENTRY_BYTES;
+    if (pkvi_crc32c(0, r->table, (size_t)ebytes) != get32(h + OFF_TABLE_CRC)) {
+        st = fail(r, PKV_ECORRUPT, "page table checksum mismatch");
+        goto out;
+    }
+    if (!all_zero(r->table + ebytes, tbytes - ebytes)) {
+        st = fail(r, PKV_ECORRUPT, "nonzero padding before the first page");
+        goto out;
+    }
+    uint64_t k = 0;
+    for (uint32_t l = 0; l < in->n_layers; l++) {
+        uint64_t np = in->layer_len[l] / bt + (in->layer_len[l] % bt != 0);
+        for (uint64_t i = 0; i < np; i++, k++) {
+            const unsigned char *ent = r->table + k * ENTRY_BYTES;
+            if (get32(ent) != l || get64(ent + 8) != i) {
+                st = fail(r, PKV_ECORRUPT, "page table entries out of order");
+                goto out;
+            }
+        }
+    }
+out:
+    free(h);
+    return st;
+}
+
+/* Positions held by page i of a layer of len positions that has np pages. */
+static uint32_t page_tokens(uint64_t len, uint64_t np, uint64_t i, uint32_t bt)
+{
+    return i + 1 < np ? bt : (uint32_t)(len - (np - 1) * bt);
+}
+
+/* Whether the rows of a page past `tokens` (of every group's K and V) are zero. */
+static bool padding_zero(const unsigned char *page, uint32_t g, uint32_t bt,
+                         uint64_t row, uint32_t tokens)
+{
+    if (tokens == bt)
+        return true;
+    uint64_t block = (uint64_t)bt * row, pad = (uint64_t)(bt - tokens) * row;
+    for (uint32_t gi = 0; gi < g; gi++) {
+        const unsigned char *k = page + 2 * block * gi;
+        if (!all_zero(k + tokens * row, pad) || !all_zero(k + block + tokens * row, pad))
+            return false;
+    }
+    return true;
+}
+
+/* Read every page in batches, check its CRC and padding; with s != NULL also append
+ * it to the session. */
+static pkv_status scan_pages(reader *r, pkv_session *s)
+{
+    pkvi_sfile_info *in = r->info;
+    if (in->n_pages == 0)
+        return PKV_OK;
+    uint64_t pb = in->page_bytes;
+    uint64_t per = BATCH_BYTES / pb ? BATCH_BYTES / pb : 1;
+    if (per > in->n_pages)
+        per = in->n_pages;
+    unsigned char *buf = alloc_aligned(per * pb);
+    if (buf == NULL)
+        return fail(r, PKV_ENOMEM, "out of memory");
+    pkv_status st = PKV_OK;
+    uint32_t layer = 0;
+    uint64_t idx = 0;   /* page index within `layer` */
+    for (uint64_t k = 0; k < in->n_pages && st == PKV_OK; k += per) {
+        uint64_t cnt = in->n_pages - k < per ? in->n_pages - k : per;
+        if (transfer(r->io, false, r->fd, buf, cnt * pb, in->data_off + k * pb) != PKV_OK) {
+            st = fail(r, PKV_EIO, "read error");
+            break;
+        }
+        for (uint64_t j = 0; j < cnt; j++) {
+            while (idx * in->block_tokens >= in->layer_len[layer]) {
+                layer++;
+                idx = 0;
+            }
+            const unsigned char *page = buf + j * pb;
+            uint64_t len = in->layer_len[layer];
+            uint64_t np = len / in->block_tokens + (len % in->block_tokens != 0);
+            uint32_t tok = page_tokens(len, np, idx, in->block_tokens);
+            if (pkvi_crc32c(0, page, (size_t)pb) != get32(r->table + (k + j) * ENTRY_BYTES + 4))
+                st = fail(r, PKV_ECORRUPT, "page checksum mismatch");
+            else if (!padding_zero(page, in->n_kv_heads, in->block_tokens, r->rows_bytes, tok))
+                st = fail(r, PKV_ECORRUPT, "nonzero padding in a partly filled page");
+            if (st != PKV_OK) {
+                in->bad_page = k + j;
+                in->bad_layer = layer;
+                in->bad_index = idx;
+                break;
+            }
+            if (s != NULL) {
+                st = pkvi_session_push_page(s, layer, page, tok);
+                if (st != PKV_OK) {
+                    r->why = "could not add a page to the session";
+                    break;
+                }
+            }
+            idx++;
+        }
+    }
+    free(buf);
+    return st;
+}
+
+/* Open path and check that it is a regular file; fills info->file_bytes. */
+static pkv_status open_file(reader *r, const char *path)
+{
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0)
+        return fail(r, PKV_EIO, "cannot open the file");
+    struct stat st;
+    if (fstat(r->fd, &st) != 0)
+        return fail(r, PKV_EIO, "cannot stat the file");
+    if (!S_ISREG(st.st_mode))
+        return fail(r, PKV_EINVAL, "not a regular file");
+    r->info->file_bytes = (uint64_t)st.st_size;
+    return PKV_OK;
+}
+
+static void reader_close(reader *r)
+{
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r->table);
+}
+
+void pkvi_sfile_info_free(pkvi_sfile_info *info)
+{
+    if (info == NULL)
+        return;
+    free(info->layer_len);
+    info->layer_len = NULL;
+}
+
+pkv_status pkvi_sfile_verify(pkvi_io *io, const char *path, pkvi_sfile_info *info,
+                             const char **why)
+{
+    static const char *const bad_args = "invalid arguments";
+    if (why != NULL)
+        *why = bad_args;
+    if (io == NULL || path == NULL || info == NULL)
+        return PKV_EINVAL;
+    memset(info, 0, sizeof *info);
+    info->bad_page = UINT64_MAX;
+    reader r = {.io = io, .fd = -1, .info = info, .why = "ok"};
+    pkv_status st = open_file(&r, path);
+    if (st == PKV_OK)
+        st = read_header(&r);
+    if (st == PKV_OK)
+        st = scan_pages(&r, NULL);
+    reader_close(&r);
+    if (why != NULL)
+        *why = r.why;
+    return st;
+}
+
+/* A sound header of another engine is another format for this engine: EINVAL. */
+static pkv_status match_engine(reader *r, const pkv_engine *e)
+{
+    const pkvi_sfile_info *in = r->info;
+    uint32_t code = 0;
+    if (in->n_layers != e->cfg.n_layers || in->n_heads != e->cfg.n_heads ||
+        in->n_kv_heads != e->cfg.n_kv_heads || in->head_dim != e->cfg.head_dim)
+        return fail(r, PKV_EINVAL, "the file's geometry differs from the engine's");
+    if (!dtype_to_code(e->cfg.kv_dtype, &code) || code != in->dtype_code)
+        return fail(r, PKV_EINVAL, "the file's dtype differs from the engine's");
+    if (in->block_tokens != e->cfg.block_tokens)
+        return fail(r, PKV_EINVAL, "the file's block size differs from the engine's");
+    if (in->scale_bits != float_bits(e->cfg.scale))
+        return fail(r, PKV_EINVAL, "the file's softmax scale differs from the engine's");
+    return PKV_OK;
+}
+
+pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
+                                pkv_session **out, const char **why)
+{
+    if (why != NULL)
+        *why = "invalid arguments";
+    if (out != NULL)
+        *out = NULL;
+    if (e == NULL || path == NULL || io == NULL || out == NULL)
+        return PKV_EINVAL;
+    pkvi_sfile_info info;
+    memset(&info, 0, sizeof info);
+    info.bad_page = UINT64_MAX;
+    reader r = {.io = io, .fd = -1, .info = &info, .why = "ok"};
+    pkv_session *s = NULL;
+    pkv_status st = open_file(&r, path);
+    if (st == PKV_OK) {
+        st = read_header(&r);
+        /* A header that is sound but of another engine says so even when the layout
+         * checks after the CRC failed: the caller's real problem is the mismatch. */
+        if (info.header_sound && (st == PKV_OK || st == PKV_ECORRUPT)) {
+            const char *why0 = r.why;
+            pkv_status mst = match_engine(&r, e);
+            if (mst != PKV_OK)
+                st = mst;
+            else
+                r.why = why0;
+        }
+    }
+    if (st == PKV_OK)
+        st = scan_pages(&r, NULL);                 /* pass 1: verify everything */
+    if (st == PKV_OK) {
+        st = pkv_session_create(e, &s);
+        if (st != PKV_OK)
+            r.why = "could not create the session";
+    }
+    if (st == PKV_OK)
+        st = scan_pages(&r, s);                    /* pass 2: check again, build */
+    if (st != PKV_OK) {
+        pkv_session_destroy(s);
+        s = NULL;
+    }
+    reader_close(&r);
+    pkvi_sfile_info_free(&info);
+    if (why != NULL)
+        *why = r.why;
+    *out = s;
+    return st;
+}
+
+pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (e == NULL || path == NULL || out == NULL)
+        return PKV_EINVAL;
+    pkvi_io *io = NULL;
+    pkv_status st = pkvi_io_open(false, &io);
+    if (st != PKV_OK)
+        return st;
+    st = pkvi_session_load_io(e, path, io, out, NULL);
+    pkvi_io_close(io);
+    return st;
+}
+
+/* ---- saving ------------------------------------------------------------------------ */
+
+/* Gathers the page writes of one layer: big full pages go straight from pool memory,
+ * the rest through the staging buffer, whose pages form runs contiguous in the file. */
+typedef struct {
+    pkvi_io *io;
+    int fd;
+    unsigned char *stage;
+    uint64_t stage_cap, stage_used;
+    uint64_t run_start;     /* stage offset where the open run begins */
+    uint64_t run_off;       /* file offset of the open run */
+    pkvi_io_req reqs[PKVI_URING_DEPTH];
+    uint32_t n_reqs;
+} writer;
+
+static void close_run(writer *w)
+{
+    if (w->stage_used > w->run_start) {
+        w->reqs[w->n_reqs++] = (pkvi_io_req){true, w->fd, w->stage + w->run_start,
+                                             w->stage_used - w->run_start, w->run_off};
+        w->run_start = w->stage_used;
+    }
+}
+
+static pkv_status flush(writer *w)
+{
+    close_run(w);
+    pkv_status st = pkvi_io_submit(w->io, w->reqs, w->n_reqs);
+    w->n_reqs = 0;
+    w->stage_used = w->run_start = 0;
+    return st;
+}
+
+/* Room for one more request (and the run that close_run may add). */
+static pkv_status need_reqs(writer *w)
+{
+    return w->n_reqs + 2 > PKVI_URING_DEPTH ? flush(w) : PKV_OK;
+}
+
+/* Write one page; returns its CRC through *crc. */
+static pkv_status write_page(writer *w, const pkv_engine *e, const unsigned char *data,
+                             uint32_t tokens, uint64_t off, uint32_t *crc)
+{
+    uint64_t pb = e->page_bytes;
+    uint32_t bt = e->cfg.block_tokens;
+    pkv_status st = need_reqs(w);
+    if (st != PKV_OK)
+        return st;
+    if (tokens == bt && pb >= DIRECT_MIN) {
+        *crc = pkvi_crc32c(0, data, (size_t)pb);
+        w->reqs[w->n_reqs++] = (pkvi_io_req){true, w->fd, (void *)data, pb, off};
+        return PKV_OK;
+    }
+    if (w->stage_used + pb > w->stage_cap && (st = flush(w)) != PKV_OK)
+        return st;
+    if (w->stage_used > w->run_start && w->run_off + (w->stage_used - w->run_start) != off)
+        close_run(w);
+    if (w->stage_used == w->run_start)
+        w->run_off = off;
+    unsigned char *dst = w->stage + w->stage_used;
+    if (tokens == bt) {
+        memcpy(dst, data, (size_t)pb);
+    } else {
+        /* Only the valid rows of each group's K and V; the rest is zero. */
+        uint64_t row = e->row_bytes, block = (uint64_t)bt * row;
+        memset(dst, 0, (size_t)pb);
+        for (uint32_t gi = 0; gi < e->cfg.n_kv_heads; gi++) {
+            uint64_t base = 2 * block * gi;
+            memcpy(dst + base, data + base, (size_t)(tokens * row));
+            memcpy(dst + base + block, data + base + block, (size_t)(tokens * row));
+        }
+    }
+    *crc = pkvi_crc32c(0, dst, (size_t)pb);
+    w->stage_used += pb;
+    return PKV_OK;
+}
+
+/* Temporary name: the target path, the pid and 64 random bits. Never built from
+ * anything but the caller's own path. */
+static char *temp_name(const char *path)
+{
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        rnd ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)&ts;
+    }
+    size_t n = strlen(path) + 64;
+    char *t = malloc(n);
+    if (t != NULL)
+        snprintf(t, n, "%s.tmp-%ld-%016llx", path, (long)getpid(), (unsigned long long)rnd);
+    return t;
+}
+
+/* fsync the directory holding path, so the rename itself is durable. */
+static pkv_status sync_dir(pkvi_io *io, const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash == NULL ? strdup(".")
+                : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
+    if (dir == NULL)
+        return PKV_ENOMEM;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    if (fd < 0)
+        return PKV_EIO;
+    pkv_status st = pkvi_io_fsync(io, fd);
+    close(fd);
+    return st;
+}
+
+pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
+                                const char **why)
+{
+    const char *w_why = "invalid arguments";
+    if (why != NULL)
+        *why = w_why;
+    if (s == NULL || path == NULL || *path == '\0' || io == NULL)
+        return PKV_EINVAL;
+    const pkv_engine *e = s->e;
+    const pkv_config *c = &e->cfg;
+    uint32_t L = c->n_layers, bt = c->block_tokens, code = 0;
+    /* The format's page layout is [g][K bt rows | V bt rows]; the engine's must match. */
+    if (!dtype_to_code(c->kv_dtype, &code) || e->kp.v_offset != bt * e->row_bytes ||
+        e->kp.group_stride != 2 * e->kp.v_offset ||
+        e->page_bytes != (uint64_t)c->n_kv_heads * e->kp.group_stride)
+        return PKV_EINVAL;
+
+    uint64_t n_pages = 0, hbytes = HEADER_FIXED + 8ull * L, table_end = 0, data_off;
+    if (hbytes > UINT32_MAX)
+        return PKV_EINVAL;
+    for (uint32_t l = 0; l < L; l++)
+        if (!pkvi_add(n_pages, s->layers[l].n_pages, &n_pages))
+            return PKV_ENOMEM;
+    if (!pkvi_mul(n_pages, ENTRY_BYTES, &table_end) ||
+        !pkvi_add(table_end, hbytes, &table_end) || table_end > SIZE_MAX / 2)
+        return PKV_ENOMEM;
+    data_off = align_up(table_end, PKVI_SFILE_ALIGN);
+
+    pkv_status st = PKV_ENOMEM;
+    bool created = false;   /* tmp exists and is ours: unlink it on failure */
+    int fd = -1;
+    uint64_t k = 0;
+    unsigned char *head = calloc(1, (size_t)data_off);   /* header, table, zero gap */
+    writer w = {.io = io, .fd = -1};
+    /* Staging for pages written as copies: a quarter of a batch, but never more than
+     * the session itself (a 4 KiB session must not cost a 4 MiB buffer). */
+    w.stage_cap = BATCH_BYTES / 4;
+    if (n_pages && n_pages <= w.stage_cap / e->page_bytes)
+        w.stage_cap = n_pages * e->page_bytes;
+    if (w.stage_cap < e->page_bytes)
+        w.stage_cap = e->page_bytes;
+    w.stage = alloc_aligned(w.stage_cap);
+    char *tmp = temp_name(path);
+    w_why = "out of memory";
+    if (head == NULL || w.stage == NULL || tmp == NULL)
+        goto out;
+
+    st = PKV_EIO;
+    w_why = "cannot create the temporary file";
+    for (int tries = 0; tries < 8 && w.fd < 0; tries++) {
+        w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (w.fd < 0 && errno == EEXIST) {
+            free(tmp);
+            if ((tmp = temp_name(path)) == NULL) {
+                st = PKV_ENOMEM;
+                w_why = "out of memory";
+                goto out;
+            }
+            continue;
+        }
+        if (w.fd < 0)
+            goto out;
+        created = true;
+    }
+    if (w.fd < 0 || fchmod(w.fd, 0600) != 0)  /* exactly 0600, whatever the umask */
+        goto out;
+
+    w_why = "write error";
+    for (uint32_t l = 0; l < L; l++) {
+        pkvi_layer *ly = &s->layers[l];
+        if (ly->n_pages == 0)
+            continue;
+        if ((st = pkvi_session_acquire(s, l)) != PKV_OK) {
+            w_why = "could not bring spilled pages back";
+            goto out;
+        }
+        for (uint64_t i = 0; i < ly->n_pages && st == PKV_OK; i++, k++) {
+            uint32_t crc = 0;
+            st = write_page(&w, e, ly->pages[i]->data,
+                            page_tokens(ly->len, ly->n_pages, i, bt),
+                            data_off + k * e->page_bytes, &crc);
+            unsigned char *ent = head + hbytes + k * ENTRY_BYTES;
+            put32(ent, l);
+            put32(ent + 4, crc);
+            put64(ent + 8, i);
+        }
+        if (st == PKV_OK)
+            st = flush(&w);   /* before release: direct requests point at the pages */
+        pkvi_session_release(s, l);
+        if (st != PKV_OK) {
+            st = PKV_EIO;
+            goto out;
+        }
+    }
+
+    memcpy(head + OFF_MAGIC, sfile_magic, sizeof sfile_magic);
+    put32(head + OFF_VERSION, PKVI_SFILE_VERSION);
+    put32(head + OFF_HEADER_BYTES, (uint32_t)hbytes);
+    put32(head + OFF_N_LAYERS, L);
+    put32(head + OFF_N_HEADS, c->n_heads);
+    put32(head + OFF_N_KV_HEADS, c->n_kv_heads);
+    put32(head + OFF_HEAD_DIM, c->head_dim);
+    put32(head + OFF_DTYPE, code);
+    put32(head + OFF_BLOCK_TOKENS, bt);
+    put32(head + OFF_SCALE, float_bits(c->scale));
+    put64(head + OFF_PAGE_BYTES, e->page_bytes);
+    put64(head + OFF_N_PAGES, n_pages);
+    put64(head + OFF_TABLE_OFF, hbytes);
+    put64(head + OFF_DATA_OFF, data_off);
+    put32(head + OFF_TABLE_CRC, pkvi_crc32c(0, head + hbytes, (size_t)(n_pages * ENTRY_BYTES)));
+    for (uint32_t l = 0; l < L; l++)
+        put64(head + OFF_LAYER_LEN + 8ull * l, s->layers[l].len);
+    put32(head + hbytes - 4, pkvi_crc32c(0, head, (size_t)hbytes - 4));
+    if ((st = transfer(io, true, w.fd, head, data_off, 0)) != PKV_OK)
+        goto out;
+
+    w_why = "fsync failed";
+    if ((st = pkvi_io_fsync(io, w.fd)) != PKV_OK)
+        goto out;
+    fd = w.fd;
+    w.fd = -1;
+    if (close(fd) != 0) {
+        st = PKV_EIO;
+        w_why = "close failed";
+        goto out;
+    }
+    if (rename(tmp, path) != 0) {
+        st = PKV_EIO;
+        w_why = "cannot rename the temporary file over the target";
+        goto out;
+    }
+    created = false;   /* it is the target now: never unlink it */
+    st = sync_dir(io, path);
+    w_why = st == PKV_OK ? "ok" : "directory fsync failed (the file is in place)";
+
+out:
+    if (w.fd >= 0)
+        close(w.fd);
+    if (created)
+        unlink(tmp);
+    free(tmp);
+    free(w.stage);
+    free(head);
+    if (why != NULL)
+        *why = w_why;
+    return st;
+}
+
+pkv_status pkv_session_save(pkv_session *s, const char *path)
+{
+    if (s == NULL || path == NULL)
+        return PKV_EINVAL;
+    pkvi_io *io = NULL;
+    pkv_status st = pkvi_io_open(false, &io);
+    if (st != PKV_OK)
+        return st;
+    st = pkvi_session_save_io(s, path, io, NULL);
+    pkvi_io_close(io);
+    return st;
+}

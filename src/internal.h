@@ -143,7 +143,7 @@ PKVI_HIDDEN void pkvi_threads_destroy(pkvi_threads *t);
 PKVI_HIDDEN void pkvi_threads_run(pkvi_threads *t, uint32_t n_tasks, pkvi_task_fn fn,
                                   void *ctx);
 
-/* ---- I/O backends (io.c: interface and pread/pwrite; io_uring.c) ------------------------------------- */
+/* ---- I/O backends (io.c: interface and pread/pwrite; io_uring.c) ---------------- */
 
 typedef struct pkvi_io pkvi_io;
 typedef struct {

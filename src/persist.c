@@ -658,9 +658,10 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
     writer w = {.io = io, .fd = -1};
     /* Staging for pages written as copies: a quarter of a batch, but never more than
      * the session itself (a 4 KiB session must not cost a 4 MiB buffer). */
-    w.stage_cap = BATCH_BYTES / 4;
-    if (n_pages && n_pages <= w.stage_cap / e->page_bytes)
-        w.stage_cap = n_pages * e->page_bytes;
+    uint64_t need;
+    if (!pkvi_mul(n_pages ? n_pages : 1, e->page_bytes, &need))
+        need = UINT64_MAX;
+    w.stage_cap = need < BATCH_BYTES / 4 ? need : BATCH_BYTES / 4;
     if (w.stage_cap < e->page_bytes)
         w.stage_cap = e->page_bytes;
     w.stage = alloc_aligned(w.stage_cap);

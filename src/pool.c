@@ -29,6 +29,9 @@
  * 16 MiB is 256 llama3-8b f16 pages (64 KiB at bt=16): enough to absorb the churn of
  * forks and truncates without a trip to the allocator. */
 #define FREE_CACHE_BYTES (16ull << 20)
+/* ...and at most this many buffers, whatever their size: the cache's own array must
+ * stay small for engines with tiny pages (a 1x1x1 f16 geometry has 4-byte pages). */
+#define FREE_CACHE_PAGES 1024u
 
 /* Pages of 4 KiB or more are aligned to the OS page, smaller ones to a cache line.
  * Measured (jemalloc 5.3, 512 MiB of 64 KiB pages): with 64-byte alignment RSS grew
@@ -71,6 +74,8 @@ pkv_status pkvi_pool_init(pkvi_pool *p, uint64_t page_bytes, uint64_t budget_byt
     p->page_bytes = page_bytes;
     p->budget_pages = budget_bytes / page_bytes; /* callers checked budget >= 1 page */
     p->free_cap = FREE_CACHE_BYTES / page_bytes;
+    if (p->free_cap > FREE_CACHE_PAGES) /* tiny pages: 16 MiB / 4 B would be 4M slots */
+        p->free_cap = FREE_CACHE_PAGES;
     if (p->free_cap < 4)
         p->free_cap = 4;
     if (p->budget_pages && p->free_cap > p->budget_pages)

@@ -24,6 +24,10 @@ int cmd_stress(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_soak(int argc, char **argv);
 
+/* `pagedkv bench --spill`: spill/restore GB/s next to plain sequential I/O in `dir`,
+ * sessions of `mib` MiB, medians of `reps`, both backends (bench_spill.c). */
+int bench_spill(const char *dir, uint64_t mib, int reps, bool json);
+
 /* A model geometry by name: llama3-8b, llama3-70b, mistral-7b, mqa, mha, ... */
 typedef struct {
     const char *name;

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,36 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i)
     }
     *i += 1;
     return argv[*i];
+}
+
+/* The tool's one piece of process-wide state: a signal handler can reach nothing else. */
+static volatile sig_atomic_t sigint_seen;
+static struct sigaction sigint_old;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    sigint_seen = 1;
+}
+
+void cli_sigint_catch(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigint_seen = 0;
+    sigaction(SIGINT, &sa, &sigint_old);
+}
+
+bool cli_interrupted(void)
+{
+    return sigint_seen != 0;
+}
+
+void cli_sigint_restore(void)
+{
+    sigaction(SIGINT, &sigint_old, NULL);
 }
 
 double cli_now(void)

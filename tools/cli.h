@@ -51,6 +51,14 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
 /* Option value: argv[*i + 1] (advancing *i), or a usage error message and NULL. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 
+/* Ctrl-C for long-running commands: cli_sigint_catch() installs a handler that only
+ * sets a flag (and clears it); cli_interrupted() reads it; cli_sigint_restore() puts
+ * back the previous handler. Exit status after an interrupt: CLI_INTERRUPTED. */
+#define CLI_INTERRUPTED 130
+void cli_sigint_catch(void);
+bool cli_interrupted(void);
+void cli_sigint_restore(void);
+
 double cli_now(void);                  /* monotonic seconds */
 uint64_t cli_peak_rss_bytes(void);     /* getrusage ru_maxrss */
 /* Human-readable bytes ("1.00 GiB") into buf (>= 32 bytes); returns buf. */

@@ -96,14 +96,6 @@ typedef struct {
     counters c;
 } soak;
 
-static volatile sig_atomic_t interrupted;
-
-static void on_sigint(int sig)
-{
-    (void)sig;
-    interrupted = 1;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -962,10 +954,7 @@ int cmd_soak(int argc, char **argv)
     }
     snprintf(S->save_path, sizeof S->save_path, "%s/pagedkv-soak-%ld.pkv", S->dir,
              (long)getpid());
-    struct sigaction sa, old_sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigaction(SIGINT, &sa, &old_sa);
+    cli_sigint_catch();
 
     pkv_stats st;
     memset(&st, 0, sizeof st);
@@ -974,7 +963,7 @@ int cmd_soak(int argc, char **argv)
     bool ok = setup(S) && pkv_engine_stats(S->e, &st) == PKV_OK;
     const uint64_t alloc0 = st.bytes_allocator;
     const bool tty = !S->o.json && isatty(2);
-    while (ok && !interrupted && S->op < S->o.ops) {
+    while (ok && !cli_interrupted() && S->op < S->o.ops) {
         const double now = (S->op & 63) == 0 ? cli_now() : t0;
         if (S->o.minutes_set && now - t0 >= S->o.minutes * 60)
             break;
@@ -988,7 +977,7 @@ int cmd_soak(int argc, char **argv)
     if (tty)
         fprintf(stderr, "\r%60s\r", "");
     /* Final sweep: every live session, every layer, against the model. */
-    for (uint32_t a = 0; ok && !interrupted && a < S->o.sessions; a++)
+    for (uint32_t a = 0; ok && !cli_interrupted() && a < S->o.sessions; a++)
         for (uint32_t l = 0; S->slots[a].s && ok && l < S->cfg.n_layers; l++) {
             random_q(S, S->q);
             ok = check_lens(S, a) && (!S->slots[a].h[l].len ||
@@ -1003,18 +992,17 @@ int cmd_soak(int argc, char **argv)
     if (S->own_dir && rmdir(S->dir) != 0)
         fprintf(stderr, "pagedkv soak: warning: cannot remove %s: %s\n", S->dir,
                 strerror(errno));
-    sigaction(SIGINT, &old_sa, NULL);
+    cli_sigint_restore();
     rss[1] = rss_now(true);
     rss[2] = cli_peak_rss_bytes();
     if (S->o.inject_bug && !S->injected)
         fprintf(stderr, "pagedkv soak: warning: --inject-bug found no op to corrupt\n");
-    report(S, &st, secs, rss, alloc0, !S->failed && !interrupted);
+    report(S, &st, secs, rss, alloc0, !S->failed && !cli_interrupted());
     if (S->failed)
         fprintf(stderr, "pagedkv soak: check failed at %s\npagedkv soak: reproduce with "
                         "the same options, --seed " U64 " --ops " U64 "\n", S->fail,
                 S->o.seed, S->op);
-    rc = S->failed ? CLI_FAIL : interrupted ? 130 : CLI_OK;
+    rc = S->failed ? CLI_FAIL : cli_interrupted() ? CLI_INTERRUPTED : CLI_OK;
     free(S);
-    interrupted = 0;
     return rc;
 }

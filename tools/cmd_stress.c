@@ -31,7 +31,7 @@
 #include "svg.h"
 
 #define CMD "stress"
-#define EXIT_INTERRUPTED 130 /* 128 + SIGINT, what shells report for Ctrl-C */
+#define EXIT_INTERRUPTED CLI_INTERRUPTED
 
 typedef struct {
     uint64_t ctx, decode_every, fork_every, budget, seed;
@@ -75,14 +75,6 @@ typedef struct {
     uint64_t checks, mismatches, forks, fork_bad;
     char mismatch[256], fork_msg[256], error[256];
 } stress_run;
-
-static volatile sig_atomic_t interrupted;
-
-static void on_sigint(int sig)
-{
-    (void)sig;
-    interrupted = 1;
-}
 
 static void usage(FILE *f)
 {
@@ -525,7 +517,7 @@ static pkv_status decode_point(stress_run *r, uint64_t n)
     for (uint32_t rep = 0; rep < o->reps; rep++)
         for (uint32_t s = 0; s < o->sessions; s++)
             for (uint32_t l = 0; l < o->layers; l++) {
-                if (interrupted)   /* a long context's round can take minutes */
+                if (cli_interrupted())   /* a long context's round can take minutes */
                     goto measured;
                 const float *q = row(r, r->Q, hd, n + rep, s, l);
                 double t0 = cli_now();
@@ -573,7 +565,7 @@ static void run(stress_run *r)
         fprintf(stderr, "pagedkv stress: %u session(s) x %llu tokens, %u layer(s)%s\n",
                 o->sessions, (unsigned long long)o->ctx, o->layers,
                 tty ? "" : "; progress every 5 s");
-    while (r->done < o->ctx && !interrupted) {
+    while (r->done < o->ctx && !cli_interrupted()) {
         uint64_t t = r->done;
         double t0 = cli_now();
         for (uint32_t s = 0; s < o->sessions && st == PKV_OK; s++)
@@ -759,7 +751,7 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
     jw_str(W, "io_backend", r->io);
     JW_U64S(W, {"tokens", r->done});
     jw_key(W, "interrupted");
-    fputs(interrupted ? "true" : "false", stdout);
+    fputs(cli_interrupted() ? "true" : "false", stdout);
     jw_str(W, "error", r->error[0] ? r->error : NULL);
     jw_num(W, "elapsed_s", elapsed);
     jw_open(W, "append", '{');
@@ -852,7 +844,7 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
            "%u, head-dim %u, %s, %u tokens/page, %u thread(s), isa %s, io %s\n",
            o->sessions, (unsigned long long)o->ctx, o->layers, o->heads, o->kv_heads,
            o->head_dim, pkv_dtype_name(o->dtype), r->bt, o->threads, r->isa, r->io);
-    if (interrupted)
+    if (cli_interrupted())
         printf("interrupted at %llu tokens: the figures below cover the work so far\n",
                (unsigned long long)r->done);
     if (r->error[0])
@@ -1000,7 +992,7 @@ static int report(stress_run *r)
     fflush(stdout);
     free(mem);
     int rc = r->error[0] || r->mismatches || r->fork_bad ? CLI_FAIL
-             : interrupted                               ? EXIT_INTERRUPTED
+             : cli_interrupted()                    ? EXIT_INTERRUPTED
                                                          : CLI_OK;
     if (o->svg && write_svg(r, &fit[0]) != 0)
         rc = cli_fail(CMD, "cannot write the plot to '%s'", o->svg);
@@ -1047,18 +1039,13 @@ int cmd_stress(int argc, char **argv)
                 "%s; consider --budget and --spill-dir\n", cli_bytes(need, b1),
                 cli_bytes((uint64_t)pages * (uint64_t)psz, b2));
     }
-    interrupted = 0;
-    struct sigaction sa, old;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old);
+    cli_sigint_catch();
     rc = setup(&r);
     if (rc == CLI_OK) {
         run(&r);
         rc = report(&r);
     }
-    sigaction(SIGINT, &old, NULL);
+    cli_sigint_restore();
     cleanup(&r);
     return rc;
 }

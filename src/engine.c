@@ -227,7 +227,11 @@ static bool engine_check(pkv_engine *e, bool quiescent)
     for (pkv_session *s = e->sessions; s; s = s->next)
         for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
             const pkvi_layer *L = &s->layers[l];
-            if (L->n_pages != (L->len + bt - 1) / bt || L->n_pages > L->cap) /* I5 */
+            /* I5 reads len, which an append updates after dropping the lock: only
+             * while no call is in flight (the live check looks at locked state only). */
+            if (quiescent && L->n_pages != (L->len + bt - 1) / bt)
+                ok = false;
+            if (L->n_pages > L->cap)
                 ok = false;
             for (uint64_t i = 0; i < L->n_pages; i++)
                 if (!L->pages[i] || L->pages[i]->refs == 0 ||

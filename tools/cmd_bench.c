@@ -1,8 +1,977 @@
-/* PLACEHOLDER: replaced by the owner of `pagedkv bench`. */
+/*
+ * cmd_bench.c - `pagedkv bench`: decode throughput in GB/s of K/V streamed, next to
+ * the DRAM read bandwidth, a naive implementation and the library's own scalar
+ * reference, all measured in the same run (SPEC §4, §6); plus prefill tokens/s next
+ * to a peak FMA rate measured in the same run.
+ *
+ * Owns: the measurement loops, the bandwidth probe, the naive decode, the peak-FMA
+ * probe and the presentation. Uses only the public API (include/pagedkv.h) and cli.h;
+ * the scalar reference is reached the public way, PKV_FORCE_ISA=scalar set around
+ * pkv_engine_create.
+ *
+ * Method (each figure is a median over --reps rounds):
+ *   - K/V bytes of one decode: 2 * g * d * ctx * dtype_size (one layer).
+ *   - DRAM bandwidth: a vectorized sum over a buffer of --bw-mib MiB (default 2 GiB,
+ *     far beyond any last-level cache) split over the same number of threads.
+ *   - Rounds interleave bandwidth, ours and naive, so slow drifts of a shared machine
+ *     hit all of them alike; each row's ratio uses the bandwidth of its own rounds.
+ *     The scalar reference runs right after and shares its row's bandwidth figure.
+ *   - naive: llama2.c-style plain loops over contiguous f32 arrays (no paging, no
+ *     dtype), scores then softmax then the weighted sum, head by head: for GQA each
+ *     group's K/V is read once per query head. Threads split the heads.
+ *   - prefill: one pkv_prefill of --prefill tokens into an empty session; FLOPs =
+ *     2 * h * d * n * (n + 1) (q.k and p.v over the causal triangle).
+ *   - peak FMA: independent FMA chains in registers, 2 FLOPs per lane.
+ * A benchmark, never a test: nothing here asserts a time.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define BENCH_X86 1
+#else
+#define BENCH_X86 0
+#endif
+
 #include "cli.h"
+
+static const char *const CMD = "bench";
+
+#define MAX_LIST 16
+#define MAX_THREADS 256u
+/* naive and scalar measurements repeat at most this often, and stop repeating once
+ * they have taken SLOW_BUDGET seconds (at least one run): they are 10-100x slower
+ * than ours and would dominate the run time at long contexts. */
+#define SLOW_REPS 3u
+#define SLOW_BUDGET 1.0
+
+typedef struct {
+    const cli_preset *presets[MAX_LIST];
+    uint32_t n_presets;
+    uint64_t ctx[MAX_LIST];
+    uint32_t n_ctx;
+    pkv_dtype dtypes[MAX_LIST];
+    uint32_t n_dtypes;
+    uint32_t threads[MAX_LIST];
+    uint32_t n_threads;
+    uint32_t reps, block_tokens, prefill_tokens;
+    uint64_t bw_mib, scalar_max_ctx, naive_max_bytes;
+    bool json, scalar, naive;
+} opts;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: pagedkv bench [options]\n"
+"\n"
+"Decode throughput of one layer in GB/s of K/V streamed (2 * kv_heads * head_dim *\n"
+"ctx * dtype_size bytes per decode), next to the DRAM read bandwidth measured in the\n"
+"same run with the same number of threads, the library's scalar reference kernel\n"
+"(PKV_FORCE_ISA=scalar) and a naive implementation (plain loops over contiguous f32,\n"
+"no paging); then pkv_prefill tokens/s and its FLOP rate next to a measured peak FMA\n"
+"rate. Medians over --reps rounds that interleave bandwidth, ours and naive.\n"
+"\n"
+"options:\n"
+"  --model-preset LIST  comma-separated presets (default llama3-8b; 'all' = llama3-8b,\n"
+"                       mqa,mha,d64,d256); one layer of each is measured\n"
+"  --ctx LIST           context lengths (default 4096,32768,131072; k/m suffixes)\n"
+"  --dtype LIST         f16,bf16,f32 (default all three)\n"
+"  --threads LIST       thread counts (default 1 and the number of online CPUs)\n"
+"  --reps N             rounds per figure (default 7; scalar and naive use <= %u,\n"
+"                       fewer once they have taken %.0f s)\n"
+"  --block-tokens N     tokens per page (default: the library's)\n"
+"  --prefill N          prompt length of the prefill measurement, run with the first\n"
+"                       --dtype (default 4096; 0 skips it)\n"
+"  --bw-mib N           bandwidth probe buffer in MiB (default 2048)\n"
+"  --no-scalar          skip the scalar reference\n"
+"  --no-naive           skip the naive implementation\n"
+"  --scalar-max-ctx N   skip the scalar reference above this context (default 32768:\n"
+"                       its ratio is flat in the context and 128k costs ~20 s; 0 = no limit)\n"
+"  --json               one JSON object on stdout instead of the table\n"
+"  --help               this text\n"
+"\n"
+"JSON keys: tool, version, isa, online_cpus, reps, bw_buffer_bytes, peak_fma (list of\n"
+"{threads, gflops}), decode (list of {preset, heads, kv_heads, head_dim,\n"
+"block_tokens, ctx, dtype, threads, kv_bytes, ours_us, ours_gbs, bw_gbs, ours_ratio,\n"
+"scalar_us, scalar_gbs, scalar_bw_gbs, scalar_ratio, naive_us, naive_gbs, naive_ratio};\n"
+"ratio = GB/s over the bandwidth of the same rounds; skipped figures are null),\n"
+"prefill (list of {preset, dtype, threads, tokens, seconds, tokens_per_s, gflops,\n"
+"peak_gflops, ratio}).\n"
+"\n"
+"exit status: 0 ok, 1 the library or the system failed, 2 usage error.\n",
+            SLOW_REPS, SLOW_BUDGET);
+}
+
+/* ---- option parsing ------------------------------------------------------------------ */
+
+/* Split s at commas into at most MAX_LIST non-empty items, each handed to fn.
+ * 0 on error (an empty item included: "4k,,8k" is a typo, not two contexts). */
+static int each_item(const char *s, int (*fn)(const char *item, void *ctx), void *ctx)
+{
+    char buf[512];
+    if (!s || !*s || strlen(s) >= sizeof buf)
+        return 0;
+    int n = 0;
+    for (const char *p = s;; p++) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == 0 || ++n > MAX_LIST)
+            return 0;
+        memcpy(buf, p, len);
+        buf[len] = '\0';
+        if (!fn(buf, ctx))
+            return 0;
+        if (!end)
+            return 1;
+        p = end;
+    }
+}
+
+static int add_preset(const char *item, void *ctx)
+{
+    opts *o = ctx;
+    if (strcmp(item, "all") == 0) {
+        static const char *const all[] = {"llama3-8b", "mqa", "mha", "d64", "d256"};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (o->n_presets >= MAX_LIST || !(o->presets[o->n_presets++] = cli_preset_find(all[i])))
+                return 0;
+        return 1;
+    }
+    const cli_preset *p = cli_preset_find(item);
+    if (!p || o->n_presets >= MAX_LIST)
+        return 0;
+    o->presets[o->n_presets++] = p;
+    return 1;
+}
+
+static int add_ctx(const char *item, void *ctx)
+{
+    opts *o = ctx;
+    uint64_t v;
+    if (!cli_parse_u64(item, &v) || v == 0 || v > (1ull << 32))
+        return 0;
+    o->ctx[o->n_ctx++] = v;
+    return 1;
+}
+
+static int add_dtype(const char *item, void *ctx)
+{
+    opts *o = ctx;
+    return cli_parse_dtype(item, &o->dtypes[o->n_dtypes++]);
+}
+
+static int add_threads(const char *item, void *ctx)
+{
+    opts *o = ctx;
+    uint32_t v;
+    if (!cli_parse_u32(item, &v) || v == 0 || v > MAX_THREADS)
+        return 0;
+    o->threads[o->n_threads++] = v;
+    return 1;
+}
+
+static uint32_t online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : n > (long)MAX_THREADS ? MAX_THREADS : (uint32_t)n;
+}
+
+/* Options with a value: lists go through each_item, numbers are uint64 in [lo, hi]. */
+typedef struct {
+    const char *name;
+    int (*item)(const char *item, void *ctx); /* a list, or NULL for a number */
+    uint32_t *count;                          /* the list's length, reset first */
+    uint64_t *num;
+    uint64_t lo, hi;
+} value_opt;
+
+/* -1 to run; CLI_OK after --help; CLI_USAGE on a bad argument (message printed). */
+static int parse(int argc, char **argv, opts *o)
+{
+    memset(o, 0, sizeof *o);
+    uint64_t reps = 7, bt = 0, prefill = 4096;
+    o->bw_mib = 2048;
+    o->scalar_max_ctx = 32768;
+    o->naive_max_bytes = 4ull << 30;
+    o->scalar = o->naive = true;
+    const value_opt vals[] = {
+        {"--model-preset", add_preset, &o->n_presets, NULL, 0, 0},
+        {"--preset", add_preset, &o->n_presets, NULL, 0, 0},
+        {"--ctx", add_ctx, &o->n_ctx, NULL, 0, 0},
+        {"--dtype", add_dtype, &o->n_dtypes, NULL, 0, 0},
+        {"--threads", add_threads, &o->n_threads, NULL, 0, 0},
+        {"--reps", NULL, NULL, &reps, 1, 1000},
+        {"--block-tokens", NULL, NULL, &bt, 0, UINT32_MAX},
+        {"--prefill", NULL, NULL, &prefill, 0, 1u << 20},
+        {"--bw-mib", NULL, NULL, &o->bw_mib, 1, 1u << 20},
+        {"--scalar-max-ctx", NULL, NULL, &o->scalar_max_ctx, 0, UINT64_MAX},
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return CLI_OK;
+        }
+        if (strcmp(a, "--json") == 0 || strcmp(a, "--no-scalar") == 0 ||
+            strcmp(a, "--no-naive") == 0) {
+            o->json |= a[2] == 'j';
+            o->scalar &= strcmp(a, "--no-scalar") != 0;
+            o->naive &= strcmp(a, "--no-naive") != 0;
+            continue;
+        }
+        const value_opt *vo = NULL;
+        for (size_t k = 0; k < sizeof vals / sizeof vals[0] && !vo; k++)
+            if (strcmp(a, vals[k].name) == 0)
+                vo = &vals[k];
+        if (!vo)
+            return cli_usage_error(CMD, "unknown option '%s'", a);
+        const char *v = cli_value(CMD, argc, argv, &i);
+        if (!v)
+            return CLI_USAGE;
+        if (vo->item) {
+            *vo->count = 0;
+            if (!each_item(v, vo->item, o))
+                return cli_usage_error(CMD, "bad %s list '%s'", a, v);
+        } else if (!cli_parse_u64(v, vo->num) || *vo->num < vo->lo || *vo->num > vo->hi) {
+            return cli_usage_error(CMD, "bad %s '%s' (%llu..%llu)", a, v,
+                                   (unsigned long long)vo->lo, (unsigned long long)vo->hi);
+        }
+    }
+    o->reps = (uint32_t)reps;
+    o->block_tokens = (uint32_t)bt;
+    o->prefill_tokens = (uint32_t)prefill;
+    if (o->n_presets == 0 && !(o->presets[o->n_presets++] = cli_preset_find("llama3-8b")))
+        return cli_fail(CMD, "preset table lacks llama3-8b");
+    static const uint64_t def_ctx[] = {4096, 32768, 131072};
+    if (o->n_ctx == 0)
+        for (; o->n_ctx < 3; o->n_ctx++)
+            o->ctx[o->n_ctx] = def_ctx[o->n_ctx];
+    static const pkv_dtype def_dt[] = {PKV_F16, PKV_BF16, PKV_F32};
+    if (o->n_dtypes == 0)
+        for (; o->n_dtypes < 3; o->n_dtypes++)
+            o->dtypes[o->n_dtypes] = def_dt[o->n_dtypes];
+    if (o->n_threads == 0) {
+        o->threads[o->n_threads++] = 1;
+        if (online_cpus() > 1)
+            o->threads[o->n_threads++] = online_cpus();
+    }
+    return -1;
+}
+
+/* ---- small helpers --------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, uint32_t n)
+{
+    if (n == 0)
+        return NAN;
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 0x2545f4914f6cdd1dull;
+}
+
+static void fill_uniform(uint64_t *s, float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((double)(rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+/* Run fn(ctx, t, n) on n threads (t = 0 on the caller); seconds from start to join. */
+typedef void (*team_fn)(void *ctx, uint32_t t, uint32_t n);
+typedef struct {
+    team_fn fn;
+    void *ctx;
+    uint32_t t, n;
+} team_arg;
+
+static void *team_main(void *p)
+{
+    team_arg *a = p;
+    a->fn(a->ctx, a->t, a->n);
+    return NULL;
+}
+
+static double team_run(uint32_t n, team_fn fn, void *ctx)
+{
+    pthread_t th[MAX_THREADS];
+    team_arg args[MAX_THREADS];
+    uint32_t started = 1;
+    const double t0 = cli_now();
+    for (uint32_t t = 1; t < n; t++) {
+        args[t] = (team_arg){fn, ctx, t, n};
+        if (pthread_create(&th[t], NULL, team_main, &args[t]) != 0)
+            break; /* fewer threads: the caller does the rest below */
+        started++;
+    }
+    for (uint32_t t = started; t < n; t++)
+        fn(ctx, t, n);
+    fn(ctx, 0, n);
+    for (uint32_t t = 1; t < started; t++)
+        pthread_join(th[t], NULL);
+    return cli_now() - t0;
+}
+
+/* ---- DRAM read bandwidth: a vectorized sum ----------------------------------------- */
+
+/* 8 x uint32: SSE2 pairs by default, one AVX2 register under target("avx2"). */
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+typedef struct {
+    const u32x8 *buf;
+    size_t vecs;           /* multiple of 4 * MAX_THREADS */
+    uint32_t sink[MAX_THREADS];
+} bw_job;
+
+/* Four independent vector sums, written so that no compiler can keep it scalar. */
+static inline __attribute__((always_inline)) uint32_t sum_body(const u32x8 *p, size_t n)
+{
+    u32x8 a = {0}, b = {0}, c = {0}, d = {0};
+    for (size_t i = 0; i < n; i += 4) {
+        a += p[i];
+        b += p[i + 1];
+        c += p[i + 2];
+        d += p[i + 3];
+    }
+    a += b + c + d;
+    return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+}
+
+#if BENCH_X86
+__attribute__((target("avx2"))) static uint32_t sum_avx2(const u32x8 *p, size_t n)
+{
+    return sum_body(p, n);
+}
+#endif
+
+static uint32_t sum_default(const u32x8 *p, size_t n)
+{
+    return sum_body(p, n);
+}
+
+static void bw_part(void *ctx, uint32_t t, uint32_t n)
+{
+    bw_job *j = ctx;
+    const size_t per = j->vecs / n / 4 * 4;
+#if BENCH_X86
+    if (__builtin_cpu_supports("avx2")) {
+        j->sink[t] = sum_avx2(j->buf + (size_t)t * per, per);
+        return;
+    }
+#endif
+    j->sink[t] = sum_default(j->buf + (size_t)t * per, per);
+}
+
+/* GB/s of one sum over the buffer with n threads */
+static double bw_measure(bw_job *j, uint32_t n)
+{
+    const double s = team_run(n, bw_part, j);
+    return (double)(j->vecs / n / 4 * 4) * n * sizeof(u32x8) / s / 1e9;
+}
+
+/* ---- peak FMA rate ------------------------------------------------------------------ */
+
+typedef struct {
+    uint64_t iters;
+    float sink[MAX_THREADS];
+    uint32_t lanes;
+} fma_job;
+
+#if BENCH_X86
+__attribute__((target("avx512f"))) static float fma_avx512(uint64_t iters)
+{
+    __m512 a[12];
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm512_set1_ps(1.0f + (float)i * 1e-3f);
+    const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-4f);
+    for (uint64_t k = 0; k < iters; k++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm512_fmadd_ps(a[i], b, c);
+    }
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm512_add_ps(s, a[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) static float fma_avx2(uint64_t iters)
+{
+    __m256 a[12];
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm256_set1_ps(1.0f + (float)i * 1e-3f);
+    const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-4f);
+    for (uint64_t k = 0; k < iters; k++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm256_fmadd_ps(a[i], b, c);
+    }
+    __m256 s = a[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm256_add_ps(s, a[i]);
+    float w[8];
+    _mm256_storeu_ps(w, s);
+    return w[0] + w[1] + w[2] + w[3] + w[4] + w[5] + w[6] + w[7];
+}
+#endif
+
+static uint32_t fma_lanes(void)
+{
+#if BENCH_X86
+    if (__builtin_cpu_supports("avx512f"))
+        return 16;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return 8;
+#endif
+    return 1; /* unknown */
+}
+
+static void fma_part(void *ctx, uint32_t t, uint32_t n)
+{
+    (void)n;
+    fma_job *j = ctx;
+#if BENCH_X86
+    if (j->lanes == 16) {
+        j->sink[t] = fma_avx512(j->iters);
+        return;
+    }
+    if (j->lanes == 8) {
+        j->sink[t] = fma_avx2(j->iters);
+        return;
+    }
+#endif
+    j->sink[t] = 0; /* no vector FMA known here: the peak is reported as unknown */
+}
+
+/* GFLOP/s over n threads: 12 chains x lanes x 2 FLOPs per iteration per thread. */
+static double fma_peak(uint32_t n)
+{
+    fma_job j;
+    j.lanes = fma_lanes();
+    j.iters = 4000000;
+    if (j.lanes == 1)
+        return NAN;
+    double v[5];
+    for (int r = 0; r < 5; r++) {
+        const double s = team_run(n, fma_part, &j);
+        v[r] = (double)j.iters * 12 * j.lanes * 2 * n / s / 1e9;
+    }
+    return median(v, 5);
+}
+
+/* ---- naive decode ------------------------------------------------------------------- */
+
+typedef struct {
+    uint32_t h, g, d;
+    uint64_t n;
+    float scale;
+    const float *K, *V;  /* [n][g][d] */
+    const float *q;      /* [h][d] */
+    float *out;          /* [h][d] */
+    float *scores[MAX_THREADS]; /* [n] each */
+} naive_job;
+
+/* The textbook loop: for each head, all scores, max, exp and sum, weighted sum. */
+static void naive_part(void *ctx, uint32_t t, uint32_t nt)
+{
+    naive_job *j = ctx;
+    const uint32_t d = j->d, hg = j->h / j->g;
+    float *att = j->scores[t];
+    for (uint32_t i = t; i < j->h; i += nt) {
+        const float *q = j->q + (size_t)i * d;
+        const uint32_t grp = i / hg;
+        float mx = -INFINITY;
+        for (uint64_t p = 0; p < j->n; p++) {
+            const float *k = j->K + ((size_t)p * j->g + grp) * d;
+            float s = 0.0f;
+            for (uint32_t c = 0; c < d; c++)
+                s += q[c] * k[c];
+            att[p] = s * j->scale;
+            if (att[p] > mx)
+                mx = att[p];
+        }
+        float sum = 0.0f;
+        for (uint64_t p = 0; p < j->n; p++) {
+            att[p] = expf(att[p] - mx);
+            sum += att[p];
+        }
+        float *o = j->out + (size_t)i * d;
+        for (uint32_t c = 0; c < d; c++)
+            o[c] = 0.0f;
+        for (uint64_t p = 0; p < j->n; p++) {
+            const float *v = j->V + ((size_t)p * j->g + grp) * d;
+            const float w = att[p] / sum;
+            for (uint32_t c = 0; c < d; c++)
+                o[c] += w * v[c];
+        }
+    }
+}
+
+/* ---- one row of the table ------------------------------------------------------------- */
+
+typedef struct {
+    const cli_preset *p;
+    uint32_t bt;
+    uint64_t ctx;
+    pkv_dtype dt;
+    uint32_t threads;
+    uint64_t kv_bytes;
+    double ours_us, ours_gbs, bw_gbs;
+    double scalar_us, scalar_gbs, scalar_bw_gbs;
+    double naive_us, naive_gbs, naive_bw_gbs;
+} row;
+
+typedef struct {
+    const cli_preset *p;
+    pkv_dtype dt;
+    uint32_t threads, tokens;
+    double seconds, gflops, peak;
+} prefill_row;
+
+/* An engine of one layer of preset p, and a session holding ctx tokens of K/V taken
+ * from the pool kv ([pool_tokens][2][g][d], reused cyclically). */
+static pkv_status build(const opts *o, const cli_preset *p, pkv_dtype dt, uint32_t threads,
+                        bool scalar, uint64_t ctx, const float *kv, uint32_t pool_tokens,
+                        pkv_engine **e, pkv_session **s)
+{
+    pkv_config c = pkv_config_default();
+    c.n_layers = 1;
+    c.n_heads = p->heads;
+    c.n_kv_heads = p->kv_heads;
+    c.head_dim = p->head_dim;
+    c.block_tokens = o->block_tokens;
+    c.kv_dtype = dt;
+    c.n_threads = threads;
+    *e = NULL;
+    *s = NULL;
+    if (scalar && setenv("PKV_FORCE_ISA", "scalar", 1) != 0)
+        return PKV_ENOMEM;
+    pkv_status st = pkv_engine_create(&c, e);
+    if (scalar)
+        unsetenv("PKV_FORCE_ISA");
+    if (st != PKV_OK)
+        return st;
+    if ((st = pkv_session_create(*e, s)) != PKV_OK)
+        return st;
+    const size_t row_floats = (size_t)p->kv_heads * p->head_dim;
+    for (uint64_t t = 0; t < ctx && st == PKV_OK; t++) {
+        const float *k = kv + (size_t)(t % pool_tokens) * 2 * row_floats;
+        st = pkv_append(*s, 0, k, k + row_floats);
+    }
+    return st;
+}
+
+static void destroy(pkv_engine **e, pkv_session **s)
+{
+    pkv_session_destroy(*s);
+    pkv_engine_destroy(*e);
+    *s = NULL;
+    *e = NULL;
+}
+
+/* Seconds of one decode. */
+static pkv_status time_decode(pkv_session *s, const float *q, float *out, double *sec)
+{
+    const double t0 = cli_now();
+    pkv_status st = pkv_decode(s, 0, q, out);
+    *sec = cli_now() - t0;
+    return st;
+}
+
+typedef struct {
+    const opts *o;
+    bw_job bw;
+    row rows[4096];
+    uint32_t n_rows;
+    prefill_row pre[512];
+    uint32_t n_pre;
+    double peak[MAX_LIST];
+    const char *isa;
+} bench;
+
+/* All rows of one preset and context. */
+static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
+{
+    const opts *o = b->o;
+    const uint32_t g = p->kv_heads, d = p->head_dim, h = p->heads;
+    const uint32_t pool_tokens = 256;
+    uint64_t seed = 0x9e3779b97f4a7c15ull ^ ctx;
+    float *kv = malloc((size_t)pool_tokens * 2 * g * d * sizeof(float));
+    float *q = malloc((size_t)h * d * sizeof(float));
+    float *out = malloc((size_t)h * d * sizeof(float));
+    naive_job nj;
+    memset(&nj, 0, sizeof nj);
+    const uint64_t naive_bytes = 2 * (uint64_t)g * d * ctx * sizeof(float);
+    const bool do_naive = o->naive && naive_bytes <= o->naive_max_bytes;
+    int rc = CLI_OK;
+    if (!kv || !q || !out) {
+        rc = cli_fail(CMD, "out of memory");
+        goto done;
+    }
+    fill_uniform(&seed, kv, (size_t)pool_tokens * 2 * g * d);
+    fill_uniform(&seed, q, (size_t)h * d);
+    if (do_naive) {
+        float *K = malloc(naive_bytes / 2), *V = malloc(naive_bytes / 2);
+        nj.K = K;
+        nj.V = V;
+        if (!K || !V) {
+            free(K);
+            free(V);
+            nj.K = nj.V = NULL;
+            rc = cli_fail(CMD, "out of memory for the naive arrays (%llu bytes)",
+                          (unsigned long long)naive_bytes);
+            goto done;
+        }
+        for (uint64_t t = 0; t < ctx; t++) { /* the same values the cache holds */
+            const float *src = kv + (size_t)(t % pool_tokens) * 2 * g * d;
+            memcpy(K + (size_t)t * g * d, src, (size_t)g * d * sizeof(float));
+            memcpy(V + (size_t)t * g * d, src + (size_t)g * d, (size_t)g * d * sizeof(float));
+        }
+        nj.h = h;
+        nj.g = g;
+        nj.d = d;
+        nj.n = ctx;
+        nj.scale = 1.0f / sqrtf((float)d);
+        nj.q = q;
+        nj.out = out;
+    }
+    for (uint32_t ti = 0; ti < o->n_threads; ti++) {
+        const uint32_t T = o->threads[ti];
+        if (do_naive)
+            for (uint32_t t = 0; t < T; t++)
+                if (!nj.scores[t] && !(nj.scores[t] = malloc(ctx * sizeof(float)))) {
+                    rc = cli_fail(CMD, "out of memory");
+                    goto done;
+                }
+        double naive_t[SLOW_REPS], naive_bw[SLOW_REPS], naive_sum = 0;
+        uint32_t n_naive = 0;
+        for (uint32_t di = 0; di < o->n_dtypes; di++) {
+            const pkv_dtype dt = o->dtypes[di];
+            if (b->n_rows >= sizeof b->rows / sizeof b->rows[0])
+                break;
+            row *r = &b->rows[b->n_rows];
+            memset(r, 0, sizeof *r);
+            r->p = p;
+            r->ctx = ctx;
+            r->dt = dt;
+            r->threads = T;
+            r->kv_bytes = 2 * (uint64_t)g * d * ctx * pkv_dtype_size(dt);
+            r->scalar_us = r->scalar_gbs = r->scalar_bw_gbs = NAN;
+            r->naive_us = r->naive_gbs = r->naive_bw_gbs = NAN;
+
+            pkv_engine *e;
+            pkv_session *s;
+            pkv_status st = build(o, p, dt, T, false, ctx, kv, pool_tokens, &e, &s);
+            if (st != PKV_OK) {
+                destroy(&e, &s);
+                rc = cli_fail(CMD, "building a %s session of %llu tokens: %s",
+                              pkv_dtype_name(dt), (unsigned long long)ctx, pkv_status_str(st));
+                goto done;
+            }
+            pkv_config cfg;
+            pkv_stats stats;
+            if (pkv_engine_config(e, &cfg) == PKV_OK)
+                r->bt = cfg.block_tokens;
+            if (pkv_engine_stats(e, &stats) == PKV_OK)
+                b->isa = stats.isa;
+            double warm;
+            st = time_decode(s, q, out, &warm);
+            double ours[1000], bws[1000];
+            for (uint32_t k = 0; k < o->reps && st == PKV_OK; k++) {
+                bws[k] = bw_measure(&b->bw, T);
+                st = time_decode(s, q, out, &ours[k]);
+                if (di == 0 && do_naive && n_naive < SLOW_REPS && naive_sum < SLOW_BUDGET &&
+                    k % 2 == 0) {
+                    naive_t[n_naive] = team_run(T, naive_part, &nj);
+                    naive_sum += naive_t[n_naive];
+                    naive_bw[n_naive++] = bws[k];
+                }
+            }
+            destroy(&e, &s);
+            if (st != PKV_OK) {
+                rc = cli_fail(CMD, "pkv_decode: %s", pkv_status_str(st));
+                goto done;
+            }
+            const double tm = median(ours, o->reps);
+            r->ours_us = tm * 1e6;
+            r->ours_gbs = (double)r->kv_bytes / tm / 1e9;
+            r->bw_gbs = median(bws, o->reps);
+            if (n_naive > 0) {
+                double tn[SLOW_REPS], bn[SLOW_REPS];
+                memcpy(tn, naive_t, sizeof tn);
+                memcpy(bn, naive_bw, sizeof bn);
+                const double t = median(tn, n_naive);
+                r->naive_us = t * 1e6;
+                r->naive_gbs = (double)naive_bytes / t / 1e9;
+                r->naive_bw_gbs = median(bn, n_naive);
+            }
+
+            if (o->scalar && (o->scalar_max_ctx == 0 || ctx <= o->scalar_max_ctx)) {
+                st = build(o, p, dt, T, true, ctx, kv, pool_tokens, &e, &s);
+                if (st == PKV_OK && (st = pkv_engine_stats(e, &stats)) == PKV_OK &&
+                    strcmp(stats.isa, "scalar") != 0)
+                    st = PKV_EINVAL;
+                const uint32_t cap = o->reps < SLOW_REPS ? o->reps : SLOW_REPS;
+                double sc[SLOW_REPS], sum = 0;
+                uint32_t n = 0;
+                for (; n < cap && sum < SLOW_BUDGET && st == PKV_OK; n++) {
+                    st = time_decode(s, q, out, &sc[n]);
+                    sum += sc[n];
+                }
+                destroy(&e, &s);
+                if (st != PKV_OK) {
+                    rc = cli_fail(CMD, "scalar reference (PKV_FORCE_ISA=scalar): %s",
+                                  pkv_status_str(st));
+                    goto done;
+                }
+                const double t = median(sc, n);
+                r->scalar_us = t * 1e6;
+                r->scalar_gbs = (double)r->kv_bytes / t / 1e9;
+                r->scalar_bw_gbs = r->bw_gbs; /* the same thread count, moments before */
+            }
+            b->n_rows++;
+        }
+    }
+done:
+    for (uint32_t t = 0; t < MAX_THREADS; t++)
+        free(nj.scores[t]);
+    free((void *)nj.K);
+    free((void *)nj.V);
+    free(kv);
+    free(q);
+    free(out);
+    return rc;
+}
+
+/* Prefill of n tokens into an empty session, for each thread count, with the first
+ * --dtype (one 4096-token prefill of a llama3-8b layer is ~137 GFLOP: seconds). */
+static int run_prefill(bench *b, const cli_preset *p)
+{
+    const opts *o = b->o;
+    const uint32_t n = o->prefill_tokens, h = p->heads, g = p->kv_heads, d = p->head_dim;
+    uint64_t seed = 0x51ed270b27ull;
+    float *Q = malloc((size_t)n * h * d * sizeof(float));
+    float *KV = malloc((size_t)n * 2 * g * d * sizeof(float));
+    float *out = malloc((size_t)n * h * d * sizeof(float));
+    int rc = CLI_OK;
+    if (!Q || !KV || !out) {
+        rc = cli_fail(CMD, "out of memory for the prefill prompt");
+        goto done;
+    }
+    fill_uniform(&seed, Q, (size_t)n * h * d);
+    fill_uniform(&seed, KV, (size_t)n * 2 * g * d);
+    for (uint32_t di = 0; di < 1; di++)
+        for (uint32_t ti = 0; ti < o->n_threads; ti++) {
+            if (b->n_pre >= sizeof b->pre / sizeof b->pre[0])
+                goto done;
+            pkv_engine *e;
+            pkv_session *s;
+            pkv_status st = build(o, p, o->dtypes[di], o->threads[ti], false, 0, KV, 1, &e, &s);
+            double sec = 0;
+            if (st == PKV_OK) {
+                const double t0 = cli_now();
+                st = pkv_prefill(s, 0, n, Q, KV, KV + (size_t)n * g * d, out);
+                sec = cli_now() - t0;
+            }
+            destroy(&e, &s);
+            if (st != PKV_OK) {
+                rc = cli_fail(CMD, "pkv_prefill: %s", pkv_status_str(st));
+                goto done;
+            }
+            prefill_row *r = &b->pre[b->n_pre++];
+            r->p = p;
+            r->dt = o->dtypes[di];
+            r->threads = o->threads[ti];
+            r->tokens = n;
+            r->seconds = sec;
+            r->gflops = 2.0 * h * d * (double)n * (n + 1.0) / sec / 1e9;
+            r->peak = b->peak[ti];
+        }
+done:
+    free(Q);
+    free(KV);
+    free(out);
+    return rc;
+}
+
+/* ---- output ---------------------------------------------------------------------------- */
+
+static void json_num(FILE *f, const char *key, double v, bool comma)
+{
+    if (isfinite(v))
+        fprintf(f, "\"%s\":%.6g%s", key, v, comma ? "," : "");
+    else
+        fprintf(f, "\"%s\":null%s", key, comma ? "," : "");
+}
+
+static void print_json(const bench *b)
+{
+    const opts *o = b->o;
+    FILE *f = stdout;
+    fprintf(f, "{\"tool\":\"pagedkv bench\",\"version\":");
+    cli_json_str(f, pkv_version());
+    fprintf(f, ",\"isa\":");
+    cli_json_str(f, b->isa ? b->isa : "?");
+    fprintf(f, ",\"online_cpus\":%u,\"reps\":%u,\"bw_buffer_bytes\":%llu,\"peak_fma\":[",
+            online_cpus(), o->reps, (unsigned long long)(b->bw.vecs * sizeof(u32x8)));
+    for (uint32_t i = 0; i < o->n_threads; i++) {
+        fprintf(f, "%s{\"threads\":%u,", i ? "," : "", o->threads[i]);
+        json_num(f, "gflops", b->peak[i], false);
+        fputc('}', f);
+    }
+    fprintf(f, "],\"decode\":[");
+    for (uint32_t i = 0; i < b->n_rows; i++) {
+        const row *r = &b->rows[i];
+        fprintf(f, "%s{\"preset\":", i ? "," : "");
+        cli_json_str(f, r->p->name);
+        fprintf(f, ",\"heads\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"block_tokens\":%u,"
+                   "\"ctx\":%llu,\"dtype\":\"%s\",\"threads\":%u,\"kv_bytes\":%llu,",
+                r->p->heads, r->p->kv_heads, r->p->head_dim, r->bt,
+                (unsigned long long)r->ctx, pkv_dtype_name(r->dt), r->threads,
+                (unsigned long long)r->kv_bytes);
+        json_num(f, "ours_us", r->ours_us, true);
+        json_num(f, "ours_gbs", r->ours_gbs, true);
+        json_num(f, "bw_gbs", r->bw_gbs, true);
+        json_num(f, "ours_ratio", r->ours_gbs / r->bw_gbs, true);
+        json_num(f, "scalar_us", r->scalar_us, true);
+        json_num(f, "scalar_gbs", r->scalar_gbs, true);
+        json_num(f, "scalar_bw_gbs", r->scalar_bw_gbs, true);
+        json_num(f, "scalar_ratio", r->scalar_gbs / r->scalar_bw_gbs, true);
+        json_num(f, "naive_us", r->naive_us, true);
+        json_num(f, "naive_gbs", r->naive_gbs, true);
+        json_num(f, "naive_ratio", r->naive_gbs / r->naive_bw_gbs, false);
+        fputc('}', f);
+    }
+    fprintf(f, "],\"prefill\":[");
+    for (uint32_t i = 0; i < b->n_pre; i++) {
+        const prefill_row *r = &b->pre[i];
+        fprintf(f, "%s{\"preset\":", i ? "," : "");
+        cli_json_str(f, r->p->name);
+        fprintf(f, ",\"dtype\":\"%s\",\"threads\":%u,\"tokens\":%u,", pkv_dtype_name(r->dt),
+                r->threads, r->tokens);
+        json_num(f, "seconds", r->seconds, true);
+        json_num(f, "tokens_per_s", r->tokens / r->seconds, true);
+        json_num(f, "gflops", r->gflops, true);
+        json_num(f, "peak_gflops", r->peak, true);
+        json_num(f, "ratio", r->gflops / r->peak, false);
+        fputc('}', f);
+    }
+    fprintf(f, "]}\n");
+}
+
+/* "  123.4" or "      -" */
+static void cell(double v, const char *fmt, int width)
+{
+    if (isfinite(v))
+        printf(fmt, width, v);
+    else
+        printf("%*s", width, "-");
+}
+
+static void print_table(const bench *b)
+{
+    const opts *o = b->o;
+    printf("pagedkv bench %s: kernels %s; ratio = GB/s of K/V streamed / DRAM read GB/s "
+           "measured in the same rounds (%u rounds, medians)\n",
+           pkv_version(), b->isa ? b->isa : "?", o->reps);
+    const cli_preset *last = NULL;
+    for (uint32_t i = 0; i < b->n_rows; i++) {
+        const row *r = &b->rows[i];
+        if (r->p != last) {
+            printf("\n%s layer: h=%u g=%u d=%u bt=%u\n", r->p->name, r->p->heads,
+                   r->p->kv_heads, r->p->head_dim, r->bt);
+            printf("%8s %-4s %3s |%10s %7s %7s %6s |%10s %7s %6s |%10s %7s %6s\n", "ctx",
+                   "type", "thr", "ours us", "GB/s", "bw", "ratio", "scalar us", "GB/s", "ratio",
+                   "naive us", "GB/s", "ratio");
+            last = r->p;
+        }
+        printf("%8llu %-4s %3u |", (unsigned long long)r->ctx, pkv_dtype_name(r->dt),
+               r->threads);
+        cell(r->ours_us, "%*.0f", 10);
+        cell(r->ours_gbs, "%*.1f", 8);
+        cell(r->bw_gbs, "%*.1f", 8);
+        cell(r->ours_gbs / r->bw_gbs, "%*.2f", 7);
+        printf(" |");
+        cell(r->scalar_us, "%*.0f", 10);
+        cell(r->scalar_gbs, "%*.2f", 8);
+        cell(r->scalar_gbs / r->scalar_bw_gbs, "%*.3f", 7);
+        printf(" |");
+        cell(r->naive_us, "%*.0f", 10);
+        cell(r->naive_gbs, "%*.2f", 8);
+        cell(r->naive_gbs / r->naive_bw_gbs, "%*.3f", 7);
+        printf("\n");
+    }
+    if (b->n_pre) {
+        printf("\nprefill (pkv_prefill of a %u-token prompt into an empty session):\n",
+               o->prefill_tokens);
+        printf("%-10s %-4s %3s %10s %10s %9s %7s\n", "preset", "type", "thr", "tokens/s",
+               "GFLOP/s", "peak", "ratio");
+        for (uint32_t i = 0; i < b->n_pre; i++) {
+            const prefill_row *r = &b->pre[i];
+            printf("%-10s %-4s %3u %10.0f %10.1f %9.1f %7.3f\n", r->p->name,
+                   pkv_dtype_name(r->dt), r->threads, r->tokens / r->seconds, r->gflops,
+                   r->peak, r->gflops / r->peak);
+        }
+    }
+    printf("\npeak FMA (GFLOP/s, %u-lane FMA chains):", fma_lanes());
+    for (uint32_t i = 0; i < o->n_threads; i++)
+        printf(" %u thread%s %.1f%s", o->threads[i], o->threads[i] > 1 ? "s" : "", b->peak[i],
+               i + 1 < o->n_threads ? "," : "\n");
+}
+
 int cmd_bench(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    return cli_fail("bench", "not built yet");
+    opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    rc = CLI_OK;
+    bench *b = calloc(1, sizeof *b);
+    if (!b)
+        return cli_fail(CMD, "out of memory");
+    b->o = &o;
+    b->bw.vecs = (size_t)(o.bw_mib << 20) / sizeof(u32x8);
+    u32x8 *buf = aligned_alloc(64, b->bw.vecs * sizeof(u32x8));
+    if (!buf) {
+        free(b);
+        return cli_fail(CMD, "cannot allocate the %llu MiB bandwidth buffer",
+                        (unsigned long long)o.bw_mib);
+    }
+    memset(buf, 1, b->bw.vecs * sizeof(u32x8)); /* touch every page once */
+    b->bw.buf = buf;
+    for (uint32_t i = 0; i < o.n_threads; i++)
+        b->peak[i] = fma_peak(o.threads[i]);
+    for (uint32_t pi = 0; pi < o.n_presets && rc == CLI_OK; pi++) {
+        for (uint32_t ci = 0; ci < o.n_ctx && rc == CLI_OK; ci++)
+            rc = run_ctx(b, o.presets[pi], o.ctx[ci]);
+        if (rc == CLI_OK && o.prefill_tokens > 0)
+            rc = run_prefill(b, o.presets[pi]);
+    }
+    if (rc == CLI_OK) {
+        if (o.json)
+            print_json(b);
+        else
+            print_table(b);
+    }
+    free(buf);
+    free(b);
+    return rc;
 }

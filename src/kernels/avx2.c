@@ -1,3 +1,410 @@
-/* PLACEHOLDER: AVX2 kernels not built yet. */
+/*
+ * kernels/avx2.c - the AVX2 decode kernel and row store (compiled with -mavx2 -mfma
+ * -mf16c; called only after kernels/dispatch.c saw AVX2, FMA, F16C in cpuid and the
+ * YMM state enabled in XCR0).
+ *
+ * Owns: pkvi_kernels_avx2. Does not own: the semantics (kernels/ref.c is the
+ * specification), the conversions' definition (dtype.c), threading or split-K
+ * (decode.c).
+ *
+ * The structure is avx512.c's at half the width (see that file's comment): the same
+ * tiles as ref.c, QK in blocks of HB heads x TB tokens (HB * TB == 8 accumulators, one
+ * 8-way reduction tree), PV in blocks of HB heads x 16 floats of d. Differences from
+ * ref.c are the order of additions and the exp polynomial (docs/numerics.md).
+ * AVX2 has no 16-bit masked load, so the d tail (d % 8) of f16/bf16 rows is copied
+ * into a zeroed 8-element buffer first; f32 rows use vmaskmovps. Rows past
+ * `last_tokens` and elements past d are never read. Software prefetch and
+ * `#pragma GCC unroll` as in avx512.c.
+ */
 #include "internal.h"
-const pkvi_kernels pkvi_kernels_avx2 = {"avx2", NULL, NULL};
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* Software prefetch of the page ahead: the scheme and the measurements of avx512.c. */
+#define PF_HINT _MM_HINT_T0
+#define PF_AHEAD_BYTES 4096u
+
+/* ---- loads: 8 values of the page's dtype from element i of row base, as f32 ------ */
+
+AI __m256 widen(pkv_dtype dt, __m128i h)
+{
+    if (dt == PKV_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+AI __m256 ld(pkv_dtype dt, const void *base, size_t i)
+{
+    if (dt == PKV_F32)
+        return _mm256_loadu_ps((const float *)base + i);
+    return widen(dt, _mm_loadu_si128((const void *)((const uint16_t *)base + i)));
+}
+
+/* Lanes [0, rem) for rem in 1..7 */
+AI __m256i tail_mask(uint32_t rem)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* The first rem (1..7) values from element i, the other lanes 0. */
+AI __m256 ldt(pkv_dtype dt, const void *base, size_t i, uint32_t rem)
+{
+    if (dt == PKV_F32)
+        return _mm256_maskload_ps((const float *)base + i, tail_mask(rem));
+    uint16_t tmp[8] = {0};
+    memcpy(tmp, (const uint16_t *)base + i, rem * sizeof(uint16_t));
+    return widen(dt, _mm_loadu_si128((const void *)tmp));
+}
+
+/* ---- exp (see avx512.c for the method) --------------------------------------------
+ * Without vscalef, 2^n is applied as two normal factors 2^(n>>1) and 2^(n - (n>>1)):
+ * the first product is exact, the second rounds once, so subnormal results are as
+ * accurate as vscalef's. */
+AI __m256 exp8(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_set1_ps(-110.0f), x); /* NaN passes (second operand) */
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(y, f1), f2);
+}
+
+/* ---- reductions ----------------------------------------------------------------------- */
+
+/* lane i of the result = sum of the 8 lanes of v[i]; fixed order */
+AI __m256 hsum8(const __m256 v[8])
+{
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+AI float hmax8(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+AI float hadd8(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* ---- QK ------------------------------------------------------------------------------
+ * Unscaled dots of HB heads (q rows qh, stride d) with TB consecutive K rows; writes
+ * s[h * PKVI_TILE + t]. HB * TB <= 8. */
+AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, float *s,
+                 const char *pf, size_t row_bytes, const int HB, const int TB)
+{
+    if (pf)
+        for (size_t off = 0; off < TB * row_bytes; off += 64)
+            _mm_prefetch(pf + off, PF_HINT);
+    __m256 a[8];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm256_setzero_ps();
+    uint32_t c = 0;
+    for (; c + 8 <= d; c += 8) {
+        __m256 qv[4];
+        #pragma GCC unroll 16
+        for (int h = 0; h < HB; h++)
+            qv[h] = _mm256_loadu_ps(qh + (size_t)h * d + c);
+        #pragma GCC unroll 16
+        for (int t = 0; t < TB; t++) {
+            const __m256 kv = ld(dt, krow, (size_t)t * d + c);
+            #pragma GCC unroll 16
+            for (int h = 0; h < HB; h++)
+                a[h * TB + t] = _mm256_fmadd_ps(qv[h], kv, a[h * TB + t]);
+        }
+    }
+    if (c < d) {
+        const uint32_t rem = d - c;
+        __m256 qv[4];
+        #pragma GCC unroll 16
+        for (int h = 0; h < HB; h++)
+            qv[h] = _mm256_maskload_ps(qh + (size_t)h * d + c, tail_mask(rem));
+        #pragma GCC unroll 16
+        for (int t = 0; t < TB; t++) {
+            const __m256 kv = ldt(dt, krow, (size_t)t * d + c, rem);
+            #pragma GCC unroll 16
+            for (int h = 0; h < HB; h++)
+                a[h * TB + t] = _mm256_fmadd_ps(qv[h], kv, a[h * TB + t]);
+        }
+    }
+    _Alignas(32) float r[8];
+    _mm256_store_ps(r, hsum8(a));
+    #pragma GCC unroll 16
+    for (int h = 0; h < HB; h++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < TB; t++)
+            s[h * PKVI_TILE + t] = r[h * TB + t];
+}
+
+AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
+                 uint32_t n, const float *qh, float *s, const char *pf, const int HB)
+{
+    const int TB = 8 / HB;
+    uint32_t t = 0;
+    for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
+        qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
+                 pf ? pf + t * row_bytes : NULL, row_bytes, HB, TB);
+    for (; t < n; t++)
+        qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
+                 pf ? pf + t * row_bytes : NULL, row_bytes, HB, 1);
+}
+
+/* ---- PV ------------------------------------------------------------------------------
+ * acc[h][c0 .. c0 + 8*CB) = alpha[h] * acc + sum_t w[h][t] * v_t for HB heads; with
+ * rem (1..7, CB == 1) only the first rem lanes exist. */
+AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32_t n,
+                 const float *w, const float *alpha, float *acc, const char *pf,
+                 const int HB, const int CB, const uint32_t rem)
+{
+    const size_t es = dt == PKV_F32 ? 4u : 2u;
+    __m256 a[4][2];
+    #pragma GCC unroll 16
+    for (int h = 0; h < HB; h++) {
+        const __m256 al = _mm256_set1_ps(alpha[h]);
+        #pragma GCC unroll 16
+        for (int c = 0; c < CB; c++) {
+            const float *p = acc + (size_t)h * d + c0 + 8 * c;
+            a[h][c] = _mm256_mul_ps(rem ? _mm256_maskload_ps(p, tail_mask(rem))
+                                        : _mm256_loadu_ps(p),
+                                    al);
+        }
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        if (pf) /* this block's bytes of row t, in the page `dist` ahead */
+            for (size_t off = c0 * es; off < (c0 + 8u * CB) * es && off < d * es; off += 64)
+                _mm_prefetch(pf + t * d * es + off, PF_HINT);
+        __m256 vv[2];
+        #pragma GCC unroll 16
+        for (int c = 0; c < CB; c++)
+            vv[c] = rem ? ldt(dt, vrow, (size_t)t * d + c0, rem)
+                        : ld(dt, vrow, (size_t)t * d + c0 + 8 * c);
+        #pragma GCC unroll 16
+        for (int h = 0; h < HB; h++) {
+            const __m256 wb = _mm256_broadcast_ss(w + h * PKVI_TILE + t);
+            #pragma GCC unroll 16
+            for (int c = 0; c < CB; c++)
+                a[h][c] = _mm256_fmadd_ps(wb, vv[c], a[h][c]);
+        }
+    }
+    /* recompute addresses rather than keep HB*CB pointers live (see avx512.c) */
+    __asm__("" : "+r"(acc));
+    #pragma GCC unroll 16
+    for (int h = 0; h < HB; h++)
+        #pragma GCC unroll 16
+        for (int c = 0; c < CB; c++) {
+            float *p = acc + (size_t)h * d + c0 + 8 * c;
+            if (rem)
+                _mm256_maskstore_ps(p, tail_mask(rem), a[h][c]);
+            else
+                _mm256_storeu_ps(p, a[h][c]);
+        }
+}
+
+AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const float *w,
+                 const float *alpha, float *acc, const char *pf, const int HB)
+{
+    uint32_t c = 0;
+    for (; c + 16 <= d; c += 16)
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 2, 0);
+    for (; c + 8 <= d; c += 8)
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, 0);
+    if (c < d)
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, d - c);
+}
+
+/* ---- softmax of one tile (as ref.c; l uses a fused multiply-add) ------------------- */
+AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float *s, float *m, float *l,
+                     float *alpha)
+{
+    const __m256 sc = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-__builtin_inff());
+    const __m256 lo = _mm256_castsi256_ps(tail_mask(n < 8 ? n : 8));
+    const __m256 hi = _mm256_castsi256_ps(tail_mask(n > 8 ? n - 8 : 0));
+    for (uint32_t h = 0; h < hg; h++) {
+        float *sh = s + (size_t)h * PKVI_TILE;
+        /* lanes past n are -inf (their scratch is never read as data) */
+        const __m256 s0 = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_load_ps(sh), sc), lo);
+        const __m256 s1 = n > 8 ? _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_load_ps(sh + 8), sc), hi)
+                                : ninf;
+        const float mt = hmax8(_mm256_max_ps(s0, s1));
+        const float mn = m[h] > mt || mt != mt ? m[h] : mt; /* fmaxf(m[h], mt) */
+        const __m256 mv = _mm256_set1_ps(mn);
+        const __m256 e0 = exp8(_mm256_sub_ps(s0, mv));
+        const __m256 e1 = exp8(_mm256_sub_ps(s1, mv));
+        _mm256_store_ps(sh, e0);
+        _mm256_store_ps(sh + 8, e1);
+        const float al = _mm_cvtss_f32(_mm256_castps256_ps128(exp8(_mm256_set1_ps(m[h] - mn))));
+        alpha[h] = al;
+        l[h] = __builtin_fmaf(l[h], al, hadd8(_mm256_add_ps(e0, e1)));
+        m[h] = mn;
+    }
+}
+
+AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const *pages,
+                    uint32_t n_pages, uint32_t last_tokens, uint32_t group,
+                    const float *restrict q, float *restrict m, float *restrict l,
+                    float *restrict acc)
+{
+    const uint32_t d = p->head_dim, hg = p->hg, bt = p->block_tokens;
+    const size_t row = (size_t)d * (dt == PKV_F32 ? 4u : 2u);
+    /* [hg][TILE]; every tile's lanes are written before they are read (scores up
+     * to n, -inf/exp beyond), but zero it so the blend never sees indeterminate bits */
+    _Alignas(32) float s[PKVI_MAX_GROUP_HEADS * PKVI_TILE];
+    _Alignas(32) float alpha[PKVI_MAX_GROUP_HEADS];
+    memset(s, 0, (size_t)hg * PKVI_TILE * sizeof(float));
+
+    const size_t region = 2 * (size_t)bt * row;
+    const uint32_t dist = region >= PF_AHEAD_BYTES ? 1u : (uint32_t)((PF_AHEAD_BYTES + region - 1) / region);
+
+    for (uint32_t pg = 0; pg < n_pages; pg++) {
+        const uint32_t ntok = pg + 1 == n_pages ? last_tokens : bt;
+        const char *kbase = (const char *)pages[pg] + (size_t)group * p->group_stride;
+        const char *vbase = kbase + p->v_offset;
+        const char *pfk = NULL, *pfv = NULL;
+        if (pg + dist < n_pages) {
+            pfk = (const char *)pages[pg + dist] + (size_t)group * p->group_stride;
+            pfv = pfk + p->v_offset;
+        }
+        for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
+            const uint32_t n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE;
+            const char *kt = kbase + t0 * row, *vt = vbase + t0 * row;
+            /* only the first head block prefetches: the rows are the same for all */
+            const char *pk = pfk ? pfk + t0 * row : NULL, *pv = pfv ? pfv + t0 * row : NULL;
+            uint32_t h = 0;
+            for (; h + 4 <= hg; h += 4, pk = NULL)
+                qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 4);
+            if (hg - h >= 2) {
+                qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 2);
+                h += 2;
+                pk = NULL;
+            }
+            if (h < hg)
+                qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 1);
+
+            softmax_tile(hg, n, p->scale, s, m, l, alpha);
+
+            h = 0;
+            for (; h + 4 <= hg; h += 4, pv = NULL)
+                pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 4);
+            if (hg - h >= 2) {
+                pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 2);
+                h += 2;
+                pv = NULL;
+            }
+            if (h < hg)
+                pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 1);
+        }
+    }
+}
+
+static void attend_f32(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                       uint32_t last_tokens, uint32_t group, const float *restrict q,
+                       float *restrict m, float *restrict l, float *restrict acc)
+{
+    attend_impl(PKV_F32, p, pages, n_pages, last_tokens, group, q, m, l, acc);
+}
+
+static void attend_f16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                       uint32_t last_tokens, uint32_t group, const float *restrict q,
+                       float *restrict m, float *restrict l, float *restrict acc)
+{
+    attend_impl(PKV_F16, p, pages, n_pages, last_tokens, group, q, m, l, acc);
+}
+
+static void attend_bf16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                        uint32_t last_tokens, uint32_t group, const float *restrict q,
+                        float *restrict m, float *restrict l, float *restrict acc)
+{
+    attend_impl(PKV_BF16, p, pages, n_pages, last_tokens, group, q, m, l, acc);
+}
+
+static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                   uint32_t last_tokens, uint32_t group, const float *restrict q,
+                   float *restrict m, float *restrict l, float *restrict acc)
+{
+    switch (p->dtype) {
+    case PKV_F16:
+        attend_f16(p, pages, n_pages, last_tokens, group, q, m, l, acc);
+        break;
+    case PKV_BF16:
+        attend_bf16(p, pages, n_pages, last_tokens, group, q, m, l, acc);
+        break;
+    case PKV_F32:
+        attend_f32(p, pages, n_pages, last_tokens, group, q, m, l, acc);
+        break;
+    }
+}
+
+/* ---- store ---------------------------------------------------------------------------
+ * Bitwise dtype.c's conversions: vcvtps2ph (round to nearest even) for f16, integer
+ * rounding for bf16; the last n % 8 values use dtype.c's scalar functions. */
+AI __m128i bf16_of(__m256 x)
+{
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    /* signed compare is right: abs is non-negative */
+    const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
+    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+    /* values < 2^16: the unsigned-saturating pack is exact; fix its lane order */
+    const __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    return _mm256_castsi256_si128(pk);
+}
+
+static void store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
+{
+    uint32_t i = 0;
+    uint16_t *o = dst;
+    switch (t) {
+    case PKV_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case PKV_F16:
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((void *)(o + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (; i < n; i++)
+            o[i] = pkvi_f32_to_f16(src[i]);
+        break;
+    case PKV_BF16:
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((void *)(o + i), bf16_of(_mm256_loadu_ps(src + i)));
+        for (; i < n; i++)
+            o[i] = pkvi_f32_to_bf16(src[i]);
+        break;
+    }
+}
+
+const pkvi_kernels pkvi_kernels_avx2 = {"avx2", attend, store_row};

@@ -1,3 +1,456 @@
-/* PLACEHOLDER: AVX-512 kernels not built yet. */
+/*
+ * kernels/avx512.c - the AVX-512 decode kernel and row store (compiled with
+ * -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; called only after
+ * kernels/dispatch.c saw those features in cpuid and the ZMM state enabled in XCR0).
+ *
+ * Owns: pkvi_kernels_avx512. Does not own: the semantics (kernels/ref.c is the
+ * specification), the conversions' definition (dtype.c), threading or split-K
+ * (decode.c).
+ *
+ * Same tiling as the reference: per page, tiles of at most PKVI_TILE positions that
+ * start at the page's first row; per tile the running state is rescaled once. What
+ * differs from ref.c (docs/numerics.md section 3):
+ *   - q.k is summed in 16 lane partials, then a fixed reduction tree;
+ *   - l and acc use fused multiply-adds;
+ *   - exp is our own polynomial (<= 2 ulp, tests/test_kernels.c measures it).
+ * Each call is deterministic (no data-dependent order, no threads) and page-local:
+ * the state after a page depends only on the state before it and the page.
+ *
+ * Shape of the work for one tile of n <= 16 tokens (GQA: hg heads share the rows):
+ *   QK:  blocks of HB heads x TB tokens (HB*TB == 16 accumulators); each K row chunk
+ *        is loaded and widened once and used by all HB heads; one 16-way reduction
+ *        tree turns the 16 accumulators into 16 scores.
+ *   PV:  blocks of HB heads x CB 16-float chunks of d kept in registers; each V row
+ *        chunk is widened once and used for the HB heads.
+ * Rows past `last_tokens` of the last page are never loaded; the d tail uses masked
+ * loads and stores, so nothing past a row is read either.
+ *
+ * The micro-kernels are written with small arrays of vectors indexed by constant
+ * loops; `#pragma GCC unroll` makes -O2 builds unroll them too, so the arrays live in
+ * registers (without it gcc -O2 runs this file 3.5x slower than -O3).
+ */
 #include "internal.h"
-const pkvi_kernels pkvi_kernels_avx512 = {"avx512", NULL, NULL};
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* Software prefetch of the page ahead. Pages are scattered and one group's rows in a
+ * page are only 2*bt*d*size bytes (8 KiB at bt=16, d=128, f16), too short for the
+ * hardware stream prefetcher to get going: while the kernel reads a K/V row chunk it
+ * asks for the same chunk `dist` pages ahead, dist = enough pages for PF_AHEAD_BYTES.
+ * Measured on the 2-core Zen 5 dev VM (tools: kernel over 128k tokens of a llama3-8b
+ * layer in the engine's layout, 1 thread, best of 11, DRAM sum ~36 GB/s): no prefetch
+ * 8.3 GB/s; T0 one page ahead 15.9; T1 one page ahead 15.1; a burst of the whole next
+ * page at page start 9.6; T1 two and four pages ahead 11.9-15.1. T0 keeps ~24 lines in
+ * flight (the L1 miss buffers), which caps one core near 23 GB/s even on contiguous
+ * pages; see docs/numerics.md "Performance". */
+#define PF_HINT _MM_HINT_T0
+#define PF_AHEAD_BYTES 4096u
+
+/* ---- loads: 16 values of the page's dtype from element i of row base, as f32 ----- */
+
+AI __m512 ld(pkv_dtype dt, const void *base, size_t i)
+{
+    if (dt == PKV_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const void *)((const uint16_t *)base + i)));
+    if (dt == PKV_BF16) {
+        __m256i h = _mm256_loadu_si256((const void *)((const uint16_t *)base + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float *)base + i);
+}
+
+/* Same, only lanes of k are read (others 0): the d tail. */
+AI __m512 ldm(pkv_dtype dt, const void *base, size_t i, __mmask16 k)
+{
+    if (dt == PKV_F16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const uint16_t *)base + i));
+    if (dt == PKV_BF16) {
+        __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)base + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_maskz_loadu_ps(k, (const float *)base + i);
+}
+
+/* ---- exp ----------------------------------------------------------------------------
+ * e^x = 2^n * e^r, n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 split
+ * in a 9-bit head, so n * head is exact, and a tail). e^r = 1 + r + r^2 p(r) with the
+ * Cephes expf minimax coefficients. 2^n is applied by vscalef, which rounds once, so
+ * subnormal results are right too. x is clamped to [-110, 89]: below -103.98 the
+ * result is 0 (n = -159 puts it under half the smallest subnormal), above 88.73 inf.
+ * max/min take x as the second operand, so NaN passes through. Max error measured by
+ * tests/test_kernels.c (exp_accuracy) over [-104, 0]: see docs/numerics.md. */
+AI __m512 exp16(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(-110.0f), x);
+    x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* ---- reduction tree: lane i of the result = sum of the 16 lanes of v[i] -----------
+ * 4 levels, 30 shuffles + 15 adds for 16 sums (against 16 x 8 ops for 16 separate
+ * horizontal sums). The order of additions is fixed. */
+AI __m512 hsum16(const __m512 v[16])
+{
+    __m512 t[8], u[4], w[2];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) /* lanes of v[2i] and v[2i+1], interleaved, 2 summed */
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    #pragma GCC unroll 16
+    for (int i = 0; i < 4; i++) { /* per 128-bit lane: one sum of 4 for v[4i..4i+3] */
+        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < 2; i++) /* fold 128-bit lanes 0+1 and 2+3 */
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                         _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+}
+
+/* ---- QK ------------------------------------------------------------------------------
+ * Unscaled dots of HB heads (q rows qh, stride d) with TB consecutive K rows (krow);
+ * writes s[h * PKVI_TILE + t]. HB * TB <= 16. */
+AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, float *s,
+                 const char *pf, size_t row_bytes, const int HB, const int TB)
+{
+    if (pf)
+        for (size_t off = 0; off < TB * row_bytes; off += 64)
+            _mm_prefetch(pf + off, PF_HINT);
+    __m512 a[16];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        a[i] = _mm512_setzero_ps();
+    uint32_t c = 0;
+    for (; c + 16 <= d; c += 16) {
+        __m512 qv[4];
+        #pragma GCC unroll 16
+        for (int h = 0; h < HB; h++)
+            qv[h] = _mm512_loadu_ps(qh + (size_t)h * d + c);
+        #pragma GCC unroll 16
+        for (int t = 0; t < TB; t++) {
+            const __m512 kv = ld(dt, krow, (size_t)t * d + c);
+            #pragma GCC unroll 16
+            for (int h = 0; h < HB; h++)
+                a[h * TB + t] = _mm512_fmadd_ps(qv[h], kv, a[h * TB + t]);
+        }
+    }
+    if (c < d) {
+        const __mmask16 k = (__mmask16)((1u << (d - c)) - 1u);
+        __m512 qv[4];
+        #pragma GCC unroll 16
+        for (int h = 0; h < HB; h++)
+            qv[h] = _mm512_maskz_loadu_ps(k, qh + (size_t)h * d + c);
+        #pragma GCC unroll 16
+        for (int t = 0; t < TB; t++) {
+            const __m512 kv = ldm(dt, krow, (size_t)t * d + c, k);
+            #pragma GCC unroll 16
+            for (int h = 0; h < HB; h++)
+                a[h * TB + t] = _mm512_fmadd_ps(qv[h], kv, a[h * TB + t]);
+        }
+    }
+    const __m512 r = hsum16(a);
+    /* lanes [h*TB, h*TB + TB) belong to head h: a masked store at an offset base */
+    #pragma GCC unroll 16
+    for (int h = 0; h < HB; h++)
+        _mm512_mask_storeu_ps(s + h * (PKVI_TILE - TB),
+                              (__mmask16)(((1u << TB) - 1u) << (h * TB)), r);
+}
+
+/* Scores of n tokens for HB heads: blocks of TB tokens, then one token at a time. */
+AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
+                 uint32_t n, const float *qh, float *s, const char *pf, const int HB)
+{
+    const int TB = 16 / HB;
+    uint32_t t = 0;
+    for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
+        qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
+                 pf ? pf + t * row_bytes : NULL, row_bytes, HB, TB);
+    for (; t < n; t++)
+        qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
+                 pf ? pf + t * row_bytes : NULL, row_bytes, HB, 1);
+}
+
+/* ---- PV ------------------------------------------------------------------------------
+ * acc[h][c0 .. c0 + 16*CB) = alpha[h] * acc + sum_t w[h][t] * v_t for HB heads and CB
+ * chunks; `tail` (CB == 1): only the lanes of k exist. */
+AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32_t n,
+                 const float *w, const float *alpha, float *acc, const char *pf,
+                 const int HB, const int CB, const bool tail, const __mmask16 k)
+{
+    const size_t es = dt == PKV_F32 ? 4u : 2u;
+    __m512 a[4][4];
+    #pragma GCC unroll 16
+    for (int h = 0; h < HB; h++) {
+        const __m512 al = _mm512_set1_ps(alpha[h]);
+        #pragma GCC unroll 16
+        for (int c = 0; c < CB; c++) {
+            float *p = acc + (size_t)h * d + c0 + 16 * c;
+            a[h][c] = _mm512_mul_ps(tail ? _mm512_maskz_loadu_ps(k, p) : _mm512_loadu_ps(p),
+                                    al);
+        }
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        if (pf) /* this block's bytes of row t, in the page `dist` ahead */
+            for (size_t off = c0 * es; off < (c0 + 16u * CB) * es && off < d * es; off += 64)
+                _mm_prefetch(pf + t * d * es + off, PF_HINT);
+        __m512 vv[4];
+        #pragma GCC unroll 16
+        for (int c = 0; c < CB; c++)
+            vv[c] = tail ? ldm(dt, vrow, (size_t)t * d + c0, k)
+                         : ld(dt, vrow, (size_t)t * d + c0 + 16 * c);
+        #pragma GCC unroll 16
+        for (int h = 0; h < HB; h++) {
+            const __m512 wb = _mm512_set1_ps(w[h * PKVI_TILE + t]);
+            #pragma GCC unroll 16
+            for (int c = 0; c < CB; c++)
+                a[h][c] = _mm512_fmadd_ps(wb, vv[c], a[h][c]);
+        }
+    }
+    /* Make the compiler recompute the row addresses here instead of keeping HB*CB
+     * pointers live across the token loop (they spilled, and V chunks with them). */
+    __asm__("" : "+r"(acc));
+    #pragma GCC unroll 16
+    for (int h = 0; h < HB; h++)
+        #pragma GCC unroll 16
+        for (int c = 0; c < CB; c++) {
+            float *p = acc + (size_t)h * d + c0 + 16 * c;
+            if (tail)
+                _mm512_mask_storeu_ps(p, k, a[h][c]);
+            else
+                _mm512_storeu_ps(p, a[h][c]);
+        }
+}
+
+AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const float *w,
+                 const float *alpha, float *acc, const char *pf, const int HB)
+{
+    uint32_t c = 0;
+    for (; c + 64 <= d; c += 64)
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 4, false, 0xffff);
+    for (; c + 16 <= d; c += 16)
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, false, 0xffff);
+    if (c < d)
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, true,
+                 (__mmask16)((1u << (d - c)) - 1u));
+}
+
+/* ---- softmax of one tile --------------------------------------------------------------
+ * Lane 4k+i of the result = op over all 16 lanes of v[i] (every 128-bit lane k holds
+ * the 4 results): 10 shuffles and 5 ops for 4 heads instead of 4 x 8 dependent steps. */
+AI __m512 red4(__m512 (*op)(__m512, __m512), __m512 v0, __m512 v1, __m512 v2, __m512 v3)
+{
+    const __m512 a = op(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
+    const __m512 b = op(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3));
+    const __m512d ad = _mm512_castps_pd(a), bd = _mm512_castps_pd(b);
+    __m512 c = op(_mm512_castpd_ps(_mm512_unpacklo_pd(ad, bd)),
+                  _mm512_castpd_ps(_mm512_unpackhi_pd(ad, bd)));
+    c = op(c, _mm512_shuffle_f32x4(c, c, _MM_SHUFFLE(2, 3, 0, 1)));
+    return op(c, _mm512_shuffle_f32x4(c, c, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+
+AI __m512 vmax(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+AI __m512 vadd(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+
+/* Heads h0 .. h0+nh (nh <= 4) of a tile of n tokens: s[h][0..n) holds unscaled dots;
+ * on return the weights exp(s*scale - m'), alpha[h] = exp(m - m'), m and l updated as
+ * in ref.c (l = l * alpha + sum, fused here). */
+AI void softmax4(uint32_t nh, uint32_t n, float scale, float *s, float *m, float *l,
+                 float *alpha)
+{
+    const __mmask16 nk = (__mmask16)((1u << n) - 1u);
+    const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-__builtin_inff());
+    __m512 sv[4];
+    #pragma GCC unroll 16
+    for (uint32_t i = 0; i < 4; i++) /* missing heads and tokens score -inf */
+        sv[i] = i < nh ? _mm512_mask_mul_ps(ninf, nk, _mm512_maskz_loadu_ps(nk, s + i * PKVI_TILE), sc)
+                       : ninf;
+    const __mmask16 hk = (__mmask16)((1u << nh) - 1u);
+    const __m512 mt = red4(vmax, sv[0], sv[1], sv[2], sv[3]);
+    const __m512 mo = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps((__mmask8)hk, m));
+    /* fmaxf(m, mt): a NaN tile max keeps m, as in ref.c */
+    const __m512 mn = _mm512_max_ps(mt, mo);
+    __m512 e[4];
+    #pragma GCC unroll 16
+    for (uint32_t i = 0; i < 4; i++) {
+        const __m512 mi = _mm512_permutexvar_ps(_mm512_set1_epi32((int)i), mn);
+        e[i] = exp16(_mm512_sub_ps(sv[i], mi));
+        if (i < nh)
+            _mm512_store_ps(s + i * PKVI_TILE, e[i]);
+    }
+    const __m512 ps = red4(vadd, e[0], e[1], e[2], e[3]);
+    const __m512 al = exp16(_mm512_sub_ps(mo, mn));
+    const __m512 lv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(hk, l), al, ps);
+    _mm512_mask_storeu_ps(alpha, hk, al);
+    _mm512_mask_storeu_ps(l, hk, lv);
+    _mm512_mask_storeu_ps(m, hk, mn);
+}
+
+AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float *s, float *m, float *l,
+                     float *alpha)
+{
+    for (uint32_t h = 0; h < hg; h += 4)
+        softmax4(hg - h < 4 ? hg - h : 4, n, scale, s + (size_t)h * PKVI_TILE, m + h, l + h,
+                 alpha + h);
+}
+
+AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const *pages,
+                    uint32_t n_pages, uint32_t last_tokens, uint32_t group,
+                    const float *restrict q, float *restrict m, float *restrict l,
+                    float *restrict acc)
+{
+    const uint32_t d = p->head_dim, hg = p->hg, bt = p->block_tokens;
+    const size_t row = (size_t)d * (dt == PKV_F32 ? 4u : 2u);
+    /* prefetch distance in pages: at least PF_AHEAD_BYTES of this group's rows */
+    const size_t region = 2 * (size_t)bt * row;
+    const uint32_t dist = region >= PF_AHEAD_BYTES ? 1u : (uint32_t)((PF_AHEAD_BYTES + region - 1) / region);
+    _Alignas(64) float s[PKVI_MAX_GROUP_HEADS * PKVI_TILE]; /* [hg][TILE] */
+    _Alignas(64) float alpha[PKVI_MAX_GROUP_HEADS];
+
+    for (uint32_t pg = 0; pg < n_pages; pg++) {
+        const uint32_t ntok = pg + 1 == n_pages ? last_tokens : bt;
+        const char *kbase = (const char *)pages[pg] + (size_t)group * p->group_stride;
+        const char *vbase = kbase + p->v_offset;
+        /* the same rows of the page `dist` ahead, fetched while this one computes */
+        const char *pfk = NULL, *pfv = NULL;
+        if (pg + dist < n_pages) {
+            pfk = (const char *)pages[pg + dist] + (size_t)group * p->group_stride;
+            pfv = pfk + p->v_offset;
+        }
+        for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
+            const uint32_t n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE;
+            const char *kt = kbase + t0 * row, *vt = vbase + t0 * row;
+            /* only the first head block prefetches: the rows are the same for all */
+            const char *pk = pfk ? pfk + t0 * row : NULL, *pv = pfv ? pfv + t0 * row : NULL;
+            uint32_t h = 0;
+            for (; h + 4 <= hg; h += 4, pk = NULL)
+                qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 4);
+            if (hg - h >= 2) {
+                qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 2);
+                h += 2;
+                pk = NULL;
+            }
+            if (h < hg)
+                qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 1);
+
+            softmax_tile(hg, n, p->scale, s, m, l, alpha);
+
+            h = 0;
+            for (; h + 4 <= hg; h += 4, pv = NULL)
+                pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 4);
+            if (hg - h >= 2) {
+                pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 2);
+                h += 2;
+                pv = NULL;
+            }
+            if (h < hg)
+                pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 1);
+        }
+    }
+}
+
+static void attend_f32(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                       uint32_t last_tokens, uint32_t group, const float *restrict q,
+                       float *restrict m, float *restrict l, float *restrict acc)
+{
+    attend_impl(PKV_F32, p, pages, n_pages, last_tokens, group, q, m, l, acc);
+}
+
+static void attend_f16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                       uint32_t last_tokens, uint32_t group, const float *restrict q,
+                       float *restrict m, float *restrict l, float *restrict acc)
+{
+    attend_impl(PKV_F16, p, pages, n_pages, last_tokens, group, q, m, l, acc);
+}
+
+static void attend_bf16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                        uint32_t last_tokens, uint32_t group, const float *restrict q,
+                        float *restrict m, float *restrict l, float *restrict acc)
+{
+    attend_impl(PKV_BF16, p, pages, n_pages, last_tokens, group, q, m, l, acc);
+}
+
+static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                   uint32_t last_tokens, uint32_t group, const float *restrict q,
+                   float *restrict m, float *restrict l, float *restrict acc)
+{
+    switch (p->dtype) {
+    case PKV_F16:
+        attend_f16(p, pages, n_pages, last_tokens, group, q, m, l, acc);
+        break;
+    case PKV_BF16:
+        attend_bf16(p, pages, n_pages, last_tokens, group, q, m, l, acc);
+        break;
+    case PKV_F32:
+        attend_f32(p, pages, n_pages, last_tokens, group, q, m, l, acc);
+        break;
+    }
+}
+
+/* ---- store ---------------------------------------------------------------------------
+ * Bitwise the conversions of dtype.c: vcvtps2ph rounds to nearest even with overflow
+ * to inf and quiets NaN exactly as pkvi_f32_to_f16 does; bf16 is integer rounding
+ * (vcvtneps2bf16 would flush subnormals, so it is not used). */
+AI __m256i bf16_of(__m512 x)
+{
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000)); /* quiet bit */
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+static void store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
+{
+    uint32_t i = 0;
+    switch (t) {
+    case PKV_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case PKV_F16:
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((void *)((uint16_t *)dst + i),
+                                _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        if (i < n) {
+            const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+            _mm256_mask_storeu_epi16((uint16_t *)dst + i, k,
+                                     _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i),
+                                                     _MM_FROUND_TO_NEAREST_INT |
+                                                         _MM_FROUND_NO_EXC));
+        }
+        break;
+    case PKV_BF16:
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((void *)((uint16_t *)dst + i),
+                                bf16_of(_mm512_loadu_ps(src + i)));
+        if (i < n) {
+            const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+            _mm256_mask_storeu_epi16((uint16_t *)dst + i, k,
+                                     bf16_of(_mm512_maskz_loadu_ps(k, src + i)));
+        }
+        break;
+    }
+}
+
+const pkvi_kernels pkvi_kernels_avx512 = {"avx512", attend, store_row};

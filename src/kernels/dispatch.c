@@ -1,12 +1,128 @@
-/* PLACEHOLDER dispatch (owner: kernels): scalar only until the SIMD kernels land. */
+/*
+ * kernels/dispatch.c - which kernel table an engine uses.
+ *
+ * Owns: pkvi_kernels_select and pkvi_isa_supported. Does not own the kernels
+ * (ref.c, avx2.c, avx512.c) nor where the choice is stored (engine.c keeps it).
+ *
+ * Invariants:
+ *   - An ISA is usable only if the CPU reports every instruction set its file is
+ *     compiled for (cpuid) AND the OS saves the registers it uses (XCR0 via XGETBV,
+ *     after checking OSXSAVE): a CPU with AVX-512 under an OS or hypervisor that does
+ *     not enable ZMM state must not run the AVX-512 kernel.
+ *   - A table entry whose attend is NULL (a build without that kernel) is unavailable.
+ *   - No global state: the CPU is asked on every call (once per engine creation).
+ *     PKV_FORCE_ISA is read here, at engine creation, never later.
+ */
 #include "internal.h"
+
+#include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define PKVI_X86 1
+#else
+#define PKVI_X86 0
+#endif
+
+#if PKVI_X86
+/* XCR0 (which register states the OS saves). Only valid when cpuid says OSXSAVE. */
+static uint64_t xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* cpuid leaf 1 ECX and leaf 7.0 EBX; false when a leaf is missing. */
+static bool cpu_leaves(uint32_t *ecx1, uint32_t *ebx7)
+{
+    uint32_t a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    *ecx1 = c;
+    __cpuid_count(7, 0, a, b, c, d);
+    *ebx7 = b;
+    return true;
+}
+
+enum { CPU_AVX2 = 1, CPU_AVX512 = 2 };
+
+static unsigned cpu_level(void)
+{
+    uint32_t ecx1, ebx7;
+    if (!cpu_leaves(&ecx1, &ebx7))
+        return 0;
+    const uint32_t fma = 1u << 12, osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
+    if ((ecx1 & (fma | osxsave | avx | f16c)) != (fma | osxsave | avx | f16c))
+        return 0;
+    const uint64_t x = xcr0();
+    if ((x & 0x6u) != 0x6u) /* XMM and YMM state */
+        return 0;
+    unsigned level = 0;
+    if (ebx7 & (1u << 5)) /* AVX2 */
+        level = CPU_AVX2;
+    const uint32_t f = 1u << 16, dq = 1u << 17, bw = 1u << 30, vl = 1u << 31;
+    if (level == CPU_AVX2 && (ebx7 & (f | dq | bw | vl)) == (f | dq | bw | vl) &&
+        (x & 0xe0u) == 0xe0u) /* opmask, upper ZMM0-15, ZMM16-31 */
+        level = CPU_AVX512;
+    return level;
+}
+#endif
+
+/* The table for an ISA name, or NULL for an unknown name. */
+static const pkvi_kernels *table_of(const char *isa)
+{
+    if (!isa)
+        return NULL;
+    if (strcmp(isa, "scalar") == 0)
+        return &pkvi_kernels_scalar;
+#if PKVI_X86
+    if (strcmp(isa, "avx2") == 0)
+        return &pkvi_kernels_avx2;
+    if (strcmp(isa, "avx512") == 0)
+        return &pkvi_kernels_avx512;
+#endif
+    return NULL;
+}
+
 bool pkvi_isa_supported(const char *isa)
 {
-    return isa && strcmp(isa, "scalar") == 0;
+    const pkvi_kernels *k = table_of(isa);
+    if (!k || !k->attend || !k->store_row)
+        return false;
+    if (k == &pkvi_kernels_scalar)
+        return true;
+#if PKVI_X86
+    const unsigned level = cpu_level();
+    if (k == &pkvi_kernels_avx2)
+        return level >= CPU_AVX2;
+    if (k == &pkvi_kernels_avx512)
+        return level >= CPU_AVX512;
+#endif
+    return false;
 }
+
 pkv_status pkvi_kernels_select(const pkvi_kernels **out)
 {
+    if (!out)
+        return PKV_EINVAL;
+    *out = NULL;
+    const char *force = getenv("PKV_FORCE_ISA");
+    if (force && *force) {
+        if (!pkvi_isa_supported(force))
+            return PKV_EINVAL; /* unknown name, or an ISA this host cannot run */
+        *out = table_of(force);
+        return PKV_OK;
+    }
+    static const char *const best_first[] = {"avx512", "avx2"};
+    for (size_t i = 0; i < sizeof best_first / sizeof best_first[0]; i++)
+        if (pkvi_isa_supported(best_first[i])) {
+            *out = table_of(best_first[i]);
+            return PKV_OK;
+        }
     *out = &pkvi_kernels_scalar;
     return PKV_OK;
 }

@@ -97,6 +97,14 @@ static void usage(FILE *f)
 "  --json               one JSON object on stdout instead of the table\n"
 "  --help               this text\n"
 "\n"
+"spill mode (SPEC §5: spill and restore next to the disk's own speed):\n"
+"  --spill              instead of decode: two sessions of --spill-mib MiB each on an\n"
+"                       engine whose budget holds one; alternating decodes spill one\n"
+"                       and restore the other. GB/s of spill+restore I/O next to a plain\n"
+"                       sequential write+read of the same bytes, both backends\n"
+"  --spill-dir DIR      where the spill file and the plain file go (default /tmp)\n"
+"  --spill-mib N        MiB per session (default 256); --reps and --json apply\n"
+"\n"
 "JSON keys: tool, version, isa, online_cpus, reps, bw_buffer_bytes, peak_fma (list of\n"
 "{threads, gflops}), decode (list of {preset, heads, kv_heads, head_dim,\n"
 "block_tokens, ctx, dtype, threads, kv_bytes, ours_us, ours_gbs, bw_gbs, ours_ratio,\n"
@@ -937,8 +945,45 @@ static void print_table(const bench *b)
                i + 1 < o->n_threads ? "," : "\n");
 }
 
+/* `--spill` mode: its own small option set, then tools/bench_spill.c. -1: not asked. */
+static int spill_mode(int argc, char **argv)
+{
+    bool spill = false, json = false;
+    const char *dir = "/tmp";
+    uint64_t mib = 256, reps = 5;
+    for (int i = 1; i < argc; i++)
+        spill |= strcmp(argv[i], "--spill") == 0;
+    if (!spill)
+        return -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--spill") == 0) {
+            continue;
+        } else if (strcmp(a, "--json") == 0) {
+            json = true;
+        } else if (strcmp(a, "--spill-dir") == 0) {
+            if (!(dir = cli_value(CMD, argc, argv, &i)))
+                return CLI_USAGE;
+        } else if (strcmp(a, "--spill-mib") == 0 || strcmp(a, "--reps") == 0) {
+            const char *v = cli_value(CMD, argc, argv, &i);
+            uint64_t x;
+            if (!v)
+                return CLI_USAGE;
+            if (!cli_parse_u64(v, &x) || x == 0 || x > (a[2] == 'r' ? 1000u : 1u << 20))
+                return cli_usage_error(CMD, "bad value '%s' for %s", v, a);
+            *(a[2] == 'r' ? &reps : &mib) = x;
+        } else {
+            return cli_usage_error(CMD, "option '%s' does not go with --spill", a);
+        }
+    }
+    return bench_spill(dir, mib, (int)reps, json);
+}
+
 int cmd_bench(int argc, char **argv)
 {
+    int sm = spill_mode(argc, argv);
+    if (sm >= 0)
+        return sm;
     opts o;
     int rc = parse(argc, argv, &o);
     if (rc >= 0)

@@ -108,17 +108,46 @@ static bool fault_fires(pkvi_io *io, pkvi_fault_kind kind)
 
 /* ---- the pread/pwrite backend ------------------------------------------------------ */
 
+uint32_t pkvi_io_window(const pkvi_io_req *r, uint64_t done, uint64_t max,
+                        struct iovec *out)
+{
+    uint64_t want = r->len - done < max ? r->len - done : max;
+    if (r->iovcnt == 0) {
+        out[0].iov_base = (char *)r->buf + done;
+        out[0].iov_len = (size_t)want;
+        return 1;
+    }
+    uint32_t n = 0;
+    uint64_t skip = done;
+    for (uint32_t k = 0; k < r->iovcnt && want > 0; k++) {
+        uint64_t seg = r->iov[k].iov_len;
+        if (skip >= seg) {
+            skip -= seg;
+            continue;
+        }
+        uint64_t take = seg - skip < want ? seg - skip : want;
+        out[n].iov_base = (char *)r->iov[k].iov_base + skip;
+        out[n].iov_len = (size_t)take;
+        n++;
+        want -= take;
+        skip = 0;
+    }
+    return n;
+}
+
 static pkv_status sync_one(const pkvi_io_req *r, uint64_t max_chunk)
 {
     uint64_t done = 0;
+    struct iovec v[PKVI_IO_MAX_IOV];
     while (done < r->len) {
-        uint64_t want = r->len - done;
-        if (want > max_chunk)
-            want = max_chunk;
-        char *p = (char *)r->buf + done;
+        uint32_t n = pkvi_io_window(r, done, max_chunk, v);
         off_t off = (off_t)(r->off + done);
-        ssize_t got = r->write ? pwrite(r->fd, p, (size_t)want, off)
-                               : pread(r->fd, p, (size_t)want, off);
+        ssize_t got;
+        if (n == 1)
+            got = r->write ? pwrite(r->fd, v[0].iov_base, v[0].iov_len, off)
+                           : pread(r->fd, v[0].iov_base, v[0].iov_len, off);
+        else
+            got = r->write ? pwritev(r->fd, v, (int)n, off) : preadv(r->fd, v, (int)n, off);
         if (got < 0) {
             if (errno == EINTR || errno == EAGAIN)
                 continue;
@@ -165,11 +194,26 @@ pkv_status pkvi_io_submit(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n)
         return PKV_EINVAL;
     if (n == 0)
         return PKV_OK;
-    for (uint32_t i = 0; i < n; i++)
-        if (reqs[i].fd < 0 || (reqs[i].len > 0 && reqs[i].buf == NULL) ||
-            reqs[i].off + reqs[i].len < reqs[i].off || reqs[i].off > (uint64_t)INT64_MAX ||
-            reqs[i].off + reqs[i].len > (uint64_t)INT64_MAX)
+    for (uint32_t i = 0; i < n; i++) {
+        const pkvi_io_req *r = &reqs[i];
+        if (r->fd < 0 || r->off + r->len < r->off || r->off > (uint64_t)INT64_MAX ||
+            r->off + r->len > (uint64_t)INT64_MAX)
             return PKV_EINVAL;
+        if (r->iovcnt == 0 && r->len > 0 && r->buf == NULL)
+            return PKV_EINVAL;
+        if (r->iovcnt > 0) { /* the segments must exist and add up to len */
+            uint64_t sum = 0;
+            if (r->iov == NULL || r->iovcnt > PKVI_IO_MAX_IOV)
+                return PKV_EINVAL;
+            for (uint32_t k = 0; k < r->iovcnt; k++) {
+                if (r->iov[k].iov_base == NULL && r->iov[k].iov_len > 0)
+                    return PKV_EINVAL;
+                sum += r->iov[k].iov_len;
+            }
+            if (sum != r->len)
+                return PKV_EINVAL;
+        }
+    }
 
     /* Fault injection: the armed requests are skipped (they "fail"); every other
      * request is performed, in segments between them. */

@@ -62,6 +62,8 @@
 typedef struct {
     uint32_t req;       /* index into the caller's request array */
     uint64_t done;      /* bytes of that request already moved */
+    uint32_t n_iov;     /* segments of the chunk in flight (vectored requests) */
+    struct iovec iov[PKVI_IO_MAX_IOV]; /* read by the kernel until the chunk completes */
 } pkvi_uring_slot;
 
 struct pkvi_uring {
@@ -110,15 +112,21 @@ static bool queue_chunk(pkvi_uring *u, uint32_t s, const pkvi_io_req *reqs,
         if (sqe == NULL)
             return false;
     }
-    uint64_t done = u->slots[s].done;
-    uint64_t want = r->len - done;
-    if (want > max_chunk)
-        want = max_chunk;
-    char *p = (char *)r->buf + done;
-    if (r->write)
-        io_uring_prep_write(sqe, r->fd, p, (unsigned)want, r->off + done);
-    else
-        io_uring_prep_read(sqe, r->fd, p, (unsigned)want, r->off + done);
+    pkvi_uring_slot *sl = &u->slots[s];
+    uint64_t done = sl->done;
+    sl->n_iov = pkvi_io_window(r, done, max_chunk, sl->iov);
+    if (sl->n_iov == 1) {
+        if (r->write)
+            io_uring_prep_write(sqe, r->fd, sl->iov[0].iov_base,
+                                (unsigned)sl->iov[0].iov_len, r->off + done);
+        else
+            io_uring_prep_read(sqe, r->fd, sl->iov[0].iov_base,
+                               (unsigned)sl->iov[0].iov_len, r->off + done);
+    } else if (r->write) {
+        io_uring_prep_writev(sqe, r->fd, sl->iov, sl->n_iov, r->off + done);
+    } else {
+        io_uring_prep_readv(sqe, r->fd, sl->iov, sl->n_iov, r->off + done);
+    }
     io_uring_sqe_set_data64(sqe, s);
     return true;
 }
@@ -214,8 +222,15 @@ pkv_status pkvi_uring_submit(pkvi_uring *u, const pkvi_io_req *reqs, uint32_t n,
             } else if (res <= 0) {
                 failed = true;   /* an error, or EOF / no progress */
             } else {
-                if (!r->write)
-                    MARK_DEFINED((char *)r->buf + u->slots[s].done, (size_t)res);
+                if (!r->write) {
+                    uint64_t left = (uint64_t)res;
+                    for (uint32_t k = 0; k < u->slots[s].n_iov && left; k++) {
+                        size_t m = u->slots[s].iov[k].iov_len < left
+                                       ? u->slots[s].iov[k].iov_len : (size_t)left;
+                        MARK_DEFINED(u->slots[s].iov[k].iov_base, m);
+                        left -= m;
+                    }
+                }
                 u->slots[s].done += (uint64_t)res;
                 requeue = u->slots[s].done < r->len;
             }

@@ -138,7 +138,8 @@ static pkv_status transfer(pkvi_io *io, bool write, int fd, void *buf, uint64_t 
         uint32_t n = 0;
         while (n < MAXR && done < len) {
             uint64_t want = len - done < REQ_BYTES ? len - done : REQ_BYTES;
-            reqs[n++] = (pkvi_io_req){write, fd, (char *)buf + done, want, off + done};
+            reqs[n++] = (pkvi_io_req){.write = write, .fd = fd, .buf = (char *)buf + done,
+                                      .len = want, .off = off + done};
             done += want;
         }
         if (pkvi_io_submit(io, reqs, n) != PKV_OK)
@@ -529,8 +530,10 @@ typedef struct {
 static void close_run(writer *w)
 {
     if (w->stage_used > w->run_start) {
-        w->reqs[w->n_reqs++] = (pkvi_io_req){true, w->fd, w->stage + w->run_start,
-                                             w->stage_used - w->run_start, w->run_off};
+        w->reqs[w->n_reqs++] = (pkvi_io_req){.write = true, .fd = w->fd,
+                                             .buf = w->stage + w->run_start,
+                                             .len = w->stage_used - w->run_start,
+                                             .off = w->run_off};
         w->run_start = w->stage_used;
     }
 }
@@ -561,7 +564,8 @@ static pkv_status write_page(writer *w, const pkv_engine *e, const unsigned char
         return st;
     if (tokens == bt && pb >= DIRECT_MIN) {
         *crc = pkvi_crc32c(0, data, (size_t)pb);
-        w->reqs[w->n_reqs++] = (pkvi_io_req){true, w->fd, (void *)data, pb, off};
+        w->reqs[w->n_reqs++] =
+            (pkvi_io_req){.write = true, .fd = w->fd, .buf = (void *)data, .len = pb, .off = off};
         return PKV_OK;
     }
     if (w->stage_used + pb > w->stage_cap && (st = flush(w)) != PKV_OK)

@@ -136,6 +136,37 @@ static int by_lru(const void *a, const void *b)
     return x->lru < y->lru ? -1 : x->lru > y->lru;
 }
 
+static int by_slot(const void *a, const void *b)
+{
+    const pkvi_page *x = *(pkvi_page *const *)a, *y = *(pkvi_page *const *)b;
+    return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+
+/* One request per run of adjacent slots (pages sorted by slot; bufs[k] is the memory of
+ * pages[k]): a vectored transfer of up to PKVI_IO_MAX_IOV pages instead of one request
+ * per page. Measured (256 MiB sessions, 64 KiB pages): per-page requests moved spill
+ * and restore at 0.42-0.58 of a plain 1 MiB-request sequential write+read; per-page
+ * requests were the whole gap (plain at 64 KiB requests ran at the same speed).
+ * iov and reqs hold n entries. Returns the number of requests. */
+static uint32_t slot_runs(const pkvi_spill *sp, bool write, pkvi_page *const *pages,
+                          void *const *bufs, uint32_t n, uint64_t pb, struct iovec *iov,
+                          pkvi_io_req *reqs)
+{
+    uint32_t nr = 0;
+    for (uint32_t k = 0; k < n;) {
+        uint32_t end = k + 1;
+        while (end < n && end - k < PKVI_IO_MAX_IOV && pages[end]->slot == pages[end - 1]->slot + 1)
+            end++;
+        for (uint32_t j = k; j < end; j++)
+            iov[j] = (struct iovec){.iov_base = bufs[j], .iov_len = (size_t)pb};
+        reqs[nr++] = (pkvi_io_req){.write = write, .fd = sp->fd, .len = (end - k) * pb,
+                                   .off = pages[k]->slot * pb, .iov = &iov[k],
+                                   .iovcnt = end - k};
+        k = end;
+    }
+    return nr;
+}
+
 pkv_status pkvi_spill_make_room(pkv_engine *e, uint64_t n)
 {
     pkvi_spill *sp = e->spill;
@@ -153,10 +184,14 @@ pkv_status pkvi_spill_make_room(pkv_engine *e, uint64_t n)
     pkv_session **order = malloc((size_t)(e->n_sessions ? e->n_sessions : 1) * sizeof *order);
     pkvi_page **victims = malloc((size_t)want * sizeof *victims);
     pkvi_io_req *reqs = malloc((size_t)want * sizeof *reqs);
-    if (!order || !victims || !reqs) {
+    struct iovec *iov = malloc((size_t)want * sizeof *iov);
+    void **bufs = malloc((size_t)want * sizeof *bufs);
+    if (!order || !victims || !reqs || !iov || !bufs) {
         free(order);
         free(victims);
         free(reqs);
+        free(iov);
+        free(bufs);
         return PKV_ENOMEM;
     }
     uint64_t ns = 0;
@@ -184,14 +219,14 @@ pkv_status pkvi_spill_make_room(pkv_engine *e, uint64_t n)
         st = PKV_ENOMEM; /* everything else is pinned by decodes in flight */
     uint64_t slots_taken = 0;
     if (st == PKV_OK) {
-        for (uint64_t v = 0; v < nv; v++, slots_taken++) {
-            uint64_t slot;
-            slot_take(sp, &slot);
-            victims[v]->slot = slot;
-            reqs[v] = (pkvi_io_req){.write = true, .fd = sp->fd, .buf = victims[v]->data,
-                                    .len = e->page_bytes, .off = slot * e->page_bytes};
-        }
-        st = pkvi_io_submit(sp->io, reqs, (uint32_t)nv);
+        for (uint64_t v = 0; v < nv; v++, slots_taken++)
+            slot_take(sp, &victims[v]->slot);
+        qsort(victims, (size_t)nv, sizeof *victims, by_slot);
+        for (uint64_t v = 0; v < nv; v++)
+            bufs[v] = victims[v]->data;
+        uint32_t nr = slot_runs(sp, true, victims, bufs, (uint32_t)nv, e->page_bytes, iov,
+                                reqs);
+        st = pkvi_io_submit(sp->io, reqs, nr);
     }
     for (uint64_t v = 0; v < nv; v++) {
         pkvi_page *pg = victims[v];
@@ -207,6 +242,8 @@ pkv_status pkvi_spill_make_room(pkv_engine *e, uint64_t n)
     free(order);
     free(victims);
     free(reqs);
+    free(iov);
+    free(bufs);
     return st;
 }
 
@@ -219,36 +256,42 @@ pkv_status pkvi_spill_fault_in(pkv_engine *e, pkvi_page *const *pages, uint32_t 
     pkv_status st = pkvi_spill_make_room(e, n);
     if (st != PKV_OK)
         return st;
+    pkvi_page **order = malloc((size_t)n * sizeof *order);
     void **bufs = malloc((size_t)n * sizeof *bufs);
     pkvi_io_req *reqs = malloc((size_t)n * sizeof *reqs);
-    if (!bufs || !reqs) {
+    struct iovec *iov = malloc((size_t)n * sizeof *iov);
+    if (!order || !bufs || !reqs || !iov) {
+        free(order);
         free(bufs);
         free(reqs);
+        free(iov);
         return PKV_ENOMEM;
     }
+    memcpy(order, pages, (size_t)n * sizeof *order);
+    qsort(order, n, sizeof *order, by_slot);
     uint32_t got = 0;
     for (; got < n; got++) {
         st = pkvi_pool_get(p, &bufs[got]);
         if (st != PKV_OK)
             break;
-        reqs[got] = (pkvi_io_req){.write = false, .fd = sp->fd, .buf = bufs[got],
-                                  .len = e->page_bytes,
-                                  .off = pages[got]->slot * e->page_bytes};
     }
     if (st == PKV_OK)
-        st = pkvi_io_submit(sp->io, reqs, n);
+        st = pkvi_io_submit(sp->io, reqs,
+                            slot_runs(sp, false, order, bufs, n, e->page_bytes, iov, reqs));
     if (st != PKV_OK) {
         for (uint32_t k = 0; k < got; k++)
             pkvi_pool_put(p, bufs[k]);
     } else {
         for (uint32_t k = 0; k < n; k++) {
-            slot_give(sp, pages[k]->slot);
-            pages[k]->data = bufs[k];
+            slot_give(sp, order[k]->slot);
+            order[k]->data = bufs[k];
             p->spilled--;
         }
     }
+    free(order);
     free(bufs);
     free(reqs);
+    free(iov);
     return st;
 }
 

@@ -167,9 +167,9 @@ static void roundtrip_many(uint64_t max_chunk, uint32_t n, uint32_t big, uint32_
     for (uint32_t i = 0; i < n; i++) {
         uint64_t len = 1 + pkvt_below(&r, i % 10 == 0 ? big : small);
         off += pkvt_below(&r, 5000);               /* a hole before it */
-        w[i] = (pkvi_io_req){true, fd, pkvt_alloc(len), len, off};
+        w[i] = (pkvi_io_req){.write = true, .fd = fd, .buf = pkvt_alloc(len), .len = len, .off = off};
         fill_bytes(&r, w[i].buf, len);
-        rd[i] = (pkvi_io_req){false, fd, pkvt_alloc(len), len, off};
+        rd[i] = (pkvi_io_req){.write = false, .fd = fd, .buf = pkvt_alloc(len), .len = len, .off = off};
         memset(rd[i].buf, 0xa5, len);
         off += len;
         order[i] = i;
@@ -233,12 +233,12 @@ START_TEST(read_past_eof)
         data[i] = (unsigned char)(i * 31 + 7);
     ck_assert_int_eq((int)pwrite(fd, data, sizeof data, 0), (int)sizeof data);
     memset(back, 0, sizeof back);
-    pkvi_io_req r1 = {false, fd, back, sizeof back, 5000};  /* 5000 bytes exist */
+    pkvi_io_req r1 = {.write = false, .fd = fd, .buf = back, .len = sizeof back, .off = 5000};  /* 5000 bytes exist */
     ck_assert_int_eq(pkvi_io_submit(io, &r1, 1), PKV_EIO);
-    pkvi_io_req two[2] = {{false, fd, back, 20, 100000}, {false, fd, other, 100, 200}};
+    pkvi_io_req two[2] = {{.write = false, .fd = fd, .buf = back, .len = 20, .off = 100000}, {.write = false, .fd = fd, .buf = other, .len = 100, .off = 200}};
     ck_assert_int_eq(pkvi_io_submit(io, two, 2), PKV_EIO);
     ck_assert(memcmp(other, data + 200, 100) == 0);
-    pkvi_io_req r2 = {false, fd, back, 5000, 5000};         /* exactly up to EOF */
+    pkvi_io_req r2 = {.write = false, .fd = fd, .buf = back, .len = 5000, .off = 5000};         /* exactly up to EOF */
     ck_assert_int_eq(pkvi_io_submit(io, &r2, 1), PKV_OK);
     ck_assert(memcmp(back, data + 5000, 5000) == 0);
     close(fd);
@@ -266,7 +266,7 @@ START_TEST(short_write_then_error)
         unsigned char *buf = malloc(n), *back = malloc(300000);
         for (size_t i = 0; i < n; i++)
             buf[i] = (unsigned char)(i ^ (i >> 9));
-        pkvi_io_req w = {true, fd, buf, n, 0};
+        pkvi_io_req w = {.write = true, .fd = fd, .buf = buf, .len = n, .off = 0};
         if (pkvi_io_submit(io, &w, 1) != PKV_EIO)
             _exit(5);
         if (pread(fd, back, 300000, 0) != 300000 || memcmp(back, buf, 300000) != 0)
@@ -297,7 +297,7 @@ START_TEST(fault_exact_nth)
     /* Single writes: ops 1, 2 pass, 3 fails, 4.. pass (the fault is one-shot). */
     pkvi_io_inject_fault(io, PKVI_FAULT_WRITE, 3);
     for (int i = 0; i < N; i++) {
-        pkvi_io_req w = {true, fd, bufs[i], LEN, (uint64_t)i * LEN};
+        pkvi_io_req w = {.write = true, .fd = fd, .buf = bufs[i], .len = LEN, .off = (uint64_t)i * LEN};
         ck_assert_int_eq(pkvi_io_submit(io, &w, 1), i == 2 ? PKV_EIO : PKV_OK);
     }
     unsigned char ref[LEN], zero[LEN];
@@ -311,7 +311,7 @@ START_TEST(fault_exact_nth)
     int fd2 = tmp_fd();
     pkvi_io_req ws[N];
     for (int i = 0; i < N; i++)
-        ws[i] = (pkvi_io_req){true, fd2, bufs[i], LEN, (uint64_t)i * LEN};
+        ws[i] = (pkvi_io_req){.write = true, .fd = fd2, .buf = bufs[i], .len = LEN, .off = (uint64_t)i * LEN};
     pkvi_io_inject_fault(io, PKVI_FAULT_WRITE, 4);
     ck_assert_int_eq(pkvi_io_submit(io, ws, N), PKV_EIO);
     for (int i = 0; i < N; i++) {
@@ -324,7 +324,7 @@ START_TEST(fault_exact_nth)
     pkvi_io_req rs[N];
     for (int i = 0; i < N; i++) {
         memset(back[i], 0x5a, LEN);
-        rs[i] = (pkvi_io_req){false, fd2, back[i], LEN, (uint64_t)i * LEN};
+        rs[i] = (pkvi_io_req){.write = false, .fd = fd2, .buf = back[i], .len = LEN, .off = (uint64_t)i * LEN};
     }
     pkvi_io_inject_fault(io, PKVI_FAULT_READ, 2);
     ck_assert_int_eq(pkvi_io_submit(io, rs, N), PKV_EIO);
@@ -362,17 +362,17 @@ START_TEST(bad_requests)
     pkvi_io *io = open_io();
     unsigned char b[16] = {0};
     int fd = tmp_fd();
-    pkvi_io_req ok = {true, fd, b, sizeof b, 0};
+    pkvi_io_req ok = {.write = true, .fd = fd, .buf = b, .len = sizeof b, .off = 0};
     ck_assert_int_eq(pkvi_io_submit(NULL, &ok, 1), PKV_EINVAL);
     ck_assert_int_eq(pkvi_io_submit(io, NULL, 1), PKV_EINVAL);
     ck_assert_int_eq(pkvi_io_submit(io, NULL, 0), PKV_OK);
-    pkvi_io_req bad = {true, -1, b, sizeof b, 0};
+    pkvi_io_req bad = {.write = true, .fd = -1, .buf = b, .len = sizeof b, .off = 0};
     ck_assert_int_eq(pkvi_io_submit(io, &bad, 1), PKV_EINVAL);
-    bad = (pkvi_io_req){true, fd, NULL, 5, 0};
+    bad = (pkvi_io_req){.write = true, .fd = fd, .buf = NULL, .len = 5, .off = 0};
     ck_assert_int_eq(pkvi_io_submit(io, &bad, 1), PKV_EINVAL);
-    bad = (pkvi_io_req){true, fd, b, 16, UINT64_MAX - 4};
+    bad = (pkvi_io_req){.write = true, .fd = fd, .buf = b, .len = 16, .off = UINT64_MAX - 4};
     ck_assert_int_eq(pkvi_io_submit(io, &bad, 1), PKV_EINVAL);
-    pkvi_io_req empty = {true, fd, NULL, 0, 0};
+    pkvi_io_req empty = {.write = true, .fd = fd, .buf = NULL, .len = 0, .off = 0};
     ck_assert_int_eq(pkvi_io_submit(io, &empty, 1), PKV_OK);
     ck_assert_int_eq(pkvi_io_fsync(io, -1), PKV_EINVAL);
     ck_assert_int_eq(pkvi_io_fsync(NULL, fd), PKV_EINVAL);
@@ -380,14 +380,14 @@ START_TEST(bad_requests)
     /* A closed descriptor: the system says no, the call says EIO. */
     int dead = tmp_fd();
     close(dead);
-    pkvi_io_req rd = {false, dead, b, sizeof b, 0};
+    pkvi_io_req rd = {.write = false, .fd = dead, .buf = b, .len = sizeof b, .off = 0};
     ck_assert_int_eq(pkvi_io_submit(io, &rd, 1), PKV_EIO);
     /* A read-only descriptor of the same file: EBADF becomes EIO. */
     char self[64];
     snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
     int ro = open(self, O_RDONLY);
     ck_assert_int_ge(ro, 0);
-    pkvi_io_req rw = {true, ro, b, sizeof b, 0};
+    pkvi_io_req rw = {.write = true, .fd = ro, .buf = b, .len = sizeof b, .off = 0};
     ck_assert_int_eq(pkvi_io_submit(io, &rw, 1), PKV_EIO);
     close(ro);
     /* The io object stays usable after errors. */
@@ -397,8 +397,88 @@ START_TEST(bad_requests)
 }
 END_TEST
 
+/* Vectored requests: segments of random sizes written in one request, read back with
+ * a different segmentation, with transfers capped so windows cut segments anywhere;
+ * also the validation of bad segment lists. */
+static void vectored(uint64_t max_chunk)
+{
+    uint64_t seed = pkvt_seed() ^ (max_chunk * 31 + 7);
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed);
+    pkvi_io *io = open_io();
+    pkvi_io_limit_transfer(io, max_chunk);
+    int fd = tmp_fd();
+    const int rounds = pkvt_quick() ? 3 : 40;
+    for (int round = 0; round < rounds; round++) {
+        uint32_t nw = 1 + pkvt_below(&r, PKVI_IO_MAX_IOV), nr = 1 + pkvt_below(&r, 16);
+        struct iovec wv[PKVI_IO_MAX_IOV], rv[16];
+        uint64_t total = 0;
+        for (uint32_t k = 0; k < nw; k++) {
+            size_t len = 1 + pkvt_below(&r, 9000);
+            wv[k].iov_base = pkvt_alloc(len);
+            wv[k].iov_len = len;
+            fill_bytes(&r, wv[k].iov_base, len);
+            total += len;
+        }
+        unsigned char *flat = pkvt_alloc(total), *back = pkvt_alloc(total);
+        for (uint64_t k = 0, o = 0; k < nw; o += wv[k].iov_len, k++)
+            memcpy(flat + o, wv[k].iov_base, wv[k].iov_len);
+        /* the read side: nr segments over the same bytes, cut at random points */
+        uint64_t cut[17];
+        cut[0] = 0;
+        cut[nr] = total;
+        for (uint32_t k = 1; k < nr; k++)
+            cut[k] = pkvt_below(&r, (uint32_t)total + 1);
+        for (uint32_t a = 1; a < nr; a++) /* sort the cuts */
+            for (uint32_t b = a; b > 1 && cut[b] < cut[b - 1]; b--) {
+                uint64_t t = cut[b];
+                cut[b] = cut[b - 1];
+                cut[b - 1] = t;
+            }
+        for (uint32_t k = 0; k < nr; k++)
+            rv[k] = (struct iovec){.iov_base = back + cut[k], .iov_len = cut[k + 1] - cut[k]};
+        uint64_t off = pkvt_below(&r, 1u << 20);
+        pkvi_io_req w = {.write = true, .fd = fd, .len = total, .off = off, .iov = wv,
+                         .iovcnt = nw};
+        pkvi_io_req rd = {.write = false, .fd = fd, .len = total, .off = off, .iov = rv,
+                          .iovcnt = nr};
+        ck_assert_int_eq(pkvi_io_submit(io, &w, 1), PKV_OK);
+        unsigned char *file = pkvt_alloc(total);
+        file_bytes(fd, file, total, (off_t)off);
+        ck_assert_msg(memcmp(file, flat, total) == 0, "vectored write differs (seed %llu)",
+                      (unsigned long long)seed);
+        ck_assert_int_eq(pkvi_io_submit(io, &rd, 1), PKV_OK);
+        ck_assert_msg(memcmp(back, flat, total) == 0, "vectored read differs (seed %llu)",
+                      (unsigned long long)seed);
+        /* segments that do not add up to len, or too many, are refused */
+        pkvi_io_req bad = w;
+        bad.len = total + 1;
+        ck_assert_int_eq(pkvi_io_submit(io, &bad, 1), PKV_EINVAL);
+        bad = w;
+        bad.iovcnt = PKVI_IO_MAX_IOV + 1;
+        ck_assert_int_eq(pkvi_io_submit(io, &bad, 1), PKV_EINVAL);
+        bad = w;
+        bad.iov = NULL;
+        ck_assert_int_eq(pkvi_io_submit(io, &bad, 1), PKV_EINVAL);
+        for (uint32_t k = 0; k < nw; k++)
+            free(wv[k].iov_base);
+        free(flat);
+        free(back);
+        free(file);
+    }
+    close(fd);
+    pkvi_io_close(io);
+}
+
+START_TEST(vectored_roundtrip) { vectored(0); }
+END_TEST
+START_TEST(vectored_short_transfers) { vectored(777); }
+END_TEST
+
 static void add_io_tests(TCase *tc)
 {
+    tcase_add_test(tc, vectored_roundtrip);
+    tcase_add_test(tc, vectored_short_transfers);
     tcase_add_test(tc, batched_roundtrip);
     tcase_add_test(tc, short_transfers);
     tcase_add_test(tc, read_past_eof);

@@ -294,6 +294,15 @@ PKVI_HIDDEN pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_
 
 /* ---- decode (decode.c) ------------------------------------------------------------- */
 
+/* Split-K chunks of a layer of n_pages pages: min(PKVI_MAX_CHUNKS, ceil(n_pages /
+ * chunk_pages)). decode.c splits by it and session.c sizes the partial states by it, so
+ * both must use this one definition. */
+static inline uint32_t pkvi_split_chunks(const pkv_engine *e, uint64_t n_pages)
+{
+    uint64_t c = (n_pages + e->chunk_pages - 1) / e->chunk_pages;
+    return (uint32_t)(c > PKVI_MAX_CHUNKS ? PKVI_MAX_CHUNKS : c);
+}
+
 /* Decode n queries, one per session, on the pool (batch and single use this). */
 PKVI_HIDDEN pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
                                         pkv_session *const *sessions, const float *q,

@@ -108,9 +108,7 @@ static void layer_truncate(pkv_engine *e, pkvi_layer *L, uint64_t n)
 pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages)
 {
     pkv_engine *e = s->e;
-    uint64_t chunks = (n_pages + e->chunk_pages - 1) / e->chunk_pages;
-    if (chunks > PKVI_MAX_CHUNKS)
-        chunks = PKVI_MAX_CHUNKS;
+    const uint64_t chunks = pkvi_split_chunks(e, n_pages);
     if (chunks <= s->partials_chunks)
         return PKV_OK;
     uint64_t want = s->partials_chunks ? s->partials_chunks * 2 : 1;

@@ -106,14 +106,10 @@ pkvi_io *pkvi_spill_io(pkv_engine *e)
     return e->spill ? e->spill->io : NULL;
 }
 
-static pkv_status slot_take(pkvi_spill *sp, uint64_t *out)
+/* A free slot, reused first; otherwise the file grows by one slot. */
+static uint64_t slot_take(pkvi_spill *sp)
 {
-    if (sp->n_free) {
-        *out = sp->free_slots[--sp->n_free];
-        return PKV_OK;
-    }
-    *out = sp->next_slot++;
-    return PKV_OK;
+    return sp->n_free ? sp->free_slots[--sp->n_free] : sp->next_slot++;
 }
 
 /* Return a slot; the list grows so a later take never fails. */
@@ -220,7 +216,7 @@ pkv_status pkvi_spill_make_room(pkv_engine *e, uint64_t n)
     uint64_t slots_taken = 0;
     if (st == PKV_OK) {
         for (uint64_t v = 0; v < nv; v++, slots_taken++)
-            slot_take(sp, &victims[v]->slot);
+            victims[v]->slot = slot_take(sp);
         qsort(victims, (size_t)nv, sizeof *victims, by_slot);
         for (uint64_t v = 0; v < nv; v++)
             bufs[v] = victims[v]->data;

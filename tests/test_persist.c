@@ -929,13 +929,7 @@ static TCase *backend_case(const char *name, void (*setup)(void))
 
 int main(void)
 {
-    const char *no = getenv("PKV_NO_URING");
-    int probe = pkvi_uring_probe();
-    const char *why = NULL;
-    if (no != NULL && strcmp(no, "1") == 0)
-        why = "PKV_NO_URING=1 is set";
-    else if (probe != 0)
-        why = probe == -ENOSYS ? "built without liburing" : strerror(-probe);
+    const char *why = pkvt_uring_skip_reason();
     const char *only = getenv("CK_RUN_CASE");
     if (why != NULL) {
         fprintf(stderr, "test_persist: SKIP io_uring backend: %s\n", why);

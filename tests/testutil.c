@@ -1,9 +1,13 @@
 /* testutil.c - see testutil.h. */
 #include "testutil.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "io_backend.h"
 
 uint64_t pkvt_seed(void)
 {
@@ -137,4 +141,15 @@ int pkvt_run(Suite *s)
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+const char *pkvt_uring_skip_reason(void)
+{
+    const char *no = getenv("PKV_NO_URING");
+    if (no != NULL && strcmp(no, "1") == 0)
+        return "PKV_NO_URING=1 is set";
+    int probe = pkvi_uring_probe();
+    if (probe != 0)
+        return probe == -ENOSYS ? "built without liburing" : strerror(-probe);
+    return NULL;
 }

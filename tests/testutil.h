@@ -41,6 +41,10 @@ double pkvt_maxdiff_fd(const float *a, const double *b, size_t n);
 pkv_engine *pkvt_engine(uint32_t layers, uint32_t h, uint32_t g, uint32_t d, uint32_t bt,
                         pkv_dtype dt);
 
+/* Why this process cannot test the io_uring backend (PKV_NO_URING=1, built without
+ * liburing, or the kernel refuses a ring), or NULL when it can. */
+const char *pkvt_uring_skip_reason(void);
+
 /* Run a suite with CK_NORMAL output and return the process exit status. */
 int pkvt_run(Suite *s);
 

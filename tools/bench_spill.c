@@ -107,10 +107,10 @@ static int run_backend(const char *dir, uint64_t mib, int reps, spill_result *re
     pkv_session *a = NULL, *b = NULL, *ta = NULL;
     float *kv = calloc(GEOM_G * GEOM_D, sizeof(float));
     float *q = calloc(GEOM_H * GEOM_D, sizeof(float)), *o = calloc(GEOM_H * GEOM_D, 4);
-    double *sw = calloc((size_t)reps, sizeof(double)), *dc = calloc((size_t)reps, 8);
+    double *sw = calloc((size_t)reps, sizeof(double));
     double *pl = calloc((size_t)reps, sizeof(double));
     int rc = CLI_FAIL;
-    if (!kv || !q || !o || !sw || !dc || !pl)
+    if (!kv || !q || !o || !sw || !pl)
         goto out;
     for (uint32_t i = 0; i < GEOM_H * GEOM_D; i++)
         q[i] = (float)(i % 7) * 0.01f;
@@ -145,7 +145,6 @@ static int run_backend(const char *dir, uint64_t mib, int reps, spill_result *re
         double spill_s = (t1 - t0) - (t2 - t1); /* two switches minus two decodes */
         sw[r] = 4.0 * (double)bytes / (spill_s > 1e-9 ? spill_s : 1e-9) / 1e9;
         pl[r] = 2.0 * (double)bytes / (w + rd) / 1e9;
-        dc[r] = 2.0 * (double)bytes / (t2 - t1) / 1e9;
     }
     res->spill_gbs = median(sw, reps);
     res->plain_gbs = median(pl, reps);
@@ -160,7 +159,6 @@ out:
     free(q);
     free(o);
     free(sw);
-    free(dc);
     free(pl);
     return rc;
 }

@@ -8,6 +8,7 @@
  * make_seeds.c).
  */
 #include "internal.h"
+#include "fuzz_geometry.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -54,14 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!engine) {
-        pkv_config c = pkv_config_default();
-        c.n_layers = 2;
-        c.n_heads = 4;
-        c.n_kv_heads = 2;
-        c.head_dim = 8;
-        c.block_tokens = 4;
-        c.kv_dtype = PKV_F16;
-        c.n_threads = 1;
+        pkv_config c = pkvf_load_config();
         CHECK(pkv_engine_create(&c, &engine) == PKV_OK);
     }
     char in[64], again[64];

@@ -6,6 +6,7 @@
  * Usage: make_seeds DIR   (writes the files DIR/load/NAME and DIR/api/NAME)
  */
 #include "pagedkv.h"
+#include "fuzz_geometry.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,14 +55,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: make_seeds DIR\n");
         return 2;
     }
-    pkv_config c = pkv_config_default();
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 8;
-    c.block_tokens = 4;
-    c.kv_dtype = PKV_F16;
-    c.n_threads = 1;
+    pkv_config c = pkvf_load_config();
     pkv_engine *e;
     if (pkv_engine_create(&c, &e) != PKV_OK)
         return 1;

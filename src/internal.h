@@ -88,33 +88,47 @@ PKVI_HIDDEN void pkvi_load_row(pkv_dtype t, float *dst, const void *src, uint32_
 typedef struct {
     uint32_t head_dim;      /* d */
     uint32_t block_tokens;  /* bt: positions per page */
-    uint32_t hg;            /* query heads per KV group (h / g) */
+    uint32_t hg;            /* query heads per group in a call: h / g, or a multiple of
+                             * it when pkv_prefill stacks queries (<= MAX_GROUP_HEADS) */
     pkv_dtype dtype;        /* storage type of the page */
     float scale;            /* softmax scale applied to q.k */
     size_t group_stride;    /* bytes between consecutive groups in a page: 2*bt*d*size */
     size_t v_offset;        /* bytes from a group's K rows to its V rows: bt*d*size */
 } pkvi_kparams;
 
+/* The query heads and running softmax states a kernel call works on: those of group
+ * `group0` at the pointers, those of the i-th group after it at i strides further. */
+typedef struct {
+    const float *q;         /* [hg][d] query heads (unscaled) */
+    float *m;               /* [hg]    running max of scale*q.k   (-INFINITY when empty) */
+    float *l;               /* [hg]    running sum of exp(s - m)  (0 when empty) */
+    float *acc;             /* [hg][d] running sum of exp(s - m) * v (0 when empty) */
+    size_t q_stride;        /* floats from one group's q to the next group's */
+    size_t st_stride;       /* floats from one group's m (and l, acc) to the next's */
+} pkvi_heads;
+
 /*
  * The decode kernel: fold `n_pages` pages (all full but the last, which holds
- * `last_tokens` in 1..bt positions) of KV group `group` into the running softmax
- * state of the group's hg query heads.
- *
- *   q    [hg][d]   the group's query heads (unscaled)
- *   m    [hg]      running max of scale*q.k   (in/out; -INFINITY when empty)
- *   l    [hg]      running sum of exp(s - m)  (in/out; 0 when empty)
- *   acc  [hg][d]   running sum of exp(s - m) * v (in/out; 0 when empty)
+ * `last_tokens` in 1..bt positions) of the KV groups group0 .. group0 + n_groups - 1
+ * into the running softmax states of each group's hg query heads (x).
  *
  * Score of a position: s = (q . k) * scale, dot accumulated in f32. Positions are
  * folded in order in tiles of at most PKVI_TILE tokens (a tile never spans pages):
  * per tile, m' = max(m, max s); rescale l and acc by exp(m - m'); add exp(s - m').
+ *
+ * Memory is walked page by page, and inside a page group by group, so a call over all
+ * groups reads each page front to back (the page is group-major): the order the
+ * hardware prefetcher follows. The arithmetic is page-local and head-local: the state
+ * of a head after a page depends only on its state before, its q and the page - not
+ * on n_groups, on how calls split the pages, or on how many heads share a call
+ * (hg). pkv_prefill relies on the last: it passes several queries' heads as one
+ * larger group. tests/test_kernels.c checks all three bitwise.
  * Never allocates, locks or fails. Variants may reassociate sums (documented bound in
  * docs/numerics.md); each variant is deterministic.
  */
 typedef void (*pkvi_attend_fn)(const pkvi_kparams *p, const void *const *pages,
-                               uint32_t n_pages, uint32_t last_tokens, uint32_t group,
-                               const float *restrict q, float *restrict m,
-                               float *restrict l, float *restrict acc);
+                               uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
+                               uint32_t n_groups, const pkvi_heads *x);
 
 typedef struct {
     const char *isa;                 /* "scalar", "avx2", "avx512" */
@@ -307,6 +321,18 @@ static inline uint32_t pkvi_split_chunks(const pkv_engine *e, uint64_t n_pages)
 PKVI_HIDDEN pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
                                         pkv_session *const *sessions, const float *q,
                                         float *out);
+/* Most queries pkv_prefill hands pkvi_prefill_attend at once: a page's positions, and
+ * no more than the kernels' head limit allows. */
+PKVI_HIDDEN uint32_t pkvi_prefill_tile_max(const pkv_engine *e);
+/* Scratch for pkvi_prefill_attend on layers of up to n_pages pages (free() it). */
+PKVI_HIDDEN pkv_status pkvi_prefill_scratch(const pkv_engine *e, uint64_t n_pages,
+                                            float **out);
+/* Attention of the last nq (<= tile max) appended positions of `layer`, all in its
+ * last page, with queries q [nq][h][d] into out [nq][h][d]: bitwise what pkv_decode
+ * gave right after each one's append. */
+PKVI_HIDDEN pkv_status pkvi_prefill_attend(pkv_engine *e, pkv_session *s, uint32_t layer,
+                                           uint32_t nq, const float *q, float *out,
+                                           float *scratch);
 
 /* ---- spill (spill.c) --------------------------------------------------------------- */
 

@@ -414,23 +414,34 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     if (!s || !q || !k || !v || !out || n == 0 || layer >= s->e->cfg.n_layers)
         return PKV_EINVAL;
     pkv_engine *e = s->e;
-    const uint64_t start = s->layers[layer].len;
+    const uint64_t start = s->layers[layer].len, bt = e->cfg.block_tokens;
     const size_t qd = (size_t)e->cfg.n_heads * e->cfg.head_dim;
     const size_t kd = (size_t)e->cfg.n_kv_heads * e->cfg.head_dim;
-    /* Each token is exactly an append followed by a decode through the same code, so
-     * prefill is bitwise identical to the token-by-token path by construction. */
-    for (uint32_t i = 0; i < n; i++) {
-        pkv_status st = pkv_append(s, layer, k + i * kd, v + i * kd);
+    const uint32_t tile_max = pkvi_prefill_tile_max(e);
+    float *scratch;
+    pkv_status st = pkvi_prefill_scratch(e, (start + n + bt - 1) / bt, &scratch);
+    if (st != PKV_OK)
+        return st;
+    /* Tiles of queries that land in one page: append them, then attend all at once
+     * (decode.c keeps each query's arithmetic that of append + pkv_decode). */
+    for (uint32_t i = 0; i < n && st == PKV_OK;) {
+        const uint64_t room = bt - (start + i) % bt;
+        uint32_t nq = n - i < tile_max ? n - i : tile_max;
+        if (nq > room)
+            nq = (uint32_t)room;
+        for (uint32_t t = 0; t < nq && st == PKV_OK; t++)
+            st = pkv_append(s, layer, k + (i + t) * kd, v + (i + t) * kd);
         if (st == PKV_OK)
-            st = pkvi_decode_many(e, layer, 1, &s, q + i * qd, out + i * qd);
-        if (st != PKV_OK) {
-            pthread_mutex_lock(&e->lock);
-            layer_truncate(e, &s->layers[layer], start);
-            pthread_mutex_unlock(&e->lock);
-            return st;
-        }
+            st = pkvi_prefill_attend(e, s, layer, nq, q + i * qd, out + i * qd, scratch);
+        i += nq;
     }
-    return PKV_OK;
+    free(scratch);
+    if (st != PKV_OK) {
+        pthread_mutex_lock(&e->lock);
+        layer_truncate(e, &s->layers[layer], start);
+        pthread_mutex_unlock(&e->lock);
+    }
+    return st;
 }
 
 /* ---- memory ------------------------------------------------------------------------- */

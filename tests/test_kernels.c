@@ -126,6 +126,15 @@ static uint32_t last_tokens(const layer *L)
     return L->n - (L->n_pages - 1) * L->kp.block_tokens;
 }
 
+/* One kernel call for one group (q [hg][d], m [hg], l [hg], acc [hg][d]). */
+static void attend1(const pkvi_kernels *k, const pkvi_kparams *kp, const void *const *pages,
+                    uint32_t n_pages, uint32_t last, uint32_t group, const float *q, float *m,
+                    float *l, float *acc)
+{
+    const pkvi_heads x = {.q = q, .m = m, .l = l, .acc = acc, .q_stride = 0, .st_stride = 0};
+    k->attend(kp, pages, n_pages, last, group, 1, &x);
+}
+
 /* Run kernel k over the whole layer for `group` from the empty state; out [hg][d]. */
 static void run_kernel(const pkvi_kernels *k, const layer *L, uint32_t group, const float *q,
                        float *out)
@@ -137,7 +146,7 @@ static void run_kernel(const pkvi_kernels *k, const layer *L, uint32_t group, co
         m[h] = -INFINITY;
         l[h] = 0.0f;
     }
-    k->attend(&L->kp, L->pages, L->n_pages, last_tokens(L), group, q, m, l, acc);
+    attend1(k, &L->kp, L->pages, L->n_pages, last_tokens(L), group, q, m, l, acc);
     for (uint32_t h = 0; h < hg; h++)
         for (uint32_t c = 0; c < d; c++)
             out[(size_t)h * d + c] = acc[(size_t)h * d + c] / l[h];
@@ -289,6 +298,98 @@ START_TEST(many_heads)
 }
 END_TEST
 
+/* ---- walk and head independence: what decode.c's task split and prefill rely on ----
+ * For every kernel: (a) one call over a range of groups leaves each group's state
+ * exactly as one call per group does; (b) a call whose "group" stacks Q queries' heads
+ * (hg' = Q * hg, q and state laid out as one group of hg' heads) leaves each head's
+ * state exactly as Q separate calls do. */
+static void init_states(float *st, uint32_t n_groups, size_t sf, uint32_t H, uint32_t d,
+                        pkvt_rng *r)
+{
+    for (uint32_t i = 0; i < n_groups; i++) { /* non-empty states, as after some pages */
+        float *b = st + i * sf;
+        for (uint32_t h = 0; h < H; h++) {
+            b[h] = pkvt_uniform(r, -1.0f, 3.0f);
+            b[H + h] = pkvt_uniform(r, 1.0f, 9.0f);
+        }
+        pkvt_fill(r, b + 2 * H, (size_t)H * d, -2.0f, 2.0f);
+    }
+}
+
+START_TEST(groups_and_stacked_heads)
+{
+    static const uint32_t hgs[] = {1, 2, 3, 4, 5, 8};
+    static const uint32_t dims[] = {7, 16, 33, 64, 128};
+    static const uint32_t bts[] = {1, 3, 16};
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed ^ 0x6a);
+    const pkvi_kernels *all[] = {&pkvi_kernels_scalar, &pkvi_kernels_avx2, &pkvi_kernels_avx512};
+    for (int cs = 0; cs < 24; cs++) {
+        const uint32_t g = 1 + pkvt_below(&r, 4), hg = hgs[pkvt_below(&r, 6)];
+        const uint32_t d = dims[pkvt_below(&r, 5)], bt = bts[pkvt_below(&r, 3)];
+        const uint32_t n = 1 + pkvt_below(&r, 70), Q = 2 + pkvt_below(&r, 4);
+        const pkv_dtype dt = dtypes[cs % 3];
+        layer L;
+        layer_build(&L, &r, g, hg, d, bt, dt, n, 2.0f);
+        const size_t sf = (size_t)hg * (d + 2), sfQ = (size_t)Q * sf;
+        float *q = pkvt_alloc((size_t)g * Q * hg * d * sizeof(float)); /* [g][Q*hg][d] */
+        pkvt_fill(&r, q, (size_t)g * Q * hg * d, -2.0f, 2.0f);
+        float *init = pkvt_alloc((size_t)g * sfQ * sizeof(float));
+        init_states(init, g, sfQ, Q * hg, d, &r);
+        float *one = pkvt_alloc((size_t)g * sfQ * sizeof(float));
+        float *sep = pkvt_alloc((size_t)g * sfQ * sizeof(float));
+        float *st = pkvt_alloc(sf * sizeof(float));
+        for (size_t ki = 0; ki < 3; ki++) {
+            const pkvi_kernels *k = all[ki];
+            if (!pkvi_isa_supported(k->isa)) {
+                if (cs == 0)
+                    usable(k, "groups_and_stacked_heads");
+                continue;
+            }
+            /* one call: all groups, Q*hg heads each */
+            pkvi_kparams kpQ = L.kp;
+            kpQ.hg = Q * hg;
+            memcpy(one, init, (size_t)g * sfQ * sizeof(float));
+            const pkvi_heads all_x = {.q = q, .m = one, .l = one + Q * hg,
+                                      .acc = one + 2 * (size_t)Q * hg,
+                                      .q_stride = (size_t)Q * hg * d, .st_stride = sfQ};
+            k->attend(&kpQ, L.pages, L.n_pages, last_tokens(&L), 0, g, &all_x);
+            /* per group, per query: hg heads, states copied out of and back into the
+             * stacked layout */
+            memcpy(sep, init, (size_t)g * sfQ * sizeof(float));
+            for (uint32_t gi = 0; gi < g; gi++)
+                for (uint32_t j = 0; j < Q; j++) {
+                    float *b = sep + gi * sfQ;
+                    const uint32_t HQ = Q * hg;
+                    memcpy(st, b + j * hg, hg * sizeof(float));
+                    memcpy(st + hg, b + HQ + j * hg, hg * sizeof(float));
+                    memcpy(st + 2 * hg, b + 2 * (size_t)HQ + (size_t)j * hg * d,
+                           (size_t)hg * d * sizeof(float));
+                    attend1(k, &L.kp, L.pages, L.n_pages, last_tokens(&L), gi,
+                            q + ((size_t)gi * HQ + (size_t)j * hg) * d, st, st + hg,
+                            st + 2 * hg);
+                    memcpy(b + j * hg, st, hg * sizeof(float));
+                    memcpy(b + HQ + j * hg, st + hg, hg * sizeof(float));
+                    memcpy(b + 2 * (size_t)HQ + (size_t)j * hg * d, st + 2 * hg,
+                           (size_t)hg * d * sizeof(float));
+                }
+            ck_assert_msg(memcmp(one, sep, (size_t)g * sfQ * sizeof(float)) == 0,
+                          "%s: %u groups x %u stacked queries in one call differ from "
+                          "separate calls (hg=%u d=%u bt=%u n=%u %s, seed 0x%llx)",
+                          k->isa, g, Q, hg, d, bt, n, pkv_dtype_name(dt),
+                          (unsigned long long)seed);
+        }
+        free(q);
+        free(init);
+        free(one);
+        free(sep);
+        free(st);
+        layer_free(&L);
+    }
+}
+END_TEST
+
 /* ---- against the double reference: the SPEC §4 bound -------------------------------- */
 
 START_TEST(vs_double_reference)
@@ -386,12 +487,12 @@ START_TEST(continuation)
                 continue;
             }
             memcpy(one, init, sf * sizeof(float));
-            k->attend(&L.kp, L.pages, L.n_pages, last_tokens(&L), 0, q, one, one + hg,
+            attend1(k, &L.kp, L.pages, L.n_pages, last_tokens(&L), 0, q, one, one + hg,
                       one + 2 * hg);
             for (uint32_t split = 1; split < L.n_pages; split++) {
                 memcpy(two, init, sf * sizeof(float));
-                k->attend(&L.kp, L.pages, split, bt, 0, q, two, two + hg, two + 2 * hg);
-                k->attend(&L.kp, L.pages + split, L.n_pages - split, last_tokens(&L), 0, q, two,
+                attend1(k, &L.kp, L.pages, split, bt, 0, q, two, two + hg, two + 2 * hg);
+                attend1(k, &L.kp, L.pages + split, L.n_pages - split, last_tokens(&L), 0, q, two,
                           two + hg, two + 2 * hg);
                 ck_assert_msg(memcmp(one, two, sf * sizeof(float)) == 0,
                               "%s: split at page %u of %u changes the state (d=%u hg=%u "
@@ -476,7 +577,7 @@ START_TEST(exp_accuracy)
                 l[h] = 0.0f;
                 acc[h] = 0.0f;
             }
-            k->attend(&kp, pages, 1, 2, 0, q, m, l, acc);
+            attend1(k, &kp, pages, 1, 2, 0, q, m, l, acc);
             for (uint32_t h = 0; h < hg; h++) {
                 const double exact = exp((double)q[h]);
                 double err;
@@ -504,7 +605,7 @@ START_TEST(exp_accuracy)
         l[0] = 0.0f;
         acc[0] = 0.0f;
         kp.hg = 1;
-        all[ki]->attend(&kp, pages, 1, 2, 0, q, m, l, acc);
+        attend1(all[ki], &kp, pages, 1, 2, 0, q, m, l, acc);
         ck_assert_msg(m[0] == 0.0f && l[0] == 2.0f && acc[0] == 1.0f,
                       "%s: scores (0, 0) from the empty state gave m=%g l=%g acc=%g",
                       all[ki]->isa, (double)m[0], (double)l[0], (double)acc[0]);
@@ -749,6 +850,7 @@ int main(void)
     tcase_add_test(tc, continuation);
     tcase_add_test(tc, shapes_vs_scalar);
     tcase_add_test(tc, many_heads);
+    tcase_add_test(tc, groups_and_stacked_heads);
     tcase_add_test(tc, vs_double_reference);
     tcase_add_test(tc, force_isa);
     tcase_add_test(tc, engine_each_isa);

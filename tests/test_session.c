@@ -303,6 +303,62 @@ static pkv_engine *engine_threads(uint32_t nh, uint32_t g, uint32_t d, uint32_t 
     return e;
 }
 
+/* Prefill runs a page's queries through the kernels at once (decode.c); over random
+ * geometries - odd head counts, head_dim not a multiple of 8, pages of 1 to 64 tokens,
+ * groups of up to 64 heads (fewer queries per tile than a page holds), histories that
+ * span several split-K chunks - it must equal append + decode token by token. */
+START_TEST(prefill_geometries_bitwise)
+{
+    const uint64_t seed = pkvt_seed() + 11;
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed);
+    static const uint32_t hgs[] = {1, 2, 3, 4, 5, 8, 64};
+    static const uint32_t dims[] = {3, 17, 64, 80};
+    static const uint32_t bts[] = {1, 3, 16, 64};
+    const int cases = pkvt_quick() ? 3 : 10;
+    for (int cs = 0; cs < cases; cs++) {
+        const uint32_t g = 1 + pkvt_below(&r, 3), hg = hgs[pkvt_below(&r, 7)];
+        const uint32_t d = dims[pkvt_below(&r, 4)], bt = bts[pkvt_below(&r, 4)];
+        const uint32_t T = 1 + pkvt_below(&r, pkvt_quick() ? 150 : 1400);
+        const pkv_dtype dt = (pkv_dtype)pkvt_below(&r, 3);
+        const uint32_t nh = g * hg;
+        const size_t qd = (size_t)nh * d, kd = (size_t)g * d;
+        float *Q = pkvt_alloc(T * qd * 4), *K = pkvt_alloc(T * kd * 4), *V = pkvt_alloc(T * kd * 4);
+        pkvt_fill(&r, Q, T * qd, -2, 2);
+        pkvt_fill(&r, K, T * kd, -2, 2);
+        pkvt_fill(&r, V, T * kd, -1, 1);
+        float *ref = pkvt_alloc(T * qd * 4), *got = pkvt_alloc(T * qd * 4);
+        pkv_engine *e1 = engine_threads(nh, g, d, bt, dt, 1);
+        pkv_engine *e3 = engine_threads(nh, g, d, bt, dt, 3);
+        pkv_session *s1, *s3;
+        ck_assert_int_eq(pkv_session_create(e1, &s1), PKV_OK);
+        ck_assert_int_eq(pkv_session_create(e3, &s3), PKV_OK);
+        for (uint32_t t = 0; t < T; t++) {
+            ck_assert_int_eq(pkv_append(s1, 0, K + t * kd, V + t * kd), PKV_OK);
+            ck_assert_int_eq(pkv_decode(s1, 0, Q + t * qd, ref + t * qd), PKV_OK);
+        }
+        for (uint32_t t = 0; t < T;) {
+            uint32_t n = 1 + pkvt_below(&r, 2 * bt + 40);
+            if (n > T - t)
+                n = T - t;
+            ck_assert_int_eq(pkv_prefill(s3, 0, n, Q + t * qd, K + t * kd, V + t * kd,
+                                         got + t * qd), PKV_OK);
+            t += n;
+        }
+        for (uint32_t t = 0; t < T; t++)
+            ck_assert_msg(memcmp(got + t * qd, ref + t * qd, qd * 4) == 0,
+                          "prefill row %u of %u differs from append + decode (g=%u hg=%u "
+                          "d=%u bt=%u %s, seed 0x%llx)", t, T, g, hg, d, bt,
+                          pkv_dtype_name(dt), (unsigned long long)seed);
+        pkv_session_destroy(s1);
+        pkv_session_destroy(s3);
+        pkv_engine_destroy(e1);
+        pkv_engine_destroy(e3);
+        free(Q); free(K); free(V); free(ref); free(got);
+    }
+}
+END_TEST
+
 START_TEST(prefill_batch_threads_bitwise)
 {
     const uint64_t seed = pkvt_seed() + 4;
@@ -716,6 +772,7 @@ int main(void)
     tcase_add_test(tc, forks_share_and_copy_only_the_tail);
     tcase_add_test(tc, truncate_into_shared_page_copies);
     tcase_add_test(tc, prefill_batch_threads_bitwise);
+    tcase_add_test(tc, prefill_geometries_bitwise);
     tcase_add_test(tc, model_based_walk);
     tcase_add_test(tc, threads_drive_own_sessions);
     tcase_add_test(tc, budget_is_exact_and_recoverable);

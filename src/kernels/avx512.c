@@ -47,8 +47,12 @@
  * page at page start 9.6; T1 two and four pages ahead 11.9-15.1. T0 keeps ~24 lines in
  * flight (the L1 miss buffers), which caps one core near 23 GB/s even on contiguous
  * pages; see docs/numerics.md "Performance". */
+#ifndef PF_HINT
 #define PF_HINT _MM_HINT_T0
+#endif
+#ifndef PF_AHEAD_BYTES
 #define PF_AHEAD_BYTES 4096u
+#endif
 
 /* ---- loads: 16 values of the page's dtype from element i of row base, as f32 ----- */
 
@@ -312,95 +316,113 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float *s, float *m, f
                  alpha + h);
 }
 
-AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const *pages,
-                    uint32_t n_pages, uint32_t last_tokens, uint32_t group,
-                    const float *restrict q, float *restrict m, float *restrict l,
-                    float *restrict acc)
+/* Fold tiles of ntok rows (K at kbase, V at vbase) into the state of hg heads; pfk/pfv
+ * (or NULL) are the same rows of the unit `dist` ahead, prefetched on the way. */
+AI void fold_rows(const pkv_dtype dt, const pkvi_kparams *p, const char *kbase,
+                  const char *vbase, uint32_t ntok, const char *pfk, const char *pfv,
+                  const float *restrict q, float *restrict m, float *restrict l,
+                  float *restrict acc, float *restrict s, float *restrict alpha)
 {
-    const uint32_t d = p->head_dim, hg = p->hg, bt = p->block_tokens;
+    const uint32_t d = p->head_dim, hg = p->hg;
     const size_t row = (size_t)d * (dt == PKV_F32 ? 4u : 2u);
-    /* prefetch distance in pages: at least PF_AHEAD_BYTES of this group's rows */
-    const size_t region = 2 * (size_t)bt * row;
-    const uint32_t dist = region >= PF_AHEAD_BYTES ? 1u : (uint32_t)((PF_AHEAD_BYTES + region - 1) / region);
+    for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
+        const uint32_t n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE;
+        const char *kt = kbase + t0 * row, *vt = vbase + t0 * row;
+        /* only the first head block prefetches: the rows are the same for all */
+        const char *pk = pfk ? pfk + t0 * row : NULL, *pv = pfv ? pfv + t0 * row : NULL;
+        uint32_t h = 0;
+        for (; h + 4 <= hg; h += 4, pk = NULL)
+            qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 4);
+        if (hg - h >= 2) {
+            qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 2);
+            h += 2;
+            pk = NULL;
+        }
+        if (h < hg)
+            qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 1);
+
+        softmax_tile(hg, n, p->scale, s, m, l, alpha);
+
+        h = 0;
+        for (; h + 4 <= hg; h += 4, pv = NULL)
+            pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 4);
+        if (hg - h >= 2) {
+            pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 2);
+            h += 2;
+            pv = NULL;
+        }
+        if (h < hg)
+            pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 1);
+    }
+}
+
+/* The walk: units (page, group) in page-major order; a unit is one group's K and V
+ * rows of a page. The prefetch target is the unit `dist` ahead in the same walk. */
+AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const *pages,
+                    uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
+                    uint32_t n_groups, const pkvi_heads *x)
+{
+    const size_t row = (size_t)p->head_dim * (dt == PKV_F32 ? 4u : 2u);
+    /* prefetch distance in units: at least PF_AHEAD_BYTES of rows */
+    const size_t region = 2 * (size_t)p->block_tokens * row;
+    const uint64_t dist = region >= PF_AHEAD_BYTES ? 1u : (PF_AHEAD_BYTES + region - 1) / region;
+    const uint64_t n_units = (uint64_t)n_pages * n_groups;
     _Alignas(64) float s[PKVI_MAX_GROUP_HEADS * PKVI_TILE]; /* [hg][TILE] */
     _Alignas(64) float alpha[PKVI_MAX_GROUP_HEADS];
 
+    uint64_t u = 0;
     for (uint32_t pg = 0; pg < n_pages; pg++) {
-        const uint32_t ntok = pg + 1 == n_pages ? last_tokens : bt;
-        const char *kbase = (const char *)pages[pg] + (size_t)group * p->group_stride;
-        const char *vbase = kbase + p->v_offset;
-        /* the same rows of the page `dist` ahead, fetched while this one computes */
-        const char *pfk = NULL, *pfv = NULL;
-        if (pg + dist < n_pages) {
-            pfk = (const char *)pages[pg + dist] + (size_t)group * p->group_stride;
-            pfv = pfk + p->v_offset;
-        }
-        for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
-            const uint32_t n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE;
-            const char *kt = kbase + t0 * row, *vt = vbase + t0 * row;
-            /* only the first head block prefetches: the rows are the same for all */
-            const char *pk = pfk ? pfk + t0 * row : NULL, *pv = pfv ? pfv + t0 * row : NULL;
-            uint32_t h = 0;
-            for (; h + 4 <= hg; h += 4, pk = NULL)
-                qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 4);
-            if (hg - h >= 2) {
-                qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 2);
-                h += 2;
-                pk = NULL;
+        const uint32_t ntok = pg + 1 == n_pages ? last_tokens : p->block_tokens;
+        for (uint32_t i = 0; i < n_groups; i++, u++) {
+            const char *kbase = (const char *)pages[pg] + (size_t)(group0 + i) * p->group_stride;
+            const char *pfk = NULL, *pfv = NULL;
+            if (u + dist < n_units) {
+                const uint64_t t = u + dist;
+                pfk = (const char *)pages[t / n_groups] +
+                      (size_t)(group0 + t % n_groups) * p->group_stride;
+                pfv = pfk + p->v_offset;
             }
-            if (h < hg)
-                qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 1);
-
-            softmax_tile(hg, n, p->scale, s, m, l, alpha);
-
-            h = 0;
-            for (; h + 4 <= hg; h += 4, pv = NULL)
-                pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 4);
-            if (hg - h >= 2) {
-                pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 2);
-                h += 2;
-                pv = NULL;
-            }
-            if (h < hg)
-                pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 1);
+            fold_rows(dt, p, kbase, kbase + p->v_offset, ntok, pfk, pfv,
+                      x->q + i * x->q_stride, x->m + i * x->st_stride,
+                      x->l + i * x->st_stride, x->acc + i * x->st_stride, s, alpha);
         }
     }
 }
 
 static void attend_f32(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                       uint32_t last_tokens, uint32_t group, const float *restrict q,
-                       float *restrict m, float *restrict l, float *restrict acc)
+                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                       const pkvi_heads *x)
 {
-    attend_impl(PKV_F32, p, pages, n_pages, last_tokens, group, q, m, l, acc);
+    attend_impl(PKV_F32, p, pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_f16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                       uint32_t last_tokens, uint32_t group, const float *restrict q,
-                       float *restrict m, float *restrict l, float *restrict acc)
+                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                       const pkvi_heads *x)
 {
-    attend_impl(PKV_F16, p, pages, n_pages, last_tokens, group, q, m, l, acc);
+    attend_impl(PKV_F16, p, pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_bf16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                        uint32_t last_tokens, uint32_t group, const float *restrict q,
-                        float *restrict m, float *restrict l, float *restrict acc)
+                        uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                        const pkvi_heads *x)
 {
-    attend_impl(PKV_BF16, p, pages, n_pages, last_tokens, group, q, m, l, acc);
+    attend_impl(PKV_BF16, p, pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                   uint32_t last_tokens, uint32_t group, const float *restrict q,
-                   float *restrict m, float *restrict l, float *restrict acc)
+                   uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                   const pkvi_heads *x)
 {
     switch (p->dtype) {
     case PKV_F16:
-        attend_f16(p, pages, n_pages, last_tokens, group, q, m, l, acc);
+        attend_f16(p, pages, n_pages, last_tokens, group0, n_groups, x);
         break;
     case PKV_BF16:
-        attend_bf16(p, pages, n_pages, last_tokens, group, q, m, l, acc);
+        attend_bf16(p, pages, n_pages, last_tokens, group0, n_groups, x);
         break;
     case PKV_F32:
-        attend_f32(p, pages, n_pages, last_tokens, group, q, m, l, acc);
+        attend_f32(p, pages, n_pages, last_tokens, group0, n_groups, x);
         break;
     }
 }

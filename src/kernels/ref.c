@@ -18,61 +18,70 @@
 
 #include <math.h>
 
-static void attend_scalar(const pkvi_kparams *p, const void *const *pages,
-                          uint32_t n_pages, uint32_t last_tokens, uint32_t group,
-                          const float *restrict q, float *restrict m, float *restrict l,
-                          float *restrict acc)
+/* Fold one page's first ntok rows of one group into the state of its hg heads. */
+static void fold_page(const pkvi_kparams *p, const char *kbase, uint32_t ntok,
+                      const float *restrict q, float *restrict m, float *restrict l,
+                      float *restrict acc)
 {
-    const uint32_t d = p->head_dim, hg = p->hg, bt = p->block_tokens;
+    const uint32_t d = p->head_dim, hg = p->hg;
     const size_t row = (size_t)d * pkv_dtype_size(p->dtype);
+    const char *vbase = kbase + p->v_offset;
     float s[PKVI_MAX_GROUP_HEADS * PKVI_TILE]; /* [hg][PKVI_TILE] scores, then weights */
     float r[PKVI_MAX_HEAD_DIM];                /* one K or V row widened to f32 */
 
-    for (uint32_t pg = 0; pg < n_pages; pg++) {
-        const uint32_t ntok = pg + 1 == n_pages ? last_tokens : bt;
-        const char *kbase = (const char *)pages[pg] + (size_t)group * p->group_stride;
-        const char *vbase = kbase + p->v_offset;
+    for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
+        const uint32_t nt = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE;
 
-        for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
-            const uint32_t nt = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE;
-
-            for (uint32_t t = 0; t < nt; t++) {
-                pkvi_load_row(p->dtype, r, kbase + (size_t)(t0 + t) * row, d);
-                for (uint32_t hh = 0; hh < hg; hh++) {
-                    const float *qh = q + (size_t)hh * d;
-                    float dot = 0.0f;
-                    for (uint32_t c = 0; c < d; c++)
-                        dot += qh[c] * r[c];
-                    s[hh * PKVI_TILE + t] = dot * p->scale;
-                }
-            }
+        for (uint32_t t = 0; t < nt; t++) {
+            pkvi_load_row(p->dtype, r, kbase + (size_t)(t0 + t) * row, d);
             for (uint32_t hh = 0; hh < hg; hh++) {
-                float *sh = s + hh * PKVI_TILE;
-                float mt = sh[0];
-                for (uint32_t t = 1; t < nt; t++)
-                    mt = fmaxf(mt, sh[t]);
-                const float mnew = fmaxf(m[hh], mt);
-                const float alpha = expf(m[hh] - mnew);
-                float sum = 0.0f;
-                for (uint32_t t = 0; t < nt; t++) {
-                    sh[t] = expf(sh[t] - mnew);
-                    sum += sh[t];
-                }
-                l[hh] = l[hh] * alpha + sum;
-                m[hh] = mnew;
+                const float *qh = q + (size_t)hh * d;
+                float dot = 0.0f;
+                for (uint32_t c = 0; c < d; c++)
+                    dot += qh[c] * r[c];
+                s[hh * PKVI_TILE + t] = dot * p->scale;
+            }
+        }
+        for (uint32_t hh = 0; hh < hg; hh++) {
+            float *sh = s + hh * PKVI_TILE;
+            float mt = sh[0];
+            for (uint32_t t = 1; t < nt; t++)
+                mt = fmaxf(mt, sh[t]);
+            const float mnew = fmaxf(m[hh], mt);
+            const float alpha = expf(m[hh] - mnew);
+            float sum = 0.0f;
+            for (uint32_t t = 0; t < nt; t++) {
+                sh[t] = expf(sh[t] - mnew);
+                sum += sh[t];
+            }
+            l[hh] = l[hh] * alpha + sum;
+            m[hh] = mnew;
+            float *ah = acc + (size_t)hh * d;
+            for (uint32_t c = 0; c < d; c++)
+                ah[c] *= alpha;
+        }
+        for (uint32_t t = 0; t < nt; t++) {
+            pkvi_load_row(p->dtype, r, vbase + (size_t)(t0 + t) * row, d);
+            for (uint32_t hh = 0; hh < hg; hh++) {
+                const float w = s[hh * PKVI_TILE + t];
                 float *ah = acc + (size_t)hh * d;
                 for (uint32_t c = 0; c < d; c++)
-                    ah[c] *= alpha;
+                    ah[c] += w * r[c];
             }
-            for (uint32_t t = 0; t < nt; t++) {
-                pkvi_load_row(p->dtype, r, vbase + (size_t)(t0 + t) * row, d);
-                for (uint32_t hh = 0; hh < hg; hh++) {
-                    const float w = s[hh * PKVI_TILE + t];
-                    float *ah = acc + (size_t)hh * d;
-                    for (uint32_t c = 0; c < d; c++)
-                        ah[c] += w * r[c];
-                }
-            }
+        }
+    }
+}
+
+static void attend_scalar(const pkvi_kparams *p, const void *const *pages,
+                          uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
+                          uint32_t n_groups, const pkvi_heads *x)
+{
+    for (uint32_t pg = 0; pg < n_pages; pg++) {
+        const uint32_t ntok = pg + 1 == n_pages ? last_tokens : p->block_tokens;
+        for (uint32_t i = 0; i < n_groups; i++) {
+            const char *kbase = (const char *)pages[pg] + (size_t)(group0 + i) * p->group_stride;
+            fold_page(p, kbase, ntok, x->q + i * x->q_stride, x->m + i * x->st_stride,
+                      x->l + i * x->st_stride, x->acc + i * x->st_stride);
         }
     }
 }

@@ -316,48 +316,61 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float *s, float *m, f
                  alpha + h);
 }
 
-/* Fold tiles of ntok rows (K at kbase, V at vbase) into the state of hg heads; pfk/pfv
- * (or NULL) are the same rows of the unit `dist` ahead, prefetched on the way. */
-AI void fold_rows(const pkv_dtype dt, const pkvi_kparams *p, const char *kbase,
-                  const char *vbase, uint32_t ntok, const char *pfk, const char *pfv,
-                  const float *restrict q, float *restrict m, float *restrict l,
-                  float *restrict acc, float *restrict s, float *restrict alpha)
+/* One tile of the walk: n <= PKVI_TILE rows of one group of one page, the heads and
+ * state it folds into, and the rows of the unit `dist` ahead to prefetch (or NULL). */
+typedef struct {
+    const char *k, *v, *pfk, *pfv;
+    const float *q;
+    float *m, *l, *acc;
+    uint32_t n;
+} tile;
+
+/* Unscaled scores of the tile's rows for all hg heads into s [hg][TILE]. */
+AI void tile_qk(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, float *s)
 {
     const uint32_t d = p->head_dim, hg = p->hg;
     const size_t row = (size_t)d * (dt == PKV_F32 ? 4u : 2u);
-    for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
-        const uint32_t n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE;
-        const char *kt = kbase + t0 * row, *vt = vbase + t0 * row;
-        /* only the first head block prefetches: the rows are the same for all */
-        const char *pk = pfk ? pfk + t0 * row : NULL, *pv = pfv ? pfv + t0 * row : NULL;
-        uint32_t h = 0;
-        for (; h + 4 <= hg; h += 4, pk = NULL)
-            qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 4);
-        if (hg - h >= 2) {
-            qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 2);
-            h += 2;
-            pk = NULL;
-        }
-        if (h < hg)
-            qk_heads(dt, kt, row, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pk, 1);
-
-        softmax_tile(hg, n, p->scale, s, m, l, alpha);
-
-        h = 0;
-        for (; h + 4 <= hg; h += 4, pv = NULL)
-            pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 4);
-        if (hg - h >= 2) {
-            pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 2);
-            h += 2;
-            pv = NULL;
-        }
-        if (h < hg)
-            pv_heads(dt, vt, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, 1);
+    const char *pk = t->pfk; /* only the first head block prefetches: same rows for all */
+    uint32_t h = 0;
+    for (; h + 4 <= hg; h += 4, pk = NULL)
+        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, 4);
+    if (hg - h >= 2) {
+        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, 2);
+        h += 2;
+        pk = NULL;
     }
+    if (h < hg)
+        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, 1);
 }
 
-/* The walk: units (page, group) in page-major order; a unit is one group's K and V
- * rows of a page. The prefetch target is the unit `dist` ahead in the same walk. */
+/* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads. */
+AI void tile_pv(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, const float *s,
+                const float *alpha)
+{
+    const uint32_t d = p->head_dim, hg = p->hg;
+    const char *pv = t->pfv;
+    uint32_t h = 0;
+    for (; h + 4 <= hg; h += 4, pv = NULL)
+        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, t->acc + (size_t)h * d, pv, 4);
+    if (hg - h >= 2) {
+        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, t->acc + (size_t)h * d, pv, 2);
+        h += 2;
+        pv = NULL;
+    }
+    if (h < hg)
+        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, t->acc + (size_t)h * d, pv, 1);
+}
+
+/*
+ * The walk: units (page, group) in page-major order, a unit being one group's K and V
+ * rows of a page, cut into tiles. The prefetch target is the unit `dist` ahead.
+ *
+ * Software-pipelined by one tile: QK(k), then PV(k-1), then softmax(k). The softmax
+ * is a chain of dependent reductions and exps; QK(k+1), which comes next and does not
+ * depend on it, keeps the FMA units busy while it resolves. Each head still sees its
+ * own operations in the order of ref.c (softmax(k) only reads m and l, and PV(k-1)
+ * precedes PV(k)), so the results are those of the unpipelined order, bit for bit.
+ */
 AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const *pages,
                     uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
                     uint32_t n_groups, const pkvi_heads *x)
@@ -367,26 +380,48 @@ AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const
     const size_t region = 2 * (size_t)p->block_tokens * row;
     const uint64_t dist = region >= PF_AHEAD_BYTES ? 1u : (PF_AHEAD_BYTES + region - 1) / region;
     const uint64_t n_units = (uint64_t)n_pages * n_groups;
-    _Alignas(64) float s[PKVI_MAX_GROUP_HEADS * PKVI_TILE]; /* [hg][TILE] */
-    _Alignas(64) float alpha[PKVI_MAX_GROUP_HEADS];
+    /* scores/weights [hg][TILE] and alpha [hg] of the tile in flight and the one before */
+    _Alignas(64) float s[2][PKVI_MAX_GROUP_HEADS * PKVI_TILE];
+    _Alignas(64) float alpha[2][PKVI_MAX_GROUP_HEADS];
+    tile prev = {0};
+    int cur = 0;
+    bool pending = false;
 
     uint64_t u = 0;
     for (uint32_t pg = 0; pg < n_pages; pg++) {
         const uint32_t ntok = pg + 1 == n_pages ? last_tokens : p->block_tokens;
         for (uint32_t i = 0; i < n_groups; i++, u++) {
             const char *kbase = (const char *)pages[pg] + (size_t)(group0 + i) * p->group_stride;
-            const char *pfk = NULL, *pfv = NULL;
-            if (u + dist < n_units) {
+            const char *pfk = NULL;
+            if (PKVI_PF && u + dist < n_units) {
                 const uint64_t t = u + dist;
                 pfk = (const char *)pages[t / n_groups] +
                       (size_t)(group0 + t % n_groups) * p->group_stride;
-                pfv = pfk + p->v_offset;
             }
-            fold_rows(dt, p, kbase, kbase + p->v_offset, ntok, pfk, pfv,
-                      x->q + i * x->q_stride, x->m + i * x->st_stride,
-                      x->l + i * x->st_stride, x->acc + i * x->st_stride, s, alpha);
+            for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
+                const tile t = {
+                    .k = kbase + t0 * row,
+                    .v = kbase + p->v_offset + t0 * row,
+                    .pfk = pfk ? pfk + t0 * row : NULL,
+                    .pfv = pfk ? pfk + p->v_offset + t0 * row : NULL,
+                    .q = x->q + i * x->q_stride,
+                    .m = x->m + i * x->st_stride,
+                    .l = x->l + i * x->st_stride,
+                    .acc = x->acc + i * x->st_stride,
+                    .n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE,
+                };
+                tile_qk(dt, p, &t, s[cur]);
+                if (pending)
+                    tile_pv(dt, p, &prev, s[!cur], alpha[!cur]);
+                softmax_tile(p->hg, t.n, p->scale, s[cur], t.m, t.l, alpha[cur]);
+                prev = t;
+                pending = true;
+                cur = !cur;
+            }
         }
     }
+    if (pending)
+        tile_pv(dt, p, &prev, s[!cur], alpha[!cur]);
 }
 
 static void attend_f32(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,

@@ -725,6 +725,30 @@ static void stress_run_geometry(const geometry *g, uint64_t seed)
     proc_free(&p);
 }
 
+/* A small `bench --json` run: its JSON has the shape --help promises, every figure
+ * asked for is there and positive, and kv_bytes follows the formula. Nothing is timed. */
+START_TEST(bench_json)
+{
+    proc p;
+    run_tool(&p, (const char *[]){"bench", "--json", "--model-preset", "mqa", "--ctx", "600",
+                                  "--dtype", "bf16", "--threads", "1", "--reps", "2",
+                                  "--bw-mib", "8", "--prefill", "48", "--no-naive", NULL});
+    ck_assert_msg(p.status == 0, "bench: exit %d: %s", p.status, p.err);
+    ck_assert_msg(json_valid(p.out), "bench --json is not valid JSON: %s", p.out);
+    ck_assert_uint_eq(json_len(p.out, "decode"), 1);
+    ck_assert_uint_eq(json_u64(p.out, "decode.0.ctx"), 600);
+    const uint64_t g = json_u64(p.out, "decode.0.kv_heads"), d = json_u64(p.out, "decode.0.head_dim");
+    ck_assert_uint_eq(json_u64(p.out, "decode.0.kv_bytes"), 2 * g * d * 600 * 2);
+    const char *pos[] = {"decode.0.ours_gbs", "decode.0.bw_gbs", "decode.0.ours_ratio",
+                         "decode.0.scalar_gbs", "prefill.0.gflops", "prefill.0.peak_gflops",
+                         "prefill.0.cold_gflops", "prefill.0.seconds", "peak_fma.0.gflops"};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        ck_assert_msg(json_dbl(p.out, pos[i]) > 0, "%s is not positive", pos[i]);
+    ck_assert_uint_eq(json_u64(p.out, "prefill.0.tokens"), 48);
+    proc_free(&p);
+}
+END_TEST
+
 START_TEST(stress_json_random)
 {
     uint64_t seed = pkvt_seed();
@@ -903,6 +927,7 @@ int main(void)
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("stress");
     tcase_set_timeout(tr, 120);
+    tcase_add_test(tr, bench_json);
     tcase_add_test(tr, stress_json_random);
     tcase_add_test(tr, stress_decode_every);
     tcase_add_test(tr, stress_spill);

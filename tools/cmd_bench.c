@@ -19,7 +19,10 @@
  *   - naive: llama2.c-style plain loops over contiguous f32 arrays (no paging, no
  *     dtype), scores then softmax then the weighted sum, head by head: for GQA each
  *     group's K/V is read once per query head. Threads split the heads.
- *   - prefill: one pkv_prefill of --prefill tokens into an empty session; FLOPs =
+ *   - prefill: pkv_prefill of --prefill tokens into an empty session, --reps times
+ *     (at most 5) on one engine, truncating to 0 in between: the first run pays the
+ *     first touch of every page (reported as "cold"), the median of the others is
+ *     the steady state of an engine that has served a prompt before. FLOPs =
  *     2 * h * d * n * (n + 1) (q.k and p.v over the causal triangle).
  *   - peak FMA: independent FMA chains in registers, 2 FLOPs per lane.
  * A benchmark, never a test: nothing here asserts a time.
@@ -111,7 +114,7 @@ static void usage(FILE *f)
 "scalar_us, scalar_gbs, scalar_bw_gbs, scalar_ratio, naive_us, naive_gbs, naive_ratio};\n"
 "ratio = GB/s over the bandwidth of the same rounds; skipped figures are null),\n"
 "prefill (list of {preset, dtype, threads, tokens, seconds, tokens_per_s, gflops,\n"
-"peak_gflops, ratio}).\n"
+"peak_gflops, ratio, cold_seconds, cold_gflops}: the warm median and the first run).\n"
 "\n"
 "exit status: 0 ok, 1 the library or the system failed, 2 usage error.\n",
             SLOW_REPS, SLOW_BUDGET);
@@ -551,7 +554,8 @@ typedef struct {
     const cli_preset *p;
     pkv_dtype dt;
     uint32_t threads, tokens;
-    double seconds, gflops, peak;
+    double seconds, gflops, peak;     /* warm: median of the runs after the first */
+    double cold_seconds, cold_gflops; /* the first run, fresh pages */
 } prefill_row;
 
 /* An engine of one layer of preset p, and a session holding ctx tokens of K/V taken
@@ -793,24 +797,31 @@ static int run_prefill(bench *b, const cli_preset *p)
             pkv_engine *e;
             pkv_session *s;
             pkv_status st = build(o, p, o->dtypes[di], o->threads[ti], false, 0, KV, 1, &e, &s);
-            double sec = 0;
-            if (st == PKV_OK) {
+            const uint32_t runs = o->reps < 5 ? o->reps + 1 : 6; /* 1 cold + warm */
+            double sec[6] = {0};
+            for (uint32_t k = 0; k < runs && st == PKV_OK; k++) {
+                if (k)
+                    st = pkv_session_truncate(s, 0);
                 const double t0 = cli_now();
-                st = pkv_prefill(s, 0, n, Q, KV, KV + (size_t)n * g * d, out);
-                sec = cli_now() - t0;
+                if (st == PKV_OK)
+                    st = pkv_prefill(s, 0, n, Q, KV, KV + (size_t)n * g * d, out);
+                sec[k] = cli_now() - t0;
             }
             destroy(&e, &s);
             if (st != PKV_OK) {
                 rc = cli_fail(CMD, "pkv_prefill: %s", pkv_status_str(st));
                 goto done;
             }
+            const double flops = 2.0 * h * d * (double)n * (n + 1.0);
             prefill_row *r = &b->pre[b->n_pre++];
             r->p = p;
             r->dt = o->dtypes[di];
             r->threads = o->threads[ti];
             r->tokens = n;
-            r->seconds = sec;
-            r->gflops = 2.0 * h * d * (double)n * (n + 1.0) / sec / 1e9;
+            r->cold_seconds = sec[0];
+            r->cold_gflops = flops / sec[0] / 1e9;
+            r->seconds = median(sec + 1, runs - 1);
+            r->gflops = flops / r->seconds / 1e9;
             r->peak = b->peak[ti];
         }
 done:
@@ -879,7 +890,9 @@ static void print_json(const bench *b)
         json_num(f, "tokens_per_s", r->tokens / r->seconds, true);
         json_num(f, "gflops", r->gflops, true);
         json_num(f, "peak_gflops", r->peak, true);
-        json_num(f, "ratio", r->gflops / r->peak, false);
+        json_num(f, "ratio", r->gflops / r->peak, true);
+        json_num(f, "cold_seconds", r->cold_seconds, true);
+        json_num(f, "cold_gflops", r->cold_gflops, false);
         fputc('}', f);
     }
     fprintf(f, "]}\n");
@@ -928,15 +941,16 @@ static void print_table(const bench *b)
         printf("\n");
     }
     if (b->n_pre) {
-        printf("\nprefill (pkv_prefill of a %u-token prompt into an empty session):\n",
+        printf("\nprefill (pkv_prefill of a %u-token prompt into an empty session; median of\n"
+               "the runs after the first; cold = the first run, which touches fresh pages):\n",
                o->prefill_tokens);
-        printf("%-10s %-4s %3s %10s %10s %9s %7s\n", "preset", "type", "thr", "tokens/s",
-               "GFLOP/s", "peak", "ratio");
+        printf("%-10s %-4s %3s %10s %10s %9s %7s %12s\n", "preset", "type", "thr", "tokens/s",
+               "GFLOP/s", "peak", "ratio", "cold GFLOP/s");
         for (uint32_t i = 0; i < b->n_pre; i++) {
             const prefill_row *r = &b->pre[i];
-            printf("%-10s %-4s %3u %10.0f %10.1f %9.1f %7.3f\n", r->p->name,
+            printf("%-10s %-4s %3u %10.0f %10.1f %9.1f %7.3f %12.1f\n", r->p->name,
                    pkv_dtype_name(r->dt), r->threads, r->tokens / r->seconds, r->gflops,
-                   r->peak, r->gflops / r->peak);
+                   r->peak, r->gflops / r->peak, r->cold_gflops);
         }
     }
     printf("\npeak FMA (GFLOP/s, %u-lane FMA chains):", fma_lanes());

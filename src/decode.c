@@ -33,10 +33,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Below this many K/V bytes in a whole call the calling thread works alone: waking a
- * worker costs microseconds, about what one thread needs to stream 1 MiB. A chosen
- * figure, not a tuned one; what was measured is that a 4k-token llama3-8b f16 layer
- * (16 MiB) streams faster on 2 threads than on 1 (pagedkv bench: 24.7 vs 20.2 GB/s). */
+/* Below this many K/V bytes in a whole call the calling thread works alone. Measured
+ * with pagedkv bench (llama3-8b layer, f16, 2-core VM): back to back, 2 threads tie
+ * with 1 at 1 MiB (36 vs 32 us) and win from 4 MiB on (118 vs 130 us); a decode that
+ * must wake a sleeping worker pays ~90 us on this VM, so cold calls only gain from
+ * ~16 MiB (629 vs 655 us). 1 MiB favours a generator's back-to-back calls. */
 #define PARALLEL_MIN_BYTES (1ull << 20)
 /* Sessions per pool run in a batch (bounds the stack tables below). */
 #define BATCH_MAX 64u

@@ -303,6 +303,18 @@ static pkv_engine *engine_threads(uint32_t nh, uint32_t g, uint32_t d, uint32_t 
     return e;
 }
 
+/* T tokens of queries (Q [T][qd]) and keys and values (K, V [T][kd]), uniform. */
+static void random_qkv(pkvt_rng *r, uint32_t T, size_t qd, size_t kd, float **Q, float **K,
+                       float **V)
+{
+    *Q = pkvt_alloc(T * qd * 4);
+    *K = pkvt_alloc(T * kd * 4);
+    *V = pkvt_alloc(T * kd * 4);
+    pkvt_fill(r, *Q, T * qd, -2, 2);
+    pkvt_fill(r, *K, T * kd, -2, 2);
+    pkvt_fill(r, *V, T * kd, -1, 1);
+}
+
 /* Prefill runs a page's queries through the kernels at once (decode.c); over random
  * geometries - odd head counts, head_dim not a multiple of 8, pages of 1 to 64 tokens,
  * groups of up to 64 heads (fewer queries per tile than a page holds), histories that
@@ -323,10 +335,8 @@ START_TEST(prefill_geometries_bitwise)
         const pkv_dtype dt = (pkv_dtype)pkvt_below(&r, 3);
         const uint32_t nh = g * hg;
         const size_t qd = (size_t)nh * d, kd = (size_t)g * d;
-        float *Q = pkvt_alloc(T * qd * 4), *K = pkvt_alloc(T * kd * 4), *V = pkvt_alloc(T * kd * 4);
-        pkvt_fill(&r, Q, T * qd, -2, 2);
-        pkvt_fill(&r, K, T * kd, -2, 2);
-        pkvt_fill(&r, V, T * kd, -1, 1);
+        float *Q, *K, *V;
+        random_qkv(&r, T, qd, kd, &Q, &K, &V);
         float *ref = pkvt_alloc(T * qd * 4), *got = pkvt_alloc(T * qd * 4);
         pkv_engine *e1 = engine_threads(nh, g, d, bt, dt, 1);
         pkv_engine *e3 = engine_threads(nh, g, d, bt, dt, 3);
@@ -369,10 +379,8 @@ START_TEST(prefill_batch_threads_bitwise)
      * properties on a shorter history with two thread counts. */
     const uint32_t T = pkvt_quick() ? 160 : 2500;
     const size_t qd = (size_t)nh * d, kd = (size_t)g * d;
-    float *Q = pkvt_alloc(T * qd * 4), *K = pkvt_alloc(T * kd * 4), *V = pkvt_alloc(T * kd * 4);
-    pkvt_fill(&r, Q, T * qd, -2, 2);
-    pkvt_fill(&r, K, T * kd, -2, 2);
-    pkvt_fill(&r, V, T * kd, -1, 1);
+    float *Q, *K, *V;
+    random_qkv(&r, T, qd, kd, &Q, &K, &V);
     float *ref = pkvt_alloc(T * qd * 4), *got = pkvt_alloc(T * qd * 4);
     const uint32_t threads[] = {1, 2, 3, 7};
     const int n_threads = pkvt_quick() ? 2 : 4;

@@ -13,9 +13,9 @@
  * ref.c are the order of additions and the exp polynomial (docs/numerics.md).
  * AVX2 has no 16-bit masked load, so the d tail (d % 8) of f16/bf16 rows is copied
  * into a zeroed 8-element buffer first; f32 rows use vmaskmovps. Rows past
- * `last_tokens` and elements past d are never read. The walk across groups, the
- * one-tile software pipeline, software prefetch and `#pragma GCC unroll` are as in
- * avx512.c.
+ * `last_tokens` and elements past d are never read. The walk across groups and the
+ * one-tile software pipeline are walk.h's (shared with avx512.c); software prefetch
+ * and `#pragma GCC unroll` as in avx512.c.
  */
 #include "internal.h"
 
@@ -270,155 +270,7 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float *s, float *m, f
     }
 }
 
-/* One tile of the walk: n <= PKVI_TILE rows of one group of one page, the heads and
- * state it folds into, and the rows of the unit `dist` ahead to prefetch (or NULL). */
-typedef struct {
-    const char *k, *v, *pfk, *pfv;
-    const float *q;
-    float *m, *l, *acc;
-    uint32_t n;
-} tile;
-
-/* Unscaled scores of the tile's rows for all hg heads into s [hg][TILE]. */
-AI void tile_qk(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, float *s)
-{
-    const uint32_t d = p->head_dim, hg = p->hg;
-    const size_t row = (size_t)d * (dt == PKV_F32 ? 4u : 2u);
-    const char *pk = t->pfk; /* only the first head block prefetches: same rows for all */
-    uint32_t h = 0;
-    for (; h + 4 <= hg; h += 4, pk = NULL)
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, 4);
-    if (hg - h >= 2) {
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, 2);
-        h += 2;
-        pk = NULL;
-    }
-    if (h < hg)
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, 1);
-}
-
-/* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads. */
-AI void tile_pv(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, const float *s,
-                const float *alpha)
-{
-    const uint32_t d = p->head_dim, hg = p->hg;
-    const char *pv = t->pfv;
-    uint32_t h = 0;
-    for (; h + 4 <= hg; h += 4, pv = NULL)
-        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, t->acc + (size_t)h * d, pv, 4);
-    if (hg - h >= 2) {
-        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, t->acc + (size_t)h * d, pv, 2);
-        h += 2;
-        pv = NULL;
-    }
-    if (h < hg)
-        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, t->acc + (size_t)h * d, pv, 1);
-}
-
-/*
- * The walk: units (page, group) in page-major order, a unit being one group's K and V
- * rows of a page, cut into tiles. The prefetch target is the unit `dist` ahead.
- *
- * Software-pipelined by one tile: QK(k), then PV(k-1), then softmax(k). The softmax
- * is a chain of dependent reductions and exps; QK(k+1), which comes next and does not
- * depend on it, keeps the FMA units busy while it resolves. Each head still sees its
- * own operations in the order of ref.c (softmax(k) only reads m and l, and PV(k-1)
- * precedes PV(k)), so the results are those of the unpipelined order, bit for bit.
- */
-AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const *pages,
-                    uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
-                    uint32_t n_groups, const pkvi_heads *x)
-{
-    const size_t row = (size_t)p->head_dim * (dt == PKV_F32 ? 4u : 2u);
-    /* prefetch distance in units: at least PF_AHEAD_BYTES of rows */
-    const size_t region = 2 * (size_t)p->block_tokens * row;
-    const uint64_t dist = region >= PF_AHEAD_BYTES ? 1u : (PF_AHEAD_BYTES + region - 1) / region;
-    const uint64_t n_units = (uint64_t)n_pages * n_groups;
-    /* scores/weights [hg][TILE] and alpha [hg] of the tile in flight and the one before */
-    _Alignas(32) float s[2][PKVI_MAX_GROUP_HEADS * PKVI_TILE];
-    _Alignas(32) float alpha[2][PKVI_MAX_GROUP_HEADS];
-    /* every tile's lanes are written before they are read (scores up to n, -inf/exp
-     * beyond), but zero them so the blend never sees indeterminate bits */
-    memset(s[0], 0, (size_t)p->hg * PKVI_TILE * sizeof(float));
-    memset(s[1], 0, (size_t)p->hg * PKVI_TILE * sizeof(float));
-    tile prev = {0};
-    int cur = 0;
-    bool pending = false;
-
-    uint64_t u = 0;
-    for (uint32_t pg = 0; pg < n_pages; pg++) {
-        const uint32_t ntok = pg + 1 == n_pages ? last_tokens : p->block_tokens;
-        for (uint32_t i = 0; i < n_groups; i++, u++) {
-            const char *kbase = (const char *)pages[pg] + (size_t)(group0 + i) * p->group_stride;
-            const char *pfk = NULL;
-            if (PKVI_PF && u + dist < n_units) {
-                const uint64_t t = u + dist;
-                pfk = (const char *)pages[t / n_groups] +
-                      (size_t)(group0 + t % n_groups) * p->group_stride;
-            }
-            for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
-                const tile t = {
-                    .k = kbase + t0 * row,
-                    .v = kbase + p->v_offset + t0 * row,
-                    .pfk = pfk ? pfk + t0 * row : NULL,
-                    .pfv = pfk ? pfk + p->v_offset + t0 * row : NULL,
-                    .q = x->q + i * x->q_stride,
-                    .m = x->m + i * x->st_stride,
-                    .l = x->l + i * x->st_stride,
-                    .acc = x->acc + i * x->st_stride,
-                    .n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE,
-                };
-                tile_qk(dt, p, &t, s[cur]);
-                if (pending)
-                    tile_pv(dt, p, &prev, s[!cur], alpha[!cur]);
-                softmax_tile(p->hg, t.n, p->scale, s[cur], t.m, t.l, alpha[cur]);
-                prev = t;
-                pending = true;
-                cur = !cur;
-            }
-        }
-    }
-    if (pending)
-        tile_pv(dt, p, &prev, s[!cur], alpha[!cur]);
-}
-
-static void attend_f32(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                       const pkvi_heads *x)
-{
-    attend_impl(PKV_F32, p, pages, n_pages, last_tokens, group0, n_groups, x);
-}
-
-static void attend_f16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                       const pkvi_heads *x)
-{
-    attend_impl(PKV_F16, p, pages, n_pages, last_tokens, group0, n_groups, x);
-}
-
-static void attend_bf16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                        uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                        const pkvi_heads *x)
-{
-    attend_impl(PKV_BF16, p, pages, n_pages, last_tokens, group0, n_groups, x);
-}
-
-static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                   uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                   const pkvi_heads *x)
-{
-    switch (p->dtype) {
-    case PKV_F16:
-        attend_f16(p, pages, n_pages, last_tokens, group0, n_groups, x);
-        break;
-    case PKV_BF16:
-        attend_bf16(p, pages, n_pages, last_tokens, group0, n_groups, x);
-        break;
-    case PKV_F32:
-        attend_f32(p, pages, n_pages, last_tokens, group0, n_groups, x);
-        break;
-    }
-}
+#include "walk.h"
 
 /* ---- store ---------------------------------------------------------------------------
  * Bitwise dtype.c's conversions: vcvtps2ph (round to nearest even) for f16, integer

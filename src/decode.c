@@ -360,7 +360,9 @@ pkv_status pkvi_prefill_attend(pkv_engine *e, pkv_session *s, uint32_t layer, ui
     pkv_status st = pkvi_session_acquire(s, layer);
     if (st != PKV_OK)
         return st;
-    const bool parallel = L->len * 2 * g * e->row_bytes * nq >= PARALLEL_MIN_BYTES;
+    /* work ~ K/V bytes x queries; in double: only a threshold, and it cannot wrap */
+    const bool parallel = (double)L->len * 2.0 * g * (double)e->row_bytes * nq >=
+                          (double)PARALLEL_MIN_BYTES;
     j.blocks = group_blocks(e, parallel, j.C);
     pkvi_threads *pool = parallel ? e->threads : NULL;
     pkvi_threads_run(pool, j.C * j.blocks, tile_task, &j);

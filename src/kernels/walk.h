@@ -96,16 +96,19 @@ AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const
     int cur = 0;
     bool pending = false;
 
-    uint64_t u = 0;
+    /* the prefetch target unit, (page fp, group fg), kept `dist` units ahead */
+    uint64_t u = 0, fp = dist / n_groups;
+    uint32_t fg = (uint32_t)(dist % n_groups);
     for (uint32_t pg = 0; pg < n_pages; pg++) {
         const uint32_t ntok = pg + 1 == n_pages ? last_tokens : p->block_tokens;
         for (uint32_t i = 0; i < n_groups; i++, u++) {
             const char *kbase = (const char *)pages[pg] + (size_t)(group0 + i) * p->group_stride;
             const char *pfk = NULL;
-            if (PKVI_PF && u + dist < n_units) {
-                const uint64_t t = u + dist;
-                pfk = (const char *)pages[t / n_groups] +
-                      (size_t)(group0 + t % n_groups) * p->group_stride;
+            if (PKVI_PF && u + dist < n_units)
+                pfk = (const char *)pages[fp] + (size_t)(group0 + fg) * p->group_stride;
+            if (++fg == n_groups) {
+                fg = 0;
+                fp++;
             }
             for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
                 const tile t = {

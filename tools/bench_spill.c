@@ -12,6 +12,7 @@
  * Both go through the page cache (neither uses O_DIRECT), so they compare like with
  * like.
  */
+#include "bench_probe.h"
 #include "cli.h"
 
 #include <fcntl.h>
@@ -27,18 +28,6 @@ typedef struct {
     double spill_gbs, plain_gbs;
     const char *backend;
 } spill_result;
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static pkv_status make_engine(uint64_t budget, const char *dir, pkv_engine **e)
 {
@@ -146,8 +135,8 @@ static int run_backend(const char *dir, uint64_t mib, int reps, spill_result *re
         sw[r] = 4.0 * (double)bytes / (spill_s > 1e-9 ? spill_s : 1e-9) / 1e9;
         pl[r] = 2.0 * (double)bytes / (w + rd) / 1e9;
     }
-    res->spill_gbs = median(sw, reps);
-    res->plain_gbs = median(pl, reps);
+    res->spill_gbs = bench_median(sw, (uint32_t)reps);
+    res->plain_gbs = bench_median(pl, (uint32_t)reps);
     rc = CLI_OK;
 out:
     pkv_session_destroy(a);

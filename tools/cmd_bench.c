@@ -4,8 +4,9 @@
  * reference, all measured in the same run (SPEC §4, §6); plus prefill tokens/s next
  * to a peak FMA rate measured in the same run.
  *
- * Owns: the measurement loops, the bandwidth probe, the naive decode, the peak-FMA
- * probe and the presentation. Uses only the public API (include/pagedkv.h) and cli.h;
+ * Owns: the options, the measurement loops and the presentation; the probes they
+ * time against (DRAM bandwidth, peak FMA, the naive decode) are bench_probe.c's.
+ * Uses only the public API (include/pagedkv.h) and cli.h;
  * the scalar reference is reached the public way, PKV_FORCE_ISA=scalar set around
  * pkv_engine_create.
  *
@@ -39,19 +40,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define BENCH_X86 1
-#else
-#define BENCH_X86 0
-#endif
-
+#include "bench_probe.h"
 #include "cli.h"
 
 static const char *const CMD = "bench";
 
 #define MAX_LIST 16
-#define MAX_THREADS 256u
 /* naive and scalar measurements repeat at most this often, and stop repeating once
  * they have taken SLOW_BUDGET seconds (at least one run): they are 10-100x slower
  * than ours and would dominate the run time at long contexts. */
@@ -186,7 +180,7 @@ static int add_threads(const char *item, void *ctx)
 {
     opts *o = ctx;
     uint32_t v;
-    if (!cli_parse_u32(item, &v) || v == 0 || v > MAX_THREADS)
+    if (!cli_parse_u32(item, &v) || v == 0 || v > BENCH_MAX_THREADS)
         return 0;
     o->threads[o->n_threads++] = v;
     return 1;
@@ -195,7 +189,7 @@ static int add_threads(const char *item, void *ctx)
 static uint32_t online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1u : n > (long)MAX_THREADS ? MAX_THREADS : (uint32_t)n;
+    return n < 1 ? 1u : n > (long)BENCH_MAX_THREADS ? BENCH_MAX_THREADS : (uint32_t)n;
 }
 
 /* Options with a value: lists go through each_item, numbers are uint64 in [lo, hi]. */
@@ -278,266 +272,6 @@ static int parse(int argc, char **argv, opts *o)
             o->threads[o->n_threads++] = online_cpus();
     }
     return -1;
-}
-
-/* ---- small helpers --------------------------------------------------------------------- */
-
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, uint32_t n)
-{
-    if (n == 0)
-        return NAN;
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * 0x2545f4914f6cdd1dull;
-}
-
-static void fill_uniform(uint64_t *s, float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)((double)(rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-}
-
-/* Run fn(ctx, t, n) on n threads (t = 0 on the caller); seconds from start to join. */
-typedef void (*team_fn)(void *ctx, uint32_t t, uint32_t n);
-typedef struct {
-    team_fn fn;
-    void *ctx;
-    uint32_t t, n;
-} team_arg;
-
-static void *team_main(void *p)
-{
-    team_arg *a = p;
-    a->fn(a->ctx, a->t, a->n);
-    return NULL;
-}
-
-static double team_run(uint32_t n, team_fn fn, void *ctx)
-{
-    pthread_t th[MAX_THREADS];
-    team_arg args[MAX_THREADS];
-    uint32_t started = 1;
-    const double t0 = cli_now();
-    for (uint32_t t = 1; t < n; t++) {
-        args[t] = (team_arg){fn, ctx, t, n};
-        if (pthread_create(&th[t], NULL, team_main, &args[t]) != 0)
-            break; /* fewer threads: the caller does the rest below */
-        started++;
-    }
-    for (uint32_t t = started; t < n; t++)
-        fn(ctx, t, n);
-    fn(ctx, 0, n);
-    for (uint32_t t = 1; t < started; t++)
-        pthread_join(th[t], NULL);
-    return cli_now() - t0;
-}
-
-/* ---- DRAM read bandwidth: a vectorized sum ----------------------------------------- */
-
-/* 8 x uint32: SSE2 pairs by default, one AVX2 register under target("avx2"). */
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-
-typedef struct {
-    const u32x8 *buf;
-    size_t vecs;           /* multiple of 4 * MAX_THREADS */
-    uint32_t sink[MAX_THREADS];
-} bw_job;
-
-/* Four independent vector sums, written so that no compiler can keep it scalar. */
-static inline __attribute__((always_inline)) uint32_t sum_body(const u32x8 *p, size_t n)
-{
-    u32x8 a = {0}, b = {0}, c = {0}, d = {0};
-    for (size_t i = 0; i < n; i += 4) {
-        a += p[i];
-        b += p[i + 1];
-        c += p[i + 2];
-        d += p[i + 3];
-    }
-    a += b + c + d;
-    return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
-}
-
-#if BENCH_X86
-__attribute__((target("avx2"))) static uint32_t sum_avx2(const u32x8 *p, size_t n)
-{
-    return sum_body(p, n);
-}
-#endif
-
-static uint32_t sum_default(const u32x8 *p, size_t n)
-{
-    return sum_body(p, n);
-}
-
-static void bw_part(void *ctx, uint32_t t, uint32_t n)
-{
-    bw_job *j = ctx;
-    const size_t per = j->vecs / n / 4 * 4;
-#if BENCH_X86
-    if (__builtin_cpu_supports("avx2")) {
-        j->sink[t] = sum_avx2(j->buf + (size_t)t * per, per);
-        return;
-    }
-#endif
-    j->sink[t] = sum_default(j->buf + (size_t)t * per, per);
-}
-
-/* GB/s of one sum over the buffer with n threads */
-static double bw_measure(bw_job *j, uint32_t n)
-{
-    const double s = team_run(n, bw_part, j);
-    return (double)(j->vecs / n / 4 * 4) * n * sizeof(u32x8) / s / 1e9;
-}
-
-/* ---- peak FMA rate ------------------------------------------------------------------ */
-
-typedef struct {
-    uint64_t iters;
-    float sink[MAX_THREADS];
-    uint32_t lanes;
-} fma_job;
-
-#if BENCH_X86
-__attribute__((target("avx512f"))) static float fma_avx512(uint64_t iters)
-{
-    __m512 a[12];
-    for (int i = 0; i < 12; i++)
-        a[i] = _mm512_set1_ps(1.0f + (float)i * 1e-3f);
-    const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-4f);
-    for (uint64_t k = 0; k < iters; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++)
-            a[i] = _mm512_fmadd_ps(a[i], b, c);
-    }
-    __m512 s = a[0];
-    for (int i = 1; i < 12; i++)
-        s = _mm512_add_ps(s, a[i]);
-    return _mm512_reduce_add_ps(s);
-}
-
-__attribute__((target("avx2,fma"))) static float fma_avx2(uint64_t iters)
-{
-    __m256 a[12];
-    for (int i = 0; i < 12; i++)
-        a[i] = _mm256_set1_ps(1.0f + (float)i * 1e-3f);
-    const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-4f);
-    for (uint64_t k = 0; k < iters; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++)
-            a[i] = _mm256_fmadd_ps(a[i], b, c);
-    }
-    __m256 s = a[0];
-    for (int i = 1; i < 12; i++)
-        s = _mm256_add_ps(s, a[i]);
-    float w[8];
-    _mm256_storeu_ps(w, s);
-    return w[0] + w[1] + w[2] + w[3] + w[4] + w[5] + w[6] + w[7];
-}
-#endif
-
-static uint32_t fma_lanes(void)
-{
-#if BENCH_X86
-    if (__builtin_cpu_supports("avx512f"))
-        return 16;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return 8;
-#endif
-    return 1; /* unknown */
-}
-
-static void fma_part(void *ctx, uint32_t t, uint32_t n)
-{
-    (void)n;
-    fma_job *j = ctx;
-#if BENCH_X86
-    if (j->lanes == 16) {
-        j->sink[t] = fma_avx512(j->iters);
-        return;
-    }
-    if (j->lanes == 8) {
-        j->sink[t] = fma_avx2(j->iters);
-        return;
-    }
-#endif
-    j->sink[t] = 0; /* no vector FMA known here: the peak is reported as unknown */
-}
-
-/* GFLOP/s over n threads: 12 chains x lanes x 2 FLOPs per iteration per thread. */
-static double fma_peak(uint32_t n)
-{
-    fma_job j;
-    j.lanes = fma_lanes();
-    j.iters = 4000000;
-    if (j.lanes == 1)
-        return NAN;
-    double v[5];
-    for (int r = 0; r < 5; r++) {
-        const double s = team_run(n, fma_part, &j);
-        v[r] = (double)j.iters * 12 * j.lanes * 2 * n / s / 1e9;
-    }
-    return median(v, 5);
-}
-
-/* ---- naive decode ------------------------------------------------------------------- */
-
-typedef struct {
-    uint32_t h, g, d;
-    uint64_t n;
-    float scale;
-    const float *K, *V;  /* [n][g][d] */
-    const float *q;      /* [h][d] */
-    float *out;          /* [h][d] */
-    float *scores[MAX_THREADS]; /* [n] each */
-} naive_job;
-
-/* The textbook loop: for each head, all scores, max, exp and sum, weighted sum. */
-static void naive_part(void *ctx, uint32_t t, uint32_t nt)
-{
-    naive_job *j = ctx;
-    const uint32_t d = j->d, hg = j->h / j->g;
-    float *att = j->scores[t];
-    for (uint32_t i = t; i < j->h; i += nt) {
-        const float *q = j->q + (size_t)i * d;
-        const uint32_t grp = i / hg;
-        float mx = -INFINITY;
-        for (uint64_t p = 0; p < j->n; p++) {
-            const float *k = j->K + ((size_t)p * j->g + grp) * d;
-            float s = 0.0f;
-            for (uint32_t c = 0; c < d; c++)
-                s += q[c] * k[c];
-            att[p] = s * j->scale;
-            if (att[p] > mx)
-                mx = att[p];
-        }
-        float sum = 0.0f;
-        for (uint64_t p = 0; p < j->n; p++) {
-            att[p] = expf(att[p] - mx);
-            sum += att[p];
-        }
-        float *o = j->out + (size_t)i * d;
-        for (uint32_t c = 0; c < d; c++)
-            o[c] = 0.0f;
-        for (uint64_t p = 0; p < j->n; p++) {
-            const float *v = j->V + ((size_t)p * j->g + grp) * d;
-            const float w = att[p] / sum;
-            for (uint32_t c = 0; c < d; c++)
-                o[c] += w * v[c];
-        }
-    }
 }
 
 /* ---- one row of the table ------------------------------------------------------------- */
@@ -631,7 +365,7 @@ static pkv_status time_warm(pkv_session *s, const float *q, float *out, double *
 
 typedef struct {
     const opts *o;
-    bw_job bw;
+    bench_bw bw;
     row rows[4096];
     uint32_t n_rows;
     prefill_row pre[512];
@@ -650,7 +384,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
     float *kv = malloc((size_t)pool_tokens * 2 * g * d * sizeof(float));
     float *q = malloc((size_t)h * d * sizeof(float));
     float *out = malloc((size_t)h * d * sizeof(float));
-    naive_job nj;
+    bench_naive nj;
     memset(&nj, 0, sizeof nj);
     const uint64_t naive_bytes = 2 * (uint64_t)g * d * ctx * sizeof(float);
     const bool do_naive = o->naive && naive_bytes <= o->naive_max_bytes;
@@ -659,8 +393,8 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
         rc = cli_fail(CMD, "out of memory");
         goto done;
     }
-    fill_uniform(&seed, kv, (size_t)pool_tokens * 2 * g * d);
-    fill_uniform(&seed, q, (size_t)h * d);
+    bench_fill_uniform(&seed, kv, (size_t)pool_tokens * 2 * g * d);
+    bench_fill_uniform(&seed, q, (size_t)h * d);
     if (do_naive) {
         float *K = malloc(naive_bytes / 2), *V = malloc(naive_bytes / 2);
         nj.K = K;
@@ -729,13 +463,13 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
             st = time_decode(s, q, out, &warm);
             double ours[1000], bws[1000], warms[1000];
             for (uint32_t k = 0; k < o->reps && st == PKV_OK; k++) {
-                bws[k] = bw_measure(&b->bw, T);
+                bws[k] = bench_bw_measure(&b->bw, T);
                 st = time_decode(s, q, out, &ours[k]);
                 if (st == PKV_OK)
                     st = time_warm(s, q, out, &warms[k]);
                 if (di == 0 && do_naive && n_naive < SLOW_REPS && naive_sum < SLOW_BUDGET &&
                     k % 2 == 0) {
-                    naive_t[n_naive] = team_run(T, naive_part, &nj);
+                    naive_t[n_naive] = bench_team_run(T, bench_naive_part, &nj);
                     naive_sum += naive_t[n_naive];
                     naive_bw[n_naive++] = bws[k];
                 }
@@ -745,11 +479,11 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
                 rc = cli_fail(CMD, "pkv_decode: %s", pkv_status_str(st));
                 goto done;
             }
-            const double tm = median(ours, o->reps);
+            const double tm = bench_median(ours, o->reps);
             r->ours_us = tm * 1e6;
             r->ours_gbs = (double)r->kv_bytes / tm / 1e9;
-            r->bw_gbs = median(bws, o->reps);
-            r->warm_us = median(warms, o->reps) * 1e6;
+            r->bw_gbs = bench_median(bws, o->reps);
+            r->warm_us = bench_median(warms, o->reps) * 1e6;
             /* q.k and p.v: 2 FMAs = 4 FLOPs per query head, position and element */
             r->warm_gflops = 4.0 * h * d * (double)ctx / r->warm_us / 1e3;
             r->peak = b->peak[ti];
@@ -757,10 +491,10 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
                 double tn[SLOW_REPS], bn[SLOW_REPS];
                 memcpy(tn, naive_t, sizeof tn);
                 memcpy(bn, naive_bw, sizeof bn);
-                const double t = median(tn, n_naive);
+                const double t = bench_median(tn, n_naive);
                 r->naive_us = t * 1e6;
                 r->naive_gbs = (double)naive_bytes / t / 1e9;
-                r->naive_bw_gbs = median(bn, n_naive);
+                r->naive_bw_gbs = bench_median(bn, n_naive);
             }
 
             if (o->scalar && (o->scalar_max_ctx == 0 || ctx <= o->scalar_max_ctx)) {
@@ -781,7 +515,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
                                   pkv_status_str(st));
                     goto done;
                 }
-                const double t = median(sc, n);
+                const double t = bench_median(sc, n);
                 r->scalar_us = t * 1e6;
                 r->scalar_gbs = (double)r->kv_bytes / t / 1e9;
                 r->scalar_bw_gbs = r->bw_gbs; /* the same thread count, moments before */
@@ -790,7 +524,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
         }
     }
 done:
-    for (uint32_t t = 0; t < MAX_THREADS; t++)
+    for (uint32_t t = 0; t < BENCH_MAX_THREADS; t++)
         free(nj.scores[t]);
     free((void *)nj.K);
     free((void *)nj.V);
@@ -815,8 +549,8 @@ static int run_prefill(bench *b, const cli_preset *p)
         rc = cli_fail(CMD, "out of memory for the prefill prompt");
         goto done;
     }
-    fill_uniform(&seed, Q, (size_t)n * h * d);
-    fill_uniform(&seed, KV, (size_t)n * 2 * g * d);
+    bench_fill_uniform(&seed, Q, (size_t)n * h * d);
+    bench_fill_uniform(&seed, KV, (size_t)n * 2 * g * d);
     for (uint32_t di = 0; di < 1; di++)
         for (uint32_t ti = 0; ti < o->n_threads; ti++) {
             if (b->n_pre >= sizeof b->pre / sizeof b->pre[0])
@@ -847,7 +581,7 @@ static int run_prefill(bench *b, const cli_preset *p)
             r->tokens = n;
             r->cold_seconds = sec[0];
             r->cold_gflops = flops / sec[0] / 1e9;
-            r->seconds = median(sec + 1, runs - 1);
+            r->seconds = bench_median(sec + 1, runs - 1);
             r->gflops = flops / r->seconds / 1e9;
             r->peak = b->peak[ti];
         }
@@ -877,7 +611,7 @@ static void print_json(const bench *b)
     fprintf(f, ",\"isa\":");
     cli_json_str(f, b->isa ? b->isa : "?");
     fprintf(f, ",\"online_cpus\":%u,\"reps\":%u,\"bw_buffer_bytes\":%llu,\"peak_fma\":[",
-            online_cpus(), o->reps, (unsigned long long)(b->bw.vecs * sizeof(u32x8)));
+            online_cpus(), o->reps, (unsigned long long)(b->bw.vecs * sizeof(bench_vec)));
     for (uint32_t i = 0; i < o->n_threads; i++) {
         fprintf(f, "%s{\"threads\":%u,", i ? "," : "", o->threads[i]);
         json_num(f, "gflops", b->peak[i], false);
@@ -987,7 +721,7 @@ static void print_table(const bench *b)
                    r->peak, r->gflops / r->peak, r->cold_gflops);
         }
     }
-    printf("\npeak FMA (GFLOP/s, %u-lane FMA chains):", fma_lanes());
+    printf("\npeak FMA (GFLOP/s, %u-lane FMA chains):", bench_fma_lanes());
     for (uint32_t i = 0; i < o->n_threads; i++)
         printf(" %u thread%s %.1f%s", o->threads[i], o->threads[i] > 1 ? "s" : "", b->peak[i],
                i + 1 < o->n_threads ? "," : "\n");
@@ -1041,17 +775,17 @@ int cmd_bench(int argc, char **argv)
     if (!b)
         return cli_fail(CMD, "out of memory");
     b->o = &o;
-    b->bw.vecs = (size_t)(o.bw_mib << 20) / sizeof(u32x8);
-    u32x8 *buf = aligned_alloc(64, b->bw.vecs * sizeof(u32x8));
+    b->bw.vecs = (size_t)(o.bw_mib << 20) / sizeof(bench_vec);
+    bench_vec *buf = aligned_alloc(64, b->bw.vecs * sizeof(bench_vec));
     if (!buf) {
         free(b);
         return cli_fail(CMD, "cannot allocate the %llu MiB bandwidth buffer",
                         (unsigned long long)o.bw_mib);
     }
-    memset(buf, 1, b->bw.vecs * sizeof(u32x8)); /* touch every page once */
+    memset(buf, 1, b->bw.vecs * sizeof(bench_vec)); /* touch every page once */
     b->bw.buf = buf;
     for (uint32_t i = 0; i < o.n_threads; i++)
-        b->peak[i] = fma_peak(o.threads[i]);
+        b->peak[i] = bench_fma_peak(o.threads[i]);
     for (uint32_t pi = 0; pi < o.n_presets && rc == CLI_OK; pi++) {
         for (uint32_t ci = 0; ci < o.n_ctx && rc == CLI_OK; ci++)
             rc = run_ctx(b, o.presets[pi], o.ctx[ci]);

@@ -1,0 +1,53 @@
+/*
+ * bench_probe.h - what `pagedkv bench` measures the library against: the DRAM read
+ * bandwidth (a vectorized sum), the peak FMA rate (independent FMA chains) and a
+ * naive decode (plain loops), each run on a team of threads; plus the small helpers
+ * the bench tools share (median, a seeded uniform fill). bench_probe.c has the code.
+ */
+#ifndef PKV_TOOLS_BENCH_PROBE_H
+#define PKV_TOOLS_BENCH_PROBE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Most threads a probe runs on. */
+#define BENCH_MAX_THREADS 256u
+
+/* Median of v[0..n) (sorts v); NAN when n == 0. */
+double bench_median(double *v, uint32_t n);
+/* x[0..n) uniform in [-1, 1) from the xorshift state *s. */
+void bench_fill_uniform(uint64_t *s, float *x, size_t n);
+
+/* Run fn(ctx, t, n) on n threads (t = 0 on the caller); seconds from start to join. */
+typedef void (*bench_team_fn)(void *ctx, uint32_t t, uint32_t n);
+double bench_team_run(uint32_t n, bench_team_fn fn, void *ctx);
+
+/* The bandwidth probe: a sum over vecs 32-byte vectors at buf. */
+typedef uint32_t bench_vec __attribute__((vector_size(32)));
+typedef struct {
+    const bench_vec *buf;
+    size_t vecs;           /* multiple of 4 * BENCH_MAX_THREADS */
+    uint32_t sink[BENCH_MAX_THREADS];
+} bench_bw;
+/* GB/s of one sum over the buffer with n threads. */
+double bench_bw_measure(bench_bw *j, uint32_t n);
+
+/* Lanes of the FMA probe (16 with AVX-512, 8 with AVX2, 4 otherwise) and its peak
+ * GFLOP/s on n threads. */
+uint32_t bench_fma_lanes(void);
+double bench_fma_peak(uint32_t n);
+
+/* The naive decode: llama2.c-style loops over contiguous f32 K, V [n][g][d]. */
+typedef struct {
+    uint32_t h, g, d;
+    uint64_t n;
+    float scale;
+    const float *K, *V;  /* [n][g][d] */
+    const float *q;      /* [h][d] */
+    float *out;          /* [h][d] */
+    float *scores[BENCH_MAX_THREADS]; /* [n] each */
+} bench_naive;
+/* A bench_team_fn: thread t of nt does heads t, t + nt, ... */
+void bench_naive_part(void *ctx, uint32_t t, uint32_t nt);
+
+#endif

@@ -290,7 +290,7 @@ struct pkv_session {
     pkv_session *prev, *next;/* engine's session list; guarded by e->lock */
     uint64_t lru;            /* engine clock at last use; e->lock */
     /* Decode scratch for split-K partial states, grown at append time so decode
-     * never allocates: per (group, chunk): m[hg], l[hg], acc[hg][d]. */
+     * never allocates: per (chunk, group), chunk-major: m[hg], l[hg], acc[hg][d]. */
     float *partials;
     uint64_t partials_chunks;/* chunks partials can hold, per group */
 };

@@ -104,7 +104,7 @@ static void layer_truncate(pkv_engine *e, pkvi_layer *L, uint64_t n)
     L->len = n;
 }
 
-/* Split-K partial states: per group, per chunk, hg * (d + 2) floats. */
+/* Split-K partial states: per chunk, per group, hg * (d + 2) floats (decode.c). */
 pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages)
 {
     pkv_engine *e = s->e;

@@ -45,8 +45,9 @@ pkv_config pkv_config_default(void)
 
 /* Split-K chunk: this many tokens per chunk, rounded up to whole pages. 512 tokens of
  * a d=128 f16 group is 256 KiB of K/V (2 MiB for llama3-8b's 8 groups, which one task
- * walks together): large enough that a task's fixed cost (state init, merge) is noise, small enough that a 2-thread machine balances
- * even MQA (g = 1) from a few thousand tokens on. Independent of n_threads by design:
+ * walks together): large enough that a task's fixed cost (state init, merge) is
+ * noise, small enough that a 2-thread machine balances even MQA (g = 1) from a few
+ * thousand tokens on. Independent of n_threads by design:
  * the split decides the arithmetic, so it must not depend on the thread count. */
 #define CHUNK_TOKENS 512u
 

@@ -31,12 +31,7 @@ typedef struct {
 
 static pkv_status make_engine(uint64_t budget, const char *dir, pkv_engine **e)
 {
-    pkv_config c = pkv_config_default();
-    c.n_layers = 1;
-    c.n_heads = GEOM_H;
-    c.n_kv_heads = GEOM_G;
-    c.head_dim = GEOM_D;
-    c.kv_dtype = PKV_F16;
+    pkv_config c = cli_config(1, GEOM_H, GEOM_G, GEOM_D, 0, PKV_F16, 0);
     c.mem_budget = budget;
     c.spill_dir = budget ? dir : NULL;
     return pkv_engine_create(&c, e);

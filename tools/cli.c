@@ -204,3 +204,17 @@ void cli_json_str(FILE *f, const char *s)
     }
     fputc('"', f);
 }
+
+pkv_config cli_config(uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32_t head_dim,
+                      uint32_t block_tokens, pkv_dtype dtype, uint32_t threads)
+{
+    pkv_config c = pkv_config_default();
+    c.n_layers = layers;
+    c.n_heads = heads;
+    c.n_kv_heads = kv_heads;
+    c.head_dim = head_dim;
+    c.block_tokens = block_tokens;
+    c.kv_dtype = dtype;
+    c.n_threads = threads;
+    return c;
+}

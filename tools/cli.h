@@ -36,6 +36,12 @@ typedef struct {
 const cli_preset *cli_preset_find(const char *name);   /* NULL if unknown */
 const cli_preset *cli_presets(uint32_t *n);             /* the table */
 
+/* pkv_config_default() with a geometry, a page size (0 = the library's), a storage
+ * dtype and a thread count (0 = online CPUs): what every command's engine starts from.
+ * No budget and no spill directory; callers that want them set those fields. */
+pkv_config cli_config(uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32_t head_dim,
+                      uint32_t block_tokens, pkv_dtype dtype, uint32_t threads);
+
 /* Strict parsers: the whole string must be consumed; 1 on success, 0 otherwise.
  * Integers accept a k/K (x1024), m/M (x2^20), g/G (x2^30) suffix. */
 int cli_parse_u64(const char *s, uint64_t *out);

@@ -303,14 +303,8 @@ static pkv_status build(const opts *o, const cli_preset *p, pkv_dtype dt, uint32
                         bool scalar, uint64_t ctx, const float *kv, uint32_t pool_tokens,
                         pkv_engine **e, pkv_session **s)
 {
-    pkv_config c = pkv_config_default();
-    c.n_layers = 1;
-    c.n_heads = p->heads;
-    c.n_kv_heads = p->kv_heads;
-    c.head_dim = p->head_dim;
-    c.block_tokens = o->block_tokens;
-    c.kv_dtype = dt;
-    c.n_threads = threads;
+    const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim, o->block_tokens,
+                                    dt, threads);
     *e = NULL;
     *s = NULL;
     if (scalar && setenv("PKV_FORCE_ISA", "scalar", 1) != 0)

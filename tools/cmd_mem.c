@@ -241,14 +241,8 @@ static int parse(int argc, char **argv, mem_opts *o, bool *help)
 /* The engine for this geometry (one worker thread: nothing here decodes). */
 static int make_engine(const mem_opts *o, pkv_engine **e)
 {
-    pkv_config c = pkv_config_default();
-    c.n_layers = o->layers;
-    c.n_heads = o->heads;
-    c.n_kv_heads = o->kv_heads;
-    c.head_dim = o->head_dim;
-    c.block_tokens = o->block_tokens;
-    c.kv_dtype = o->dtype;
-    c.n_threads = 1;
+    const pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim,
+                                    o->block_tokens, o->dtype, 1);
     pkv_status st = pkv_engine_create(&c, e);
     if (st != PKV_OK)
         return cli_fail(CMD, "the library refuses this geometry (layers %u, heads %u, "

@@ -798,14 +798,8 @@ static uint64_t rss_now(bool purge)
 static bool setup(soak *S)
 {
     const soak_opts *o = &S->o;
-    pkv_config c = pkv_config_default();
-    c.n_layers = o->layers;
-    c.n_heads = o->heads;
-    c.n_kv_heads = o->kv_heads;
-    c.head_dim = o->head_dim;
-    c.block_tokens = o->block_tokens;
-    c.kv_dtype = o->dtype;
-    c.n_threads = o->threads;
+    pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim, o->block_tokens,
+                              o->dtype, o->threads);
     S->page_bytes = 2ull * o->kv_heads * o->block_tokens * o->head_dim *
                     pkv_dtype_size(o->dtype);
     c.mem_budget = o->budget_pages * S->page_bytes;

@@ -288,16 +288,10 @@ static bool is_decode_point(stress_run *r, uint64_t n)
 static int setup(stress_run *r)
 {
     const stress_opts *o = &r->o;
-    pkv_config c = pkv_config_default();
-    c.n_layers = o->layers;
-    c.n_heads = o->heads;
-    c.n_kv_heads = o->kv_heads;
-    c.head_dim = o->head_dim;
-    c.block_tokens = o->block_tokens;
-    c.kv_dtype = o->dtype;
+    pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim, o->block_tokens,
+                              o->dtype, o->threads);
     c.mem_budget = o->budget;
     c.spill_dir = o->spill_dir;
-    c.n_threads = o->threads;
     pkv_status st = pkv_engine_create(&c, &r->eng);
     if (st != PKV_OK)
         return cli_fail(CMD, "cannot create the engine: %s", pkv_status_str(st));

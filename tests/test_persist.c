@@ -374,19 +374,6 @@ END_TEST
 
 /* ---- damage -------------------------------------------------------------------------- */
 
-/* A small file: 2 layers of lengths 7 and 3 at bt 5 (two partly filled pages). */
-static pkv_engine *small_file(scratch *t, pkv_session **keep)
-{
-    pkvt_rng r;
-    pkvt_rng_init(&r, pkvt_seed());
-    pkv_engine *e = engine_cfg(2, 2, 1, 4, 5, PKV_F16, 0);
-    uint64_t lens[2] = {7, 3};
-    pkv_session *s = make_session(e, &r, lens);
-    ck_assert_int_eq(pkv_session_save(s, t->path), PKV_OK);
-    *keep = s;
-    return e;
-}
-
 /* The io object of the damage tests: one per test, so thousands of loads do not set
  * up thousands of rings (pkv_session_load itself is covered by the round trips). */
 static pkvi_io *test_io(void)
@@ -394,6 +381,41 @@ static pkvi_io *test_io(void)
     pkvi_io *io = NULL;
     ck_assert_int_eq(pkvi_io_open(false, &io), PKV_OK);
     return io;
+}
+
+/* What every damage test starts from: a small saved file (2 layers of lengths 7 and 3
+ * at bt 5, so two partly filled pages), its bytes, the engine that loads it back, and
+ * the session it was saved from (kept alive so page counts stay comparable). */
+typedef struct {
+    scratch t;
+    pkvi_io *io;
+    pkv_engine *e;
+    pkv_session *keep;
+    unsigned char *orig;     /* the file as saved */
+    size_t n;                /* its size */
+} damage;
+
+static void damage_init(damage *d)
+{
+    d->io = test_io();
+    scratch_init(&d->t);
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed());
+    d->e = engine_cfg(2, 2, 1, 4, 5, PKV_F16, 0);
+    uint64_t lens[2] = {7, 3};
+    d->keep = make_session(d->e, &r, lens);
+    ck_assert_int_eq(pkv_session_save(d->keep, d->t.path), PKV_OK);
+    d->orig = slurp(d->t.path, &d->n);
+}
+
+static void damage_fini(damage *d)
+{
+    free(d->orig);
+    ck_assert(pkvi_engine_check(d->e));
+    pkv_session_destroy(d->keep);
+    pkv_engine_destroy(d->e);
+    pkvi_io_close(d->io);
+    scratch_fini(&d->t);
 }
 
 /* Load must give `want` and no session; the verifier (inspect's path) must agree. */
@@ -421,81 +443,62 @@ static void expect_load(pkv_engine *e, pkvi_io *io, const char *path, pkv_status
 
 START_TEST(every_byte_flip)
 {
-    pkvi_io *io = test_io();
-    scratch t;
-    scratch_init(&t);
-    pkv_session *keep = NULL;
-    pkv_engine *e = small_file(&t, &keep);
-    size_t n;
-    unsigned char *orig = slurp(t.path, &n);
+    damage d;
+    damage_init(&d);
+    const size_t n = d.n;
     ck_assert_uint_eq(n, PKVI_SFILE_ALIGN + 3 * 80);   /* 3 pages of 2*1*5*4*2 bytes */
     pkvt_rng r;
     pkvt_rng_init(&r, pkvt_seed() ^ 0xf11b);
     unsigned char *b = pkvt_alloc(n);
     size_t step = pkvt_quick() ? 37 : 1;
     for (size_t i = 0; i < n; i += step) {
-        memcpy(b, orig, n);
+        memcpy(b, d.orig, n);
         b[i] ^= (unsigned char)(1 + pkvt_below(&r, 255));
-        spit(t.path, b, n);
+        spit(d.t.path, b, n);
         char what[64];
         snprintf(what, sizeof what, "byte %zu changed", i);
         /* Bytes 0..7 are the magic: not a session file. Anything else is damage. */
-        expect_load(e, io, t.path, i < 8 ? PKV_EINVAL : PKV_ECORRUPT, what);
+        expect_load(d.e, d.io, d.t.path, i < 8 ? PKV_EINVAL : PKV_ECORRUPT, what);
     }
-    spit(t.path, orig, n);
-    expect_load(e, io, t.path, PKV_OK, "original");
+    spit(d.t.path, d.orig, n);
+    expect_load(d.e, d.io, d.t.path, PKV_OK, "original");
     free(b);
-    free(orig);
-    ck_assert(pkvi_engine_check(e));
-    pkv_session_destroy(keep);
-    pkv_engine_destroy(e);
-    pkvi_io_close(io);
-    scratch_fini(&t);
+    damage_fini(&d);
 }
 END_TEST
 
 START_TEST(every_truncation)
 {
-    pkvi_io *io = test_io();
-    scratch t;
-    scratch_init(&t);
-    pkv_session *keep = NULL;
-    pkv_engine *e = small_file(&t, &keep);
-    size_t n;
-    unsigned char *orig = slurp(t.path, &n);
+    damage d;
+    damage_init(&d);
+    const size_t n = d.n;
     size_t step = pkvt_quick() ? 29 : 1;
     for (size_t len = 0; len < n; len += step) {
-        spit(t.path, orig, len);
+        spit(d.t.path, d.orig, len);
         char what[64];
         snprintf(what, sizeof what, "truncated to %zu of %zu", len, n);
-        expect_load(e, io, t.path, PKV_ECORRUPT, what);
+        expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, what);
     }
     /* Extended: trailing bytes are damage too. */
     unsigned char *longer = pkvt_alloc(n + 4096);
-    memcpy(longer, orig, n);
-    spit(t.path, longer, n + 1);
-    expect_load(e, io, t.path, PKV_ECORRUPT, "one trailing byte");
-    spit(t.path, longer, n + 4096);
-    expect_load(e, io, t.path, PKV_ECORRUPT, "a trailing page");
+    memcpy(longer, d.orig, n);
+    spit(d.t.path, longer, n + 1);
+    expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "one trailing byte");
+    spit(d.t.path, longer, n + 4096);
+    expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "a trailing page");
     free(longer);
-    free(orig);
-    pkv_session_destroy(keep);
-    pkv_engine_destroy(e);
-    pkvi_io_close(io);
-    scratch_fini(&t);
+    damage_fini(&d);
 }
 END_TEST
 
 /* Files whose checksums are right but whose content is not what our writer makes. */
 START_TEST(forged_consistent_checksums)
 {
-    pkvi_io *io = test_io();
-    scratch t;
-    scratch_init(&t);
-    pkv_session *keep = NULL;
-    pkv_engine *e = small_file(&t, &keep);
-    size_t n;
-    unsigned char *orig = slurp(t.path, &n), *b = pkvt_alloc(n);
+    damage d;
+    damage_init(&d);
+    const size_t n = d.n;
+    const unsigned char *orig = d.orig;
+    unsigned char *b = pkvt_alloc(n);
     uint32_t h = le32(orig + 12);
     ck_assert_uint_eq(h, 92 + 8 * 2);
 
@@ -505,67 +508,63 @@ START_TEST(forged_consistent_checksums)
         memcpy(b, orig, n);
         set32(b + 8, versions[i]);
         fix_header_crc(b);
-        spit(t.path, b, n);
-        expect_load(e, io, t.path, PKV_EINVAL, "another version");
+        spit(d.t.path, b, n);
+        expect_load(d.e, d.io, d.t.path, PKV_EINVAL, "another version");
     }
     /* A nonzero padding row in layer 0's partly filled last page (page 1, holding
      * 2 of 5 positions: K rows 2..4 are padding), every CRC fixed up. */
     memcpy(b, orig, n);
     page_at(b, 1)[2 * 4 * 2 + 1] = 0x3c;
     fix_page_crc(b, 1);
-    spit(t.path, b, n);
-    expect_load(e, io, t.path, PKV_ECORRUPT, "nonzero K padding");
+    spit(d.t.path, b, n);
+    expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "nonzero K padding");
     memcpy(b, orig, n);
     page_at(b, 2)[5 * 8 + 3 * 8 + 7] = 0x01;   /* V padding of layer 1's only page */
     fix_page_crc(b, 2);
-    spit(t.path, b, n);
-    expect_load(e, io, t.path, PKV_ECORRUPT, "nonzero V padding");
+    spit(d.t.path, b, n);
+    expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "nonzero V padding");
     /* Valid rows changed with fixed CRCs load fine: the check is padding, not data. */
     memcpy(b, orig, n);
     page_at(b, 2)[0] ^= 1;
     fix_page_crc(b, 2);
-    spit(t.path, b, n);
-    expect_load(e, io, t.path, PKV_OK, "valid-row change with fixed CRC");
+    spit(d.t.path, b, n);
+    expect_load(d.e, d.io, d.t.path, PKV_OK, "valid-row change with fixed CRC");
     /* Lengths that do not match the page count. */
     memcpy(b, orig, n);
     set64(b + 88, 6);   /* layer 0: 7 -> 6 positions, still 2 pages: a data row is now
                            padding, and it is not zero */
     fix_header_crc(b);
-    spit(t.path, b, n);
-    expect_load(e, io, t.path, PKV_ECORRUPT, "length without its rows");
+    spit(d.t.path, b, n);
+    expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "length without its rows");
     memcpy(b, orig, n);
     set64(b + 88, 11);  /* 3 pages for layer 0 */
     fix_header_crc(b);
-    spit(t.path, b, n);
-    expect_load(e, io, t.path, PKV_ECORRUPT, "length beyond the pages");
+    spit(d.t.path, b, n);
+    expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "length beyond the pages");
     /* Reserved fields, page size, data offset, header size. */
     size_t offs[] = {44, 84, 48, 72, 64, 56};
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
         memcpy(b, orig, n);
         b[offs[i]] ^= 0x10;
         fix_header_crc(b);
-        spit(t.path, b, n);
-        expect_load(e, io, t.path, PKV_ECORRUPT, "inconsistent header field");
+        spit(d.t.path, b, n);
+        expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "inconsistent header field");
     }
     /* Page-table entries naming the wrong page (CRCs left right, table CRC fixed up):
      * entry 1 says layer 1, then entry 2 says index 1. */
     memcpy(b, orig, n);
     set32(b + h + 16, 1);
     fix_table_crc(b);
-    spit(t.path, b, n);
-    expect_load(e, io, t.path, PKV_ECORRUPT, "page table entry of the wrong layer");
+    spit(d.t.path, b, n);
+    expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "page table entry of the wrong layer");
     memcpy(b, orig, n);
     set64(b + h + 2 * 16 + 8, 1);
     fix_table_crc(b);
-    spit(t.path, b, n);
-    expect_load(e, io, t.path, PKV_ECORRUPT, "page table out of order");
+    spit(d.t.path, b, n);
+    expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "page table out of order");
 
     free(b);
-    free(orig);
-    pkv_session_destroy(keep);
-    pkv_engine_destroy(e);
-    pkvi_io_close(io);
-    scratch_fini(&t);
+    damage_fini(&d);
 }
 END_TEST
 
@@ -873,13 +872,12 @@ static int run_tool(char *const *argv, const char *out_path)
 
 START_TEST(inspect_tool)
 {
-    scratch t;
-    scratch_init(&t);
-    pkv_session *keep = NULL;
-    pkv_engine *e = small_file(&t, &keep);
+    damage d;
+    damage_init(&d);
+    scratch *t = &d.t;
     char out[700];
-    snprintf(out, sizeof out, "%s/out.txt", t.dir);
-    char *json[] = {"pagedkv", "inspect", t.path, "--json", NULL};
+    snprintf(out, sizeof out, "%s/out.txt", t->dir);
+    char *json[] = {"pagedkv", "inspect", t->path, "--json", NULL};
     ck_assert_int_eq(run_tool(json, out), 0);
     size_t n;
     char *text = (char *)slurp(out, &n);
@@ -887,13 +885,13 @@ START_TEST(inspect_tool)
                       strstr(text, "\"dtype\":\"f16\"") && strstr(text, "\"block_tokens\":5"),
                   "unexpected JSON: %s", text);
     free(text);
-    char *plain[] = {"pagedkv", "inspect", t.path, NULL};
+    char *plain[] = {"pagedkv", "inspect", t->path, NULL};
     ck_assert_int_eq(run_tool(plain, out), 0);
 
     /* Damage in the last page: exit 1, and the JSON names the page. */
-    unsigned char *b = slurp(t.path, &n);
+    unsigned char *b = slurp(t->path, &n);
     b[n - 1] ^= 0x40;
-    spit(t.path, b, n);
+    spit(t->path, b, n);
     free(b);
     ck_assert_int_eq(run_tool(json, out), 1);
     text = (char *)slurp(out, &n);
@@ -902,13 +900,11 @@ START_TEST(inspect_tool)
     free(text);
     char *missing_file[] = {"pagedkv", "inspect", NULL};
     ck_assert_int_eq(run_tool(missing_file, out), 2);
-    char *bad_opt[] = {"pagedkv", "inspect", t.path, "--nope", NULL};
+    char *bad_opt[] = {"pagedkv", "inspect", t->path, "--nope", NULL};
     ck_assert_int_eq(run_tool(bad_opt, out), 2);
     char *help[] = {"pagedkv", "inspect", "--help", NULL};
     ck_assert_int_eq(run_tool(help, out), 0);
-    pkv_session_destroy(keep);
-    pkv_engine_destroy(e);
-    scratch_fini(&t);
+    damage_fini(&d);
 }
 END_TEST
 

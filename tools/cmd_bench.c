@@ -6,7 +6,7 @@
  *
  * Owns: the options, the measurement loops and the presentation; the probes they
  * time against (DRAM bandwidth, peak FMA, the naive decode) are bench_probe.c's.
- * Uses only the public API (include/pagedkv.h) and cli.h;
+ * Uses only the public API (include/pagedkv.h), cli.h and json.h (the --json writer);
  * the scalar reference is reached the public way, PKV_FORCE_ISA=scalar set around
  * pkv_engine_create.
  *
@@ -42,6 +42,7 @@
 
 #include "bench_probe.h"
 #include "cli.h"
+#include "json.h"
 
 static const char *const CMD = "bench";
 
@@ -588,72 +589,69 @@ done:
 
 /* ---- output ---------------------------------------------------------------------------- */
 
-static void json_num(FILE *f, const char *key, double v, bool comma)
-{
-    if (isfinite(v))
-        fprintf(f, "\"%s\":%.6g%s", key, v, comma ? "," : "");
-    else
-        fprintf(f, "\"%s\":null%s", key, comma ? "," : "");
-}
-
 static void print_json(const bench *b)
 {
     const opts *o = b->o;
-    FILE *f = stdout;
-    fprintf(f, "{\"tool\":\"pagedkv bench\",\"version\":");
-    cli_json_str(f, pkv_version());
-    fprintf(f, ",\"isa\":");
-    cli_json_str(f, b->isa ? b->isa : "?");
-    fprintf(f, ",\"online_cpus\":%u,\"reps\":%u,\"bw_buffer_bytes\":%llu,\"peak_fma\":[",
-            online_cpus(), o->reps, (unsigned long long)(b->bw.vecs * sizeof(bench_vec)));
+    json_writer w = {stdout, true}, *W = &w;
+    json_open(W, NULL, '{');
+    json_str(W, "tool", "pagedkv bench");
+    json_str(W, "version", pkv_version());
+    json_str(W, "isa", b->isa ? b->isa : "?");
+    JSON_U64S(W, {"online_cpus", online_cpus()}, {"reps", o->reps},
+              {"bw_buffer_bytes", b->bw.vecs * sizeof(bench_vec)});
+    json_open(W, "peak_fma", '[');
     for (uint32_t i = 0; i < o->n_threads; i++) {
-        fprintf(f, "%s{\"threads\":%u,", i ? "," : "", o->threads[i]);
-        json_num(f, "gflops", b->peak[i], false);
-        fputc('}', f);
+        json_open(W, NULL, '{');
+        JSON_U64S(W, {"threads", o->threads[i]});
+        json_num(W, "gflops", b->peak[i]);
+        json_close(W, '}');
     }
-    fprintf(f, "],\"decode\":[");
+    json_close(W, ']');
+    json_open(W, "decode", '[');
     for (uint32_t i = 0; i < b->n_rows; i++) {
         const row *r = &b->rows[i];
-        fprintf(f, "%s{\"preset\":", i ? "," : "");
-        cli_json_str(f, r->p->name);
-        fprintf(f, ",\"heads\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"block_tokens\":%u,"
-                   "\"ctx\":%llu,\"dtype\":\"%s\",\"threads\":%u,\"kv_bytes\":%llu,",
-                r->p->heads, r->p->kv_heads, r->p->head_dim, r->bt,
-                (unsigned long long)r->ctx, pkv_dtype_name(r->dt), r->threads,
-                (unsigned long long)r->kv_bytes);
-        json_num(f, "ours_us", r->ours_us, true);
-        json_num(f, "ours_gbs", r->ours_gbs, true);
-        json_num(f, "bw_gbs", r->bw_gbs, true);
-        json_num(f, "ours_ratio", r->ours_gbs / r->bw_gbs, true);
-        json_num(f, "warm_us", r->warm_us, true);
-        json_num(f, "warm_gflops", r->warm_gflops, true);
-        json_num(f, "warm_fma_ratio", r->warm_gflops / r->peak, true);
-        json_num(f, "scalar_us", r->scalar_us, true);
-        json_num(f, "scalar_gbs", r->scalar_gbs, true);
-        json_num(f, "scalar_bw_gbs", r->scalar_bw_gbs, true);
-        json_num(f, "scalar_ratio", r->scalar_gbs / r->scalar_bw_gbs, true);
-        json_num(f, "naive_us", r->naive_us, true);
-        json_num(f, "naive_gbs", r->naive_gbs, true);
-        json_num(f, "naive_ratio", r->naive_gbs / r->naive_bw_gbs, false);
-        fputc('}', f);
+        json_open(W, NULL, '{');
+        json_str(W, "preset", r->p->name);
+        JSON_U64S(W, {"heads", r->p->heads}, {"kv_heads", r->p->kv_heads},
+                  {"head_dim", r->p->head_dim}, {"block_tokens", r->bt}, {"ctx", r->ctx});
+        json_str(W, "dtype", pkv_dtype_name(r->dt));
+        JSON_U64S(W, {"threads", r->threads}, {"kv_bytes", r->kv_bytes});
+        json_num(W, "ours_us", r->ours_us);
+        json_num(W, "ours_gbs", r->ours_gbs);
+        json_num(W, "bw_gbs", r->bw_gbs);
+        json_num(W, "ours_ratio", r->ours_gbs / r->bw_gbs);
+        json_num(W, "warm_us", r->warm_us);
+        json_num(W, "warm_gflops", r->warm_gflops);
+        json_num(W, "warm_fma_ratio", r->warm_gflops / r->peak);
+        json_num(W, "scalar_us", r->scalar_us);
+        json_num(W, "scalar_gbs", r->scalar_gbs);
+        json_num(W, "scalar_bw_gbs", r->scalar_bw_gbs);
+        json_num(W, "scalar_ratio", r->scalar_gbs / r->scalar_bw_gbs);
+        json_num(W, "naive_us", r->naive_us);
+        json_num(W, "naive_gbs", r->naive_gbs);
+        json_num(W, "naive_ratio", r->naive_gbs / r->naive_bw_gbs);
+        json_close(W, '}');
     }
-    fprintf(f, "],\"prefill\":[");
+    json_close(W, ']');
+    json_open(W, "prefill", '[');
     for (uint32_t i = 0; i < b->n_pre; i++) {
         const prefill_row *r = &b->pre[i];
-        fprintf(f, "%s{\"preset\":", i ? "," : "");
-        cli_json_str(f, r->p->name);
-        fprintf(f, ",\"dtype\":\"%s\",\"threads\":%u,\"tokens\":%u,", pkv_dtype_name(r->dt),
-                r->threads, r->tokens);
-        json_num(f, "seconds", r->seconds, true);
-        json_num(f, "tokens_per_s", r->tokens / r->seconds, true);
-        json_num(f, "gflops", r->gflops, true);
-        json_num(f, "peak_gflops", r->peak, true);
-        json_num(f, "ratio", r->gflops / r->peak, true);
-        json_num(f, "cold_seconds", r->cold_seconds, true);
-        json_num(f, "cold_gflops", r->cold_gflops, false);
-        fputc('}', f);
+        json_open(W, NULL, '{');
+        json_str(W, "preset", r->p->name);
+        json_str(W, "dtype", pkv_dtype_name(r->dt));
+        JSON_U64S(W, {"threads", r->threads}, {"tokens", r->tokens});
+        json_num(W, "seconds", r->seconds);
+        json_num(W, "tokens_per_s", r->tokens / r->seconds);
+        json_num(W, "gflops", r->gflops);
+        json_num(W, "peak_gflops", r->peak);
+        json_num(W, "ratio", r->gflops / r->peak);
+        json_num(W, "cold_seconds", r->cold_seconds);
+        json_num(W, "cold_gflops", r->cold_gflops);
+        json_close(W, '}');
     }
-    fprintf(f, "]}\n");
+    json_close(W, ']');
+    json_close(W, '}');
+    fputc('\n', stdout);
 }
 
 /* "  123.4" or "      -" */

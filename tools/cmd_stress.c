@@ -4,8 +4,9 @@
  *
  * Owns: option parsing, the token loop (append every token to every layer of every
  * session; decode at scheduled lengths), the fork checks, the memory check against
- * the formula, progress, the text/JSON summary and the SVG plot (drawn by svg.c).
- * Does not own: anything in the library; it uses only the public API.
+ * the formula, progress. Does not own: the text/JSON summary and the SVG plot
+ * (stress_report.c, from the stress_run of stress.h); anything in the library; it
+ * uses only the public API.
  *
  * Invariants
  *   - Every session holds the same number of tokens in every layer: `done` after each
@@ -28,53 +29,9 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "svg.h"
+#include "stress.h"
 
 #define CMD "stress"
-#define EXIT_INTERRUPTED CLI_INTERRUPTED
-
-typedef struct {
-    uint64_t ctx, decode_every, fork_every, budget, seed;
-    uint32_t sessions, layers, heads, kv_heads, head_dim, block_tokens, threads;
-    uint32_t points, reps;
-    pkv_dtype dtype;
-    const char *spill_dir, *svg, *preset;
-    bool json, quiet, svg_logx;
-} stress_opts;
-
-typedef struct { uint64_t ctx; float us; } sample;   /* one timed pkv_decode */
-
-typedef struct {                 /* one decode point: latency and memory at ctx */
-    uint64_t ctx;
-    double min, p50, p90, max;   /* us per pkv_decode of one layer */
-    uint64_t resident, shared, spilled, ideal, rss; /* bytes, sums over sessions */
-} point;
-
-typedef struct {
-    stress_opts o;
-    pkv_engine *eng;
-    pkv_session **sess;          /* [sessions] */
-    uint32_t bt;                 /* tokens per page, resolved */
-    uint64_t page_bytes;
-    size_t dsize;
-    bool spill;                  /* budget and spill dir: pages may be on disk */
-    const char *isa, *io;
-    uint32_t rows;               /* rows of the random blocks below */
-    float *K, *V;                /* [rows][g*d] */
-    float *Q;                    /* [rows][h*d] */
-    float *out, *out2;           /* [h*d] */
-    float *lat;                  /* [sessions*layers*reps] scratch of one point */
-    sample *samples;
-    size_t n_samples, cap_samples;
-    point *points;
-    size_t n_points, cap_points;
-    uint64_t *sched;             /* log-spaced decode lengths, ascending, unique */
-    size_t n_sched, sched_i;
-    uint64_t done;               /* tokens in every layer of every session */
-    double t_start, append_s, decode_s, decoded_ctx; /* decoded_ctx: sum of ctx decoded */
-    uint64_t checks, mismatches, forks, fork_bad;
-    char mismatch[256], fork_msg[256], error[256];
-} stress_run;
 
 static void usage(FILE *f)
 {
@@ -255,17 +212,6 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static unsigned ilog2(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
-
-static int cmp_sample(const void *a, const void *b)
-{
-    const sample *x = a, *y = b;
-    unsigned bx = ilog2(x->ctx), by = ilog2(y->ctx);
-    if (bx != by)
-        return bx < by ? -1 : 1;
-    return (x->us > y->us) - (x->us < y->us);
-}
-
 /* Nearest-rank percentile of sorted v[0..n). */
 static double pct(const float *v, size_t n, double p)
 {
@@ -366,7 +312,7 @@ static void note(char *buf, uint64_t *count, const char *fmt, ...)
 }
 
 /* The memory report of every session against the formula, at length n. */
-static void check_memory(stress_run *r, uint64_t n, point *pt)
+static void check_memory(stress_run *r, uint64_t n, stress_point *pt)
 {
     const stress_opts *o = &r->o;
     uint64_t pages = (n + r->bt - 1) / r->bt * o->layers, ideal = 0;
@@ -528,18 +474,18 @@ static pkv_status decode_point(stress_run *r, uint64_t n)
                 r->decoded_ctx += (double)n;
                 r->lat[k++] = (float)(dt * 1e6);
                 if (!grow((void **)&r->samples, &r->cap_samples, r->n_samples + 1,
-                          sizeof(sample)))
+                          sizeof(stress_sample)))
                     return PKV_ENOMEM;
-                r->samples[r->n_samples++] = (sample){n, (float)(dt * 1e6)};
+                r->samples[r->n_samples++] = (stress_sample){n, (float)(dt * 1e6)};
             }
 measured:
     if (k == 0)
         return PKV_OK;
-    if (!grow((void **)&r->points, &r->cap_points, r->n_points + 1, sizeof(point)))
+    if (!grow((void **)&r->points, &r->cap_points, r->n_points + 1, sizeof(stress_point)))
         return PKV_ENOMEM;
     qsort(r->lat, k, sizeof(float), cmp_float);
-    point *pt = &r->points[r->n_points++];
-    *pt = (point){.ctx = n, .min = r->lat[0], .p50 = pct(r->lat, k, 0.5),
+    stress_point *pt = &r->points[r->n_points++];
+    *pt = (stress_point){.ctx = n, .min = r->lat[0], .p50 = pct(r->lat, k, 0.5),
                   .p90 = pct(r->lat, k, 0.9),
                   .max = r->lat[k - 1], .rss = rss_now()};
     check_memory(r, n, pt);
@@ -598,401 +544,6 @@ static void run(stress_run *r)
         check_memory(r, r->done, NULL);
 }
 
-/* ---- summary -------------------------------------------------------------------- */
-
-typedef struct {
-    bool ok;
-    size_t n;
-    double slope, intercept, r2; /* us per token of context, us, 1 */
-    double gbps;                 /* K/V bytes of one layer per token / slope */
-} line_fit;
-
-typedef struct { uint64_t lo, hi; size_t n; double p50, p90, max; } bucket;
-
-/* Least squares of the points' p50 (or fastest) latency against context length. The
- * fastest of the repetitions is the one least disturbed by other processes, so on a
- * busy machine its fit shows the kernel's own cost better. */
-static line_fit fit_latency(const stress_run *r, bool fastest)
-{
-    line_fit f = {.n = r->n_points};
-    if (r->n_points < 2)
-        return f;
-    double sx = 0, sy = 0, n = (double)r->n_points;
-    for (size_t i = 0; i < r->n_points; i++) {
-        sx += (double)r->points[i].ctx;
-        sy += fastest ? r->points[i].min : r->points[i].p50;
-    }
-    double mx = sx / n, my = sy / n, sxx = 0, sxy = 0, syy = 0;
-    for (size_t i = 0; i < r->n_points; i++) {
-        double dx = (double)r->points[i].ctx - mx;
-        double dy = (fastest ? r->points[i].min : r->points[i].p50) - my;
-        sxx += dx * dx;
-        sxy += dx * dy;
-        syy += dy * dy;
-    }
-    if (sxx <= 0)
-        return f;
-    f.ok = true;
-    f.slope = sxy / sxx;
-    f.intercept = my - f.slope * mx;
-    f.r2 = syy > 0 ? sxy * sxy / (sxx * syy) : 1.0;
-    double bytes = 2.0 * r->o.kv_heads * r->o.head_dim * (double)r->dsize;
-    f.gbps = f.slope > 0 ? bytes / (f.slope * 1e-6) / 1e9 : 0;
-    return f;
-}
-
-/* Octave buckets [2^k, 2^(k+1)) of every timed decode; sorts r->samples. */
-static size_t make_buckets(stress_run *r, bucket *b)
-{
-    qsort(r->samples, r->n_samples, sizeof(sample), cmp_sample);
-    size_t nb = 0;
-    for (size_t i = 0; i < r->n_samples;) {
-        unsigned k = ilog2(r->samples[i].ctx);
-        size_t j = i;
-        while (j < r->n_samples && ilog2(r->samples[j].ctx) == k)
-            j++;
-        size_t n = j - i;
-        const sample *s = r->samples + i;
-        b[nb++] = (bucket){.lo = 1ull << k, .hi = k < 63 ? 1ull << (k + 1) : UINT64_MAX,
-                           .n = n, .p50 = s[(size_t)ceil(0.5 * (double)n) - 1].us,
-                           .p90 = s[(size_t)ceil(0.9 * (double)n) - 1].us,
-                           .max = s[n - 1].us};
-        i = j;
-    }
-    return nb;
-}
-
-/* A JSON writer that places the commas itself: fields are written with their key
- * (or NULL inside arrays) and a separator goes before every field but the first of
- * its object or array. */
-typedef struct { FILE *f; bool first; } jw;
-
-static void jw_key(jw *w, const char *key)
-{
-    if (!w->first)
-        fputc(',', w->f);
-    w->first = false;
-    if (key)
-        fprintf(w->f, "\"%s\":", key);
-}
-
-static void jw_open(jw *w, const char *key, char c)
-{
-    jw_key(w, key);
-    fputc(c, w->f);
-    w->first = true;
-}
-
-static void jw_close(jw *w, char c)
-{
-    fputc(c, w->f);
-    w->first = false;
-}
-
-static void jw_num(jw *w, const char *key, double v)
-{
-    jw_key(w, key);
-    if (isfinite(v))
-        fprintf(w->f, "%.6g", v);
-    else
-        fputs("null", w->f);
-}
-
-static void jw_str(jw *w, const char *key, const char *v)
-{
-    jw_key(w, key);
-    if (v)
-        cli_json_str(w->f, v);
-    else
-        fputs("null", w->f);
-}
-
-typedef struct { const char *k; uint64_t v; } kv_u64;
-
-/* Integer fields, exact (no double on the way). */
-static void jw_u64s(jw *w, const kv_u64 *f, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        jw_key(w, f[i].k);
-        fprintf(w->f, "%llu", (unsigned long long)f[i].v);
-    }
-}
-#define JW_U64S(w, ...)                                                                    \
-    jw_u64s(w, (const kv_u64[]){__VA_ARGS__},                                              \
-            sizeof((const kv_u64[]){__VA_ARGS__}) / sizeof(kv_u64))
-
-static void print_json(const stress_run *r, const line_fit fit[2], const bucket *b, size_t nb,
-                       const pkv_memory *mem, const pkv_stats *es, double elapsed)
-{
-    const stress_opts *o = &r->o;
-    jw w = {stdout, true}, *W = &w;
-    double tok = (double)r->done * o->sessions, rows = tok * o->layers;
-    jw_open(W, NULL, '{');
-    jw_str(W, "command", "stress");
-    jw_str(W, "version", pkv_version());
-    jw_open(W, "config", '{');
-    JW_U64S(W, {"ctx", o->ctx}, {"sessions", o->sessions}, {"layers", o->layers},
-            {"heads", o->heads}, {"kv_heads", o->kv_heads}, {"head_dim", o->head_dim});
-    jw_str(W, "dtype", pkv_dtype_name(o->dtype));
-    JW_U64S(W, {"block_tokens", r->bt}, {"threads", o->threads},
-            {"decode_every", o->decode_every}, {"points", o->points}, {"reps", o->reps},
-            {"fork_every", o->fork_every}, {"budget", o->budget});
-    jw_str(W, "spill_dir", o->spill_dir);
-    JW_U64S(W, {"seed", o->seed});
-    jw_str(W, "model_preset", o->preset);
-    jw_close(W, '}');
-    jw_str(W, "isa", r->isa);
-    jw_str(W, "io_backend", r->io);
-    JW_U64S(W, {"tokens", r->done});
-    jw_key(W, "interrupted");
-    fputs(cli_interrupted() ? "true" : "false", stdout);
-    jw_str(W, "error", r->error[0] ? r->error : NULL);
-    jw_num(W, "elapsed_s", elapsed);
-    jw_open(W, "append", '{');
-    JW_U64S(W, {"tokens", r->done * o->sessions}, {"rows", r->done * o->sessions * o->layers});
-    jw_num(W, "seconds", r->append_s);
-    jw_num(W, "tokens_per_s", tok / r->append_s);
-    jw_num(W, "rows_per_s", rows / r->append_s);
-    jw_close(W, '}');
-    jw_open(W, "decode", '{');
-    JW_U64S(W, {"samples", r->n_samples});
-    jw_num(W, "seconds", r->decode_s);
-    jw_open(W, "points", '[');
-    for (size_t i = 0; i < r->n_points; i++) {
-        const point *p = &r->points[i];
-        jw_open(W, NULL, '{');
-        JW_U64S(W, {"ctx", p->ctx});
-        jw_num(W, "min_us", p->min);
-        jw_num(W, "p50_us", p->p50);
-        jw_num(W, "p90_us", p->p90);
-        jw_num(W, "max_us", p->max);
-        JW_U64S(W, {"bytes_resident", p->resident}, {"bytes_shared", p->shared},
-                {"bytes_spilled", p->spilled}, {"bytes_ideal", p->ideal},
-                {"rss_bytes", p->rss});
-        jw_close(W, '}');
-    }
-    jw_close(W, ']');
-    jw_open(W, "buckets", '[');
-    for (size_t i = 0; i < nb; i++) {
-        jw_open(W, NULL, '{');
-        JW_U64S(W, {"lo", b[i].lo}, {"hi", b[i].hi}, {"samples", b[i].n});
-        jw_num(W, "p50_us", b[i].p50);
-        jw_num(W, "p90_us", b[i].p90);
-        jw_num(W, "max_us", b[i].max);
-        jw_close(W, '}');
-    }
-    jw_close(W, ']');
-    for (int i = 0; i < 2; i++) {
-        const char *name = i ? "fit_fastest" : "fit";
-        if (!fit[i].ok) {
-            jw_str(W, name, NULL);
-            continue;
-        }
-        jw_open(W, name, '{');
-        jw_num(W, "slope_us_per_token", fit[i].slope);
-        jw_num(W, "intercept_us", fit[i].intercept);
-        jw_num(W, "r2", fit[i].r2);
-        JW_U64S(W, {"points", fit[i].n});
-        jw_num(W, "kv_read_gbps", fit[i].gbps);
-        jw_close(W, '}');
-    }
-    jw_close(W, '}');
-    jw_open(W, "sessions", '[');
-    for (uint32_t s = 0; mem && s < o->sessions; s++) {
-        jw_open(W, NULL, '{');
-        JW_U64S(W, {"tokens", mem[s].tokens}, {"blocks", mem[s].blocks},
-                {"bytes_resident", mem[s].bytes_resident},
-                {"bytes_shared", mem[s].bytes_shared},
-                {"bytes_spilled", mem[s].bytes_spilled}, {"bytes_ideal", mem[s].bytes_ideal},
-                {"bytes_overhead", mem[s].bytes_overhead});
-        jw_close(W, '}');
-    }
-    jw_close(W, ']');
-    jw_open(W, "engine", '{');
-    JW_U64S(W, {"pages_in_use", es->pages_in_use}, {"pages_free", es->pages_free},
-            {"pages_spilled", es->pages_spilled}, {"page_bytes", es->page_bytes},
-            {"bytes_allocator", es->bytes_allocator}, {"mem_budget", es->mem_budget});
-    jw_close(W, '}');
-    JW_U64S(W, {"peak_rss_bytes", cli_peak_rss_bytes()});
-    jw_open(W, "memory_check", '{');
-    jw_str(W, "compares", r->spill ? "bytes_resident+bytes_spilled" : "bytes_resident");
-    JW_U64S(W, {"checks", r->checks}, {"mismatches", r->mismatches});
-    jw_key(W, "exact");
-    fputs(r->mismatches == 0 && r->checks ? "true" : "false", stdout);
-    jw_str(W, "first_mismatch", r->mismatches ? r->mismatch : NULL);
-    jw_close(W, '}');
-    jw_open(W, "forks", '{');
-    JW_U64S(W, {"count", r->forks}, {"mismatches", r->fork_bad});
-    jw_str(W, "first_mismatch", r->fork_bad ? r->fork_msg : NULL);
-    jw_close(W, '}');
-    jw_close(W, '}');
-    fputc('\n', stdout);
-}
-
-static void print_text(const stress_run *r, const line_fit fit[2], const bucket *b, size_t nb,
-                       const pkv_memory *mem, const pkv_stats *es, double elapsed)
-{
-    const stress_opts *o = &r->o;
-    char b1[32], b2[32], b3[32], b4[32], b5[32];
-    printf("pagedkv stress: %u session(s) x %llu tokens, %u layer(s), heads %u, kv-heads "
-           "%u, head-dim %u, %s, %u tokens/page, %u thread(s), isa %s, io %s\n",
-           o->sessions, (unsigned long long)o->ctx, o->layers, o->heads, o->kv_heads,
-           o->head_dim, pkv_dtype_name(o->dtype), r->bt, o->threads, r->isa, r->io);
-    if (cli_interrupted())
-        printf("interrupted at %llu tokens: the figures below cover the work so far\n",
-               (unsigned long long)r->done);
-    if (r->error[0])
-        printf("error: %s\n", r->error);
-    double tok = (double)r->done * o->sessions;
-    printf("elapsed %.2f s; append: %.0f tokens in %.2f s = %.0f tokens/s "
-           "(%.0f layer rows/s)\n", elapsed, tok, r->append_s,
-           r->append_s > 0 ? tok / r->append_s : 0,
-           r->append_s > 0 ? tok * o->layers / r->append_s : 0);
-    printf("decode: %zu timed decodes at %zu context lengths in %.2f s; latency of one "
-           "layer's pkv_decode:\n", r->n_samples, r->n_points, r->decode_s);
-    printf("  %-22s %8s %12s %12s %12s\n", "context (tokens)", "samples", "p50 us",
-           "p90 us", "max us");
-    for (size_t i = 0; i < nb; i++) {
-        char range[48];
-        snprintf(range, sizeof range, "[%llu, %llu)", (unsigned long long)b[i].lo,
-                 (unsigned long long)b[i].hi);
-        printf("  %-22s %8zu %12.1f %12.1f %12.1f\n", range, b[i].n, b[i].p50, b[i].p90,
-               b[i].max);
-    }
-    for (int i = 0; i < 2; i++)
-        if (fit[i].ok)
-            printf("fit of the %s decode over %zu lengths: latency = %.3f us + %.6g us/token "
-                   "x context, R^2 = %.5f (%.3f ms per 1M tokens: K/V read at %.2f GB/s)\n",
-                   i ? "fastest" : "p50", fit[i].n, fit[i].intercept, fit[i].slope,
-                   fit[i].r2, fit[i].slope * 1048576 / 1e3, fit[i].gbps);
-    if (!fit[0].ok)
-        printf("fit: needs at least two decode lengths\n");
-    printf("memory per session:\n  %7s %12s %9s %12s %12s %12s %12s %10s\n", "session",
-           "tokens", "pages", "resident", "shared", "spilled", "ideal", "overhead");
-    for (uint32_t s = 0; mem && s < o->sessions; s++)
-        printf("  %7u %12llu %9llu %12s %12s %12s %12s %10s\n", s,
-               (unsigned long long)mem[s].tokens, (unsigned long long)mem[s].blocks,
-               cli_bytes(mem[s].bytes_resident, b1), cli_bytes(mem[s].bytes_shared, b2),
-               cli_bytes(mem[s].bytes_spilled, b3), cli_bytes(mem[s].bytes_ideal, b4),
-               cli_bytes(mem[s].bytes_overhead, b5));
-    printf("pool: %llu pages in use, %llu free, %llu spilled; page %s; allocator %s; "
-           "budget %s\n", (unsigned long long)es->pages_in_use,
-           (unsigned long long)es->pages_free, (unsigned long long)es->pages_spilled,
-           cli_bytes(es->page_bytes, b1), cli_bytes(es->bytes_allocator, b2),
-           es->mem_budget ? cli_bytes(es->mem_budget, b3) : "none");
-    printf("peak RSS: %s\n", cli_bytes(cli_peak_rss_bytes(), b1));
-    if (r->mismatches)
-        printf("memory check: MISMATCH (%llu of %llu checks): %s\n",
-               (unsigned long long)r->mismatches, (unsigned long long)r->checks,
-               r->mismatch);
-    else if (r->checks)
-        printf("memory check: exact (%llu checks of %s and bytes_ideal against the "
-               "formula)\n", (unsigned long long)r->checks,
-               r->spill ? "resident+spilled" : "bytes_resident");
-    else
-        printf("memory check: nothing to check yet\n");
-    if (o->fork_every)
-        printf("forks: %llu, %s%s\n", (unsigned long long)r->forks,
-               r->fork_bad ? "MISMATCH: " : "copy-on-write checks passed",
-               r->fork_bad ? r->fork_msg : "");
-}
-
-static int write_svg(const stress_run *r, const line_fit *fit)
-{
-    size_t n = r->n_points;
-    double *buf = calloc(n ? n * 8 : 1, sizeof(double));
-    if (!buf)
-        return -1;
-    double *x = buf, *p50 = x + n, *p90 = p50 + n, *fl = p90 + n,
-           *res = fl + n, *ideal = res + n, *spill = ideal + n, *rss = spill + n;
-    double maxlat = 0;
-    for (size_t i = 0; i < n; i++)
-        maxlat = fmax(maxlat, r->points[i].p90);
-    bool ms = maxlat > 20000;
-    /* max is left out of the plot: one preempted decode would set the scale; the
-     * table and the JSON have it */    /* beyond 20 ms, label the axis in ms */
-    double div = ms ? 1000 : 1;
-    bool any_spill = false;
-    for (size_t i = 0; i < n; i++) {
-        const point *p = &r->points[i];
-        x[i] = (double)p->ctx;
-        p50[i] = p->p50 / div;
-        p90[i] = p->p90 / div;
-        /* a line below zero says nothing about a latency: not drawn */
-        fl[i] = fit->ok ? (fit->intercept + fit->slope * x[i]) / div : NAN;
-        fl[i] = fl[i] >= 0 ? fl[i] : NAN;
-        res[i] = (double)p->resident;
-        ideal[i] = (double)p->ideal;
-        spill[i] = (double)p->spilled;
-        rss[i] = (double)p->rss;
-        any_spill = any_spill || p->spilled;
-    }
-    char fitname[64], lat_title[128];
-    snprintf(fitname, sizeof fitname, "least-squares fit, R\xc2\xb2 %.3f", fit->r2);
-    snprintf(lat_title, sizeof lat_title, "decode latency of one layer vs context");
-    double per_m = fit->slope * 1048576 / 1e3;    /* ms per 1M tokens of context */
-    if (fit->ok)
-        snprintf(lat_title + strlen(lat_title), sizeof lat_title - strlen(lat_title),
-                 ": %.3g %s per 1M tokens", per_m >= 1000 ? per_m / 1000 : per_m,
-                 per_m >= 1000 ? "s" : "ms");
-    svg_series lat[] = {
-        {.name = "p50", .x = x, .y = p50, .n = n, .line = true, .markers = true},
-        {.name = "p90", .x = x, .y = p90, .n = n, .markers = true},
-        {.name = fitname, .x = x, .y = fl, .n = fit->ok ? n : 0, .line = true,
-         .dashed = true, .color = "#000000"},
-    };
-    svg_series memser[] = {
-        {.name = "resident (paged)", .x = x, .y = res, .n = n, .line = true, .markers = true},
-        {.name = "ideal (formula)", .x = x, .y = ideal, .n = n, .line = true, .dashed = true},
-        {.name = "process RSS", .x = x, .y = rss, .n = n, .line = true},
-        {.name = "spilled", .x = x, .y = spill, .n = n, .line = true},
-    };
-    const stress_opts *o = &r->o;
-    svg_axis xa = {.label = "context length (tokens; K = 1024)", .log = o->svg_logx,
-                   .format = SVG_FMT_COUNT, .from_zero = true};
-    svg_panel panels[2] = {
-        {.title = lat_title, .x = xa,
-         .y = {.label = ms ? "latency (ms)" : "latency (us)", .from_zero = true},
-         .series = lat, .n_series = fit->ok ? 3 : 2},
-        {.title = "K/V memory of all sessions vs context", .x = xa,
-         .y = {.label = "memory", .format = SVG_FMT_BYTES, .from_zero = true},
-         .series = memser, .n_series = any_spill ? 4 : 3},
-    };
-    char title[256];
-    snprintf(title, sizeof title, "pagedkv stress: %u session(s), %u layer(s), h %u, g %u, "
-             "d %u, %s, %u tokens/page, isa %s", o->sessions, o->layers, o->heads,
-             o->kv_heads, o->head_dim, pkv_dtype_name(o->dtype), r->bt, r->isa);
-    int rc = svg_write_file(o->svg, title, panels, 2);
-    free(buf);
-    return rc;
-}
-
-static int report(stress_run *r)
-{
-    const stress_opts *o = &r->o;
-    double elapsed = cli_now() - r->t_start;
-    line_fit fit[2] = {fit_latency(r, false), fit_latency(r, true)};
-    bucket b[64];
-    size_t nb = make_buckets(r, b);
-    pkv_memory *mem = calloc(o->sessions, sizeof *mem);
-    pkv_stats es = {0};
-    pkv_engine_stats(r->eng, &es);
-    for (uint32_t s = 0; mem && s < o->sessions; s++)
-        pkv_session_memory(r->sess[s], &mem[s]);
-    if (o->json)
-        print_json(r, fit, b, nb, mem, &es, elapsed);
-    else
-        print_text(r, fit, b, nb, mem, &es, elapsed);
-    fflush(stdout);
-    free(mem);
-    int rc = r->error[0] || r->mismatches || r->fork_bad ? CLI_FAIL
-             : cli_interrupted()                    ? EXIT_INTERRUPTED
-                                                         : CLI_OK;
-    if (o->svg && write_svg(r, &fit[0]) != 0)
-        rc = cli_fail(CMD, "cannot write the plot to '%s'", o->svg);
-    return rc;
-}
-
 static void cleanup(stress_run *r)
 {
     for (uint32_t i = 0; r->sess && i < r->o.sessions; i++)
@@ -1037,7 +588,7 @@ int cmd_stress(int argc, char **argv)
     rc = setup(&r);
     if (rc == CLI_OK) {
         run(&r);
-        rc = report(&r);
+        rc = stress_report(&r);
     }
     cli_sigint_restore();
     cleanup(&r);

@@ -1,0 +1,50 @@
+/*
+ * json.h - a small JSON writer for the `pagedkv` tools: compact output (no spaces, no
+ * newlines) whose commas the writer places itself.
+ *
+ * Owns: the separators and the form of each value: numbers as %.6g (null when not
+ * finite), integers exact (no double on the way), strings escaped by cli_json_str
+ * (NULL written as null).
+ * Does not own: the stream (the caller's FILE, never closed or flushed here), the
+ * document's shape (the caller opens and closes each object and array, and ends the
+ * line), or output with spaces or other number formats (`soak`, `generate`, `mem`,
+ * `inspect` and `bench --spill` write their own JSON).
+ *
+ * Invariants
+ *   - Every field is written with its key, or NULL inside an array; a ',' goes before
+ *     every field but the first of its object or array: `first` is true right after
+ *     an open bracket and false after any field or close.
+ *   - A writer starts as {f, true}: its first field is the document's top value.
+ */
+#ifndef PKV_TOOLS_JSON_H
+#define PKV_TOOLS_JSON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    FILE *f;
+    bool first;   /* no field yet in the innermost open object or array */
+} json_writer;
+
+/* The separator and `"key":` (nothing but the separator when key is NULL); the caller
+ * writes the value. */
+void json_key(json_writer *w, const char *key);
+/* A field whose value opens with c ('{' or '['), and its close. */
+void json_open(json_writer *w, const char *key, char c);
+void json_close(json_writer *w, char c);
+/* A number (%.6g; null if not finite) and a string (escaped; null if v is NULL). */
+void json_num(json_writer *w, const char *key, double v);
+void json_str(json_writer *w, const char *key, const char *v);
+
+/* Integer fields, exact. */
+typedef struct { const char *k; uint64_t v; } json_u64_field;
+void json_u64s(json_writer *w, const json_u64_field *f, size_t n);
+/* JSON_U64S(w, {"key", value}, ...): the fields of a list, in order. */
+#define JSON_U64S(w, ...)                                                                  \
+    json_u64s(w, (const json_u64_field[]){__VA_ARGS__},                                    \
+              sizeof((const json_u64_field[]){__VA_ARGS__}) / sizeof(json_u64_field))
+
+#endif

@@ -4,9 +4,9 @@
  *
  * Owns: option parsing, the generation loop (prompt through pkv_prefill, one
  * pkv_append per layer and token, pkv_decode / pkv_decode_batch for the query), the
- * N forked continuations, the --check and --check-e2e verifiers, and the report
- * (text on stdout; figures on stderr, or everything as JSON on stdout).
- * Does not own: the model math (llama.c), the tokenizer (tokenizer.c), the cache.
+ * N forked continuations, the --check and --check-e2e verifiers, the generated text
+ * on stdout (without --json). Does not own: the report (generate_report.c, from the
+ * gen of generate.h), the model math (llama.c), the tokenizer (tokenizer.c), the cache.
  *
  * Invariants:
  *   - Positions are token indices: tok[s][p] is the token forwarded at position p, and
@@ -25,15 +25,13 @@
 #include <string.h>
 
 #include "cli.h"
+#include "generate.h"
 #include "llama.h"
 #include "tokenizer.h"
 
 #define CMD "generate"
 #define SYNTHETIC_SEED 0x5eedull
 #define MAX_SESSIONS 4096u
-/* --check: |paged - dense| <= CHECK_REL * max|V| per output, the library's own
- * accuracy contract (SPEC §4; for f16/bf16 against the reference on rounded K/V). */
-#define CHECK_REL 1e-5
 /* --check-e2e: |logit_paged - logit_dense| <= max(E2E_REL, 4 eps(dtype)) * max(1,
  * max|logit|). In f32, float reassociation in the decode kernel moves logits by ~1e-6
  * relative; any real defect (a wrong page, position or group) moves them by O(1).
@@ -42,58 +40,6 @@
  * differences of about that dtype's machine epsilon eps (2^-10, 2^-7) are
  * legitimate: stories260K shows up to ~1 eps x max|logit|, hence 4 eps. */
 #define E2E_REL 1e-3
-
-typedef struct {
-    const char *model_path, *tok_path, *prompt;
-    uint32_t steps, block_tokens, sessions, threads;
-    double temperature, topp;
-    uint64_t seed;
-    pkv_dtype dtype;
-    bool dtype_set, check, check_e2e, json;
-} gen_opts;
-
-enum { MODE_PREFILL, MODE_DECODE, MODE_DENSE };
-
-typedef struct {
-    const gen_opts *o;
-    llama_model model;
-    const llama_config *c;
-    tokenizer tk;
-    bool have_tok;
-    pkv_engine *eng;
-    uint32_t N, steps, n_prompt, P; /* P: prompt positions prefilled (<= steps) */
-    uint32_t *prompt;               /* [n_prompt] encoded prompt, BOS first */
-    pkv_session **sess;             /* [N] */
-    pkv_session **act_sess;         /* [N] sessions still generating, this step */
-    uint32_t *act;                  /* [N] their indices */
-    uint32_t *tok;                  /* [N][steps + 1] */
-    uint32_t *ntok;                 /* [N] */
-    llama_state st;
-    llama_sampler smp;
-    llama_rng *rng;                 /* [N] */
-    float *logits;                  /* [N][vocab] */
-    uint32_t *row_tok, *row_pos;    /* [rows] inputs of one forward */
-    int mode;
-    uint32_t cur_pos;
-    /* --check: per session and layer, the Q/K/V every position saw (K/V rounded to
-     * the cache dtype), and the dense reference rows */
-    float *hq, *hk, *hv;            /* [N][L][steps][dim | kv_dim] */
-    float *ref;                     /* [steps][dim] */
-    uint64_t n_checked;             /* attention rows compared */
-    double check_maxerr, check_worst, check_secs;
-    /* --check-e2e: what the paged path saw at every sampled step */
-    uint32_t gen_cap;               /* sampled steps per session at most */
-    float *rec_logits;              /* [N][gen_cap][vocab] */
-    float *coins;                   /* [N][gen_cap] */
-    float *dense_logits;            /* [gen_cap][vocab] */
-    float *dk, *dv;                 /* [steps][kv_dim] rounded K/V of the dense pass */
-    uint32_t *dense_tok;            /* [N][gen_cap] */
-    double e2e_maxdiff, e2e_tol;
-    uint64_t e2e_steps, e2e_ties;
-    double t_prefill, t_decode;
-    uint64_t n_generated;
-    char err[512];
-} gen;
 
 static void usage(FILE *f)
 {
@@ -487,13 +433,6 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
 
 /* ---- generation ---------------------------------------------------------------- */
 
-/* A checkpoint's BOS ends its text (llama2.c). The synthetic model's tokens mean
- * nothing, so it always runs its -n positions: timings stay comparable. */
-static bool stops(const gen *g, uint32_t token)
-{
-    return token == TOKENIZER_BOS && g->o->model_path != NULL;
-}
-
 static void emit(const gen *g, uint32_t s, uint32_t i)
 {
     const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
@@ -514,7 +453,7 @@ static void emit_range(const gen *g, uint32_t s, uint32_t from, uint32_t to)
 {
     const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
     for (uint32_t i = from; i < to; i++)
-        if (!(i > 0 && i >= g->P && stops(g, t[i])))
+        if (!(i > 0 && i >= g->P && gen_stops(g, t[i])))
             emit(g, s, i);
 }
 
@@ -531,7 +470,7 @@ static bool take(gen *g, uint32_t s, uint32_t k, const float *logits)
     uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
     t[g->ntok[s]++] = next;
     g->n_generated++;
-    return !stops(g, next);
+    return !gen_stops(g, next);
 }
 
 static int gen_run(gen *g)
@@ -586,7 +525,7 @@ static int gen_run(gen *g)
         uint32_t n = 0;
         for (uint32_t s = 0; s < N; s++) {
             const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
-            if (g->ntok[s] == pos + 1 && !stops(g, t[pos])) {
+            if (g->ntok[s] == pos + 1 && !gen_stops(g, t[pos])) {
                 g->act[n] = s;
                 g->act_sess[n] = g->sess[s];
                 g->row_tok[n] = t[pos];
@@ -690,173 +629,6 @@ static int gen_e2e(gen *g)
                             s, P + k, pt, dt, margin, diff);
         }
     }
-    return CLI_OK;
-}
-
-/* ---- report ---------------------------------------------------------------------- */
-
-static void json_bytes(FILE *f, const char *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch == '\n')
-            fputs("\\n", f);
-        else if (ch < 0x20 || ch == 0x7f)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-}
-
-static void json_session(const gen *g, uint32_t s, const pkv_memory *m)
-{
-    const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
-    printf("    {\"id\": %u, \"positions\": %llu, \"stopped_on_bos\": %s,\n", s,
-           (unsigned long long)pkv_session_len(g->sess[s], 0),
-           g->ntok[s] > g->P && stops(g, t[g->ntok[s] - 1]) ? "true" : "false");
-    printf("     \"tokens\": [");
-    for (uint32_t i = 0; i < g->ntok[s]; i++)
-        printf("%s%u", i ? ", " : "", t[i]);
-    printf("],\n     \"generated\": [");
-    for (uint32_t i = g->P; i < g->ntok[s] && g->n_prompt <= g->steps; i++)
-        printf("%s%u", i > g->P ? ", " : "", t[i]);
-    printf("],\n");
-    if (g->o->check_e2e && g->n_prompt <= g->steps) {
-        printf("     \"dense_generated\": [");
-        for (uint32_t k = 0; k + g->P < g->ntok[s]; k++)
-            printf("%s%u", k ? ", " : "", g->dense_tok[(size_t)s * g->gen_cap + k]);
-        printf("],\n");
-    }
-    if (g->have_tok) {
-        printf("     \"text\": \"");
-        for (uint32_t i = 1; i < g->ntok[s]; i++) {
-            if (i >= g->P && stops(g, t[i]))
-                continue;
-            const char *p;
-            size_t n;
-            tokenizer_decode(&g->tk, t[i - 1], t[i], &p, &n);
-            json_bytes(stdout, p, n);
-        }
-        printf("\",\n");
-    }
-    printf("     \"memory\": {\"tokens\": %llu, \"blocks\": %llu, \"bytes_resident\": %llu, "
-           "\"bytes_shared\": %llu, \"bytes_ideal\": %llu, \"bytes_overhead\": %llu, "
-           "\"bytes_spilled\": %llu}}",
-           (unsigned long long)m->tokens, (unsigned long long)m->blocks,
-           (unsigned long long)m->bytes_resident, (unsigned long long)m->bytes_shared,
-           (unsigned long long)m->bytes_ideal, (unsigned long long)m->bytes_overhead,
-           (unsigned long long)m->bytes_spilled);
-}
-
-static int gen_report(gen *g)
-{
-    const gen_opts *o = g->o;
-    const llama_config *c = g->c;
-    pkv_config cfg;
-    pkv_stats es;
-    pkv_status st = pkv_engine_config(g->eng, &cfg);
-    if (st == PKV_OK)
-        st = pkv_engine_stats(g->eng, &es);
-    if (st != PKV_OK)
-        return cli_fail(CMD, "engine figures: %s", pkv_status_str(st));
-    uint64_t decoded = g->n_generated - (g->n_prompt <= g->steps ? g->N : 0);
-    double tps = g->t_decode > 0 ? (double)decoded / g->t_decode : 0.0;
-    double pps = g->t_prefill > 0 ? (double)g->P / g->t_prefill : 0.0;
-    uint64_t sum_resident = 0;
-    char b1[32], b2[32], b3[32], b4[32];
-
-    if (o->json) {
-        printf("{\n  \"model\": {\"source\": ");
-        cli_json_str(stdout, o->model_path ? o->model_path : "synthetic");
-        printf(", \"dim\": %u, \"hidden_dim\": %u, \"n_layers\": %u, \"n_heads\": %u, "
-               "\"n_kv_heads\": %u, \"head_dim\": %u, \"vocab_size\": %u, \"seq_len\": %u, "
-               "\"params\": %llu},\n",
-               c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_size,
-               c->vocab_size, c->seq_len, (unsigned long long)llama_param_count(c));
-        printf("  \"cache\": {\"dtype\": \"%s\", \"block_tokens\": %u, \"page_bytes\": %llu, "
-               "\"n_threads\": %u, \"isa\": ",
-               pkv_dtype_name(cfg.kv_dtype), cfg.block_tokens,
-               (unsigned long long)es.page_bytes, cfg.n_threads);
-        cli_json_str(stdout, es.isa);
-        printf("},\n  \"steps\": %u, \"temperature\": %g, \"top_p\": %g, \"seed\": %llu,\n",
-               g->steps, o->temperature, o->topp, (unsigned long long)o->seed);
-        printf("  \"prompt_tokens\": [");
-        for (uint32_t i = 0; i < g->n_prompt; i++)
-            printf("%s%u", i ? ", " : "", g->prompt[i]);
-        printf("],\n  \"sessions\": [\n");
-    }
-    for (uint32_t s = 0; s < g->N; s++) {
-        pkv_memory m;
-        if ((st = pkv_session_memory(g->sess[s], &m)) != PKV_OK)
-            return cli_fail(CMD, "pkv_session_memory: %s", pkv_status_str(st));
-        sum_resident += m.bytes_resident;
-        if (o->json) {
-            json_session(g, s, &m);
-            printf("%s\n", s + 1 < g->N ? "," : "");
-        } else {
-            if (s == 0)
-                fprintf(stderr, "cache memory per session (%s, %u tokens/page, %u layers, "
-                                "page %s):\n", pkv_dtype_name(cfg.kv_dtype),
-                        cfg.block_tokens, c->n_layers, cli_bytes(es.page_bytes, b1));
-            fprintf(stderr, "  session %u: %llu positions, %llu pages: resident %s, "
-                            "shared %s, ideal %s, overhead %s\n",
-                    s, (unsigned long long)pkv_session_len(g->sess[s], 0),
-                    (unsigned long long)m.blocks, cli_bytes(m.bytes_resident, b1),
-                    cli_bytes(m.bytes_shared, b2), cli_bytes(m.bytes_ideal, b3),
-                    cli_bytes(m.bytes_overhead, b4));
-        }
-    }
-    uint64_t engine_bytes = es.pages_in_use * es.page_bytes;
-    if (o->json) {
-        printf("  ],\n  \"engine\": {\"pages_in_use\": %llu, \"pages_free\": %llu, "
-               "\"bytes_in_use\": %llu, \"sum_session_resident\": %llu, "
-               "\"bytes_allocator\": %llu},\n",
-               (unsigned long long)es.pages_in_use, (unsigned long long)es.pages_free,
-               (unsigned long long)engine_bytes, (unsigned long long)sum_resident,
-               (unsigned long long)es.bytes_allocator);
-        printf("  \"prompt_positions\": %u, \"prefill_seconds\": %.6f, "
-               "\"prefill_tokens_per_s\": %.1f,\n",
-               g->P, g->t_prefill, pps);
-        printf("  \"generated_tokens\": %llu, \"decode_seconds\": %.6f, "
-               "\"tokens_per_s\": %.1f",
-               (unsigned long long)g->n_generated, g->t_decode, tps);
-        if (o->check)
-            printf(",\n  \"check\": {\"passed\": true, \"rows\": %llu, \"max_abs_err\": %.3e, "
-                   "\"tolerance_rel_max_v\": %.0e, \"worst_fraction_of_tolerance\": %.4f, "
-                   "\"seconds\": %.3f}",
-                   (unsigned long long)g->n_checked, g->check_maxerr, CHECK_REL,
-                   g->check_worst, g->check_secs);
-        if (o->check_e2e)
-            printf(",\n  \"check_e2e\": {\"passed\": true, \"steps\": %llu, "
-                   "\"max_logit_diff\": %.3e, \"tolerance\": %.3e, \"token_flips\": %llu}",
-                   (unsigned long long)g->e2e_steps, g->e2e_maxdiff, g->e2e_tol,
-                   (unsigned long long)g->e2e_ties);
-        printf("\n}\n");
-        return CLI_OK;
-    }
-    fprintf(stderr, "engine: %llu pages in use = %s for %u session(s) (%s if nothing "
-                    "were shared)\n",
-            (unsigned long long)es.pages_in_use, cli_bytes(engine_bytes, b1), g->N,
-            cli_bytes(sum_resident, b2));
-    fprintf(stderr, "prompt: %u positions prefilled in %.3f ms (%.0f tok/s)\n", g->P,
-            g->t_prefill * 1e3, pps);
-    fprintf(stderr, "generated: %llu tokens, %llu decoded in %.3f s: %.1f tok/s (%s KV, "
-                    "%u thread(s), %s kernels%s)\n",
-            (unsigned long long)g->n_generated, (unsigned long long)decoded, g->t_decode,
-            tps, pkv_dtype_name(cfg.kv_dtype), cfg.n_threads, es.isa,
-            o->check ? ", --check time excluded" : "");
-    if (o->check)
-        fprintf(stderr, "check: passed, %llu attention rows vs pkv_causal_attention, max "
-                        "|diff| %.3g, worst %.4f of the tolerance (%.0e x max|V|), %.2f s\n",
-                (unsigned long long)g->n_checked, g->check_maxerr, g->check_worst,
-                CHECK_REL, g->check_secs);
-    if (o->check_e2e)
-        fprintf(stderr, "check-e2e: passed, %llu steps recomputed without the cache, max "
-                        "|logit diff| %.3g (tolerance %.3g), %llu token flip(s) within the error\n",
-                (unsigned long long)g->e2e_steps, g->e2e_maxdiff, g->e2e_tol,
-                (unsigned long long)g->e2e_ties);
     return CLI_OK;
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 static const cli_preset presets[] = {
     /* name          layers heads kv  d */
@@ -173,6 +174,18 @@ uint64_t cli_peak_rss_bytes(void)
     if (getrusage(RUSAGE_SELF, &ru) != 0)
         return 0;
     return (uint64_t)ru.ru_maxrss * 1024u;
+}
+
+uint64_t cli_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, res = 0;
+    if (!f)
+        return 0;
+    if (fscanf(f, "%llu %llu", &size, &res) != 2)
+        res = 0;
+    fclose(f);
+    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
 const char *cli_bytes(uint64_t b, char *buf)

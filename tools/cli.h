@@ -67,6 +67,7 @@ void cli_sigint_restore(void);
 
 double cli_now(void);                  /* monotonic seconds */
 uint64_t cli_peak_rss_bytes(void);     /* getrusage ru_maxrss */
+uint64_t cli_rss_bytes(void);          /* resident now (/proc/self/statm); 0 if unreadable */
 /* Human-readable bytes ("1.00 GiB") into buf (>= 32 bytes); returns buf. */
 const char *cli_bytes(uint64_t b, char *buf);
 /* JSON string literal of s (escaped) to f. */

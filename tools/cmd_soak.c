@@ -48,7 +48,6 @@
 #endif
 
 #define CMD "soak"
-#define U64 "%" PRIu64
 
 static void usage(FILE *f)
 {
@@ -176,13 +175,7 @@ static uint64_t rss_now(bool purge)
 #else
     (void)purge;
 #endif
-    unsigned long long size = 0, res = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f && fscanf(f, "%llu %llu", &size, &res) != 2)
-        res = 0;
-    if (f)
-        fclose(f);
-    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+    return cli_rss_bytes();
 }
 
 static bool setup(soak *S)

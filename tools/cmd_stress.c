@@ -194,18 +194,6 @@ static void fill(float *x, size_t n, uint64_t *s)
         x[i] = (float)((double)(splitmix(s) >> 40) * (2.0 / 16777216.0) - 1.0);
 }
 
-static uint64_t rss_now(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    unsigned long long size = 0, res = 0;
-    if (!f)
-        return 0;
-    if (fscanf(f, "%llu %llu", &size, &res) != 2)
-        res = 0;
-    fclose(f);
-    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
-}
-
 static int cmp_float(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -487,7 +475,7 @@ measured:
     stress_point *pt = &r->points[r->n_points++];
     *pt = (stress_point){.ctx = n, .min = r->lat[0], .p50 = pct(r->lat, k, 0.5),
                   .p90 = pct(r->lat, k, 0.9),
-                  .max = r->lat[k - 1], .rss = rss_now()};
+                  .max = r->lat[k - 1], .rss = cli_rss_bytes()};
     check_memory(r, n, pt);
     return PKV_OK;
 }

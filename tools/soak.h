@@ -20,12 +20,14 @@
 #ifndef PKV_TOOLS_SOAK_H
 #define PKV_TOOLS_SOAK_H
 
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include "internal.h"
 #include "pagedkv.h"
 
 #define SOAK_MAX_BATCH 64u /* sessions in one pkv_decode_batch call */
+#define U64 "%" PRIu64    /* printf conversion of a uint64_t */
 
 typedef struct {
     uint64_t ops, seed, budget_pages;

@@ -33,8 +33,6 @@
 
 #include "soak.h"
 
-#define U64 "%" PRIu64
-
 /* ---- helpers: random numbers, failures, the model ------------------------------- */
 
 static uint64_t rnd(soak *S)   /* xorshift64* */

@@ -418,10 +418,21 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     const size_t qd = (size_t)e->cfg.n_heads * e->cfg.head_dim;
     const size_t kd = (size_t)e->cfg.n_kv_heads * e->cfg.head_dim;
     const uint32_t tile_max = pkvi_prefill_tile_max(e);
+    pkvi_layer *L = &s->layers[layer];
     float *scratch;
     pkv_status st = pkvi_prefill_scratch(e, (start + n + bt - 1) / bt, &scratch);
     if (st != PKV_OK)
         return st;
+    /* A failure must leave the session as it was, sharing included. If the first
+     * append will copy a shared tail page (copy-on-write), hold a reference to the
+     * original so the rollback below can put it back in place of the copy. */
+    pkvi_page *shared_tail = NULL;
+    pthread_mutex_lock(&e->lock);
+    if (start % bt && L->pages[L->n_pages - 1]->refs > 1) {
+        shared_tail = L->pages[L->n_pages - 1];
+        shared_tail->refs++;
+    }
+    pthread_mutex_unlock(&e->lock);
     /* Tiles of queries that land in one page: append them, then attend all at once
      * (decode.c keeps each query's arithmetic that of append + pkv_decode). */
     for (uint32_t i = 0; i < n && st == PKV_OK;) {
@@ -436,11 +447,20 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
         i += nq;
     }
     free(scratch);
+    pthread_mutex_lock(&e->lock);
     if (st != PKV_OK) {
-        pthread_mutex_lock(&e->lock);
-        layer_truncate(e, &s->layers[layer], start);
-        pthread_mutex_unlock(&e->lock);
+        layer_truncate(e, L, start);
+        const uint64_t tail = L->n_pages - 1;
+        if (shared_tail && L->pages[tail] != shared_tail) { /* undo the copy */
+            page_unref(e, L->pages[tail]);
+            L->pages[tail] = shared_tail;
+            L->data[tail] = shared_tail->data;
+            shared_tail = NULL; /* our reference is the layer's again */
+        }
     }
+    if (shared_tail)
+        page_unref(e, shared_tail);
+    pthread_mutex_unlock(&e->lock);
     return st;
 }
 

@@ -633,6 +633,57 @@ START_TEST(budget_is_exact_and_recoverable)
 }
 END_TEST
 
+/* A prefill that fails after its first append copied a shared tail page must give the
+ * session its shared page back: the rollback restores sharing, not only the length. */
+START_TEST(failed_prefill_keeps_the_shared_tail)
+{
+    pkv_config c = pkv_config_default();
+    c.n_layers = 1;
+    c.n_heads = c.n_kv_heads = 2;
+    c.head_dim = 4;
+    c.block_tokens = 2;
+    const uint64_t pb = 2ull * 2 * 2 * 4 * 4;
+    c.mem_budget = 3 * pb + pb / 2; /* room for exactly 3 pages */
+    pkv_engine *e;
+    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
+    pkv_session *a, *f;
+    pkv_session_create(e, &a);
+    float kv[4][8], q[4][8], o[4][8], o1[8], o2[8];
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 8; i++) {
+            kv[t][i] = (float)(t * 8 + i) / 32.0f - 0.5f;
+            q[t][i] = (float)((t * 5 + i * 3) % 7) / 7.0f;
+        }
+    for (int t = 0; t < 3; t++) /* 2 pages, the second holding 1 of 2 rows */
+        ck_assert_int_eq(pkv_append(a, 0, kv[t], kv[t]), PKV_OK);
+    ck_assert_int_eq(pkv_session_fork(a, &f), PKV_OK);
+    pkv_memory before, after;
+    pkv_stats st0, st1;
+    pkv_session_memory(f, &before);
+    pkv_engine_stats(e, &st0);
+    ck_assert_uint_eq(before.bytes_shared, 2 * pb);
+    ck_assert_int_eq(pkv_decode(f, 0, q[0], o1), PKV_OK);
+    /* row 3 copies the shared tail (3 pages in use), row 4 needs a 4th page: ENOMEM */
+    ck_assert_int_eq(pkv_prefill(f, 0, 2, q[0], kv[0], kv[0], o[0]), PKV_ENOMEM);
+    pkv_session_memory(f, &after);
+    pkv_engine_stats(e, &st1);
+    ck_assert_mem_eq(&before, &after, sizeof before);
+    ck_assert_uint_eq(st1.pages_in_use, st0.pages_in_use);
+    ck_assert_uint_eq(pkv_session_len(f, 0), 3);
+    ck_assert_int_eq(pkv_decode(f, 0, q[0], o2), PKV_OK);
+    ck_assert_mem_eq(o1, o2, sizeof o1);
+    ck_assert(pkvi_engine_check(e));
+    /* and the session still grows: the next append copies the tail as it should */
+    ck_assert_int_eq(pkv_append(f, 0, kv[3], kv[3]), PKV_OK);
+    pkv_session_memory(f, &after);
+    ck_assert_uint_eq(after.bytes_shared, pb);
+    ck_assert(pkvi_engine_check(e));
+    pkv_session_destroy(f);
+    pkv_session_destroy(a);
+    pkv_engine_destroy(e);
+}
+END_TEST
+
 START_TEST(bad_input_changes_nothing)
 {
     pkv_config c = pkv_config_default();
@@ -780,6 +831,7 @@ int main(void)
     tcase_add_test(tc, forks_share_and_copy_only_the_tail);
     tcase_add_test(tc, truncate_into_shared_page_copies);
     tcase_add_test(tc, prefill_batch_threads_bitwise);
+    tcase_add_test(tc, failed_prefill_keeps_the_shared_tail);
     tcase_add_test(tc, prefill_geometries_bitwise);
     tcase_add_test(tc, model_based_walk);
     tcase_add_test(tc, threads_drive_own_sessions);

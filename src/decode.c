@@ -33,12 +33,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Below this many K/V bytes in a whole call the calling thread works alone. Measured
- * with pagedkv bench (llama3-8b layer, f16, 2-core VM): back to back, 2 threads tie
- * with 1 at 1 MiB (36 vs 32 us) and win from 4 MiB on (118 vs 130 us); a decode that
- * must wake a sleeping worker pays ~90 us on this VM, so cold calls only gain from
- * ~16 MiB (629 vs 655 us). 1 MiB favours a generator's back-to-back calls. */
-#define PARALLEL_MIN_BYTES (1ull << 20)
+
+/* Whether a call over `bytes` of K/V (times queries) goes to the engine's threads. */
+static bool go_parallel(const pkv_engine *e, double bytes)
+{
+    return pkvi_threads_split(e->threads, bytes, e->split_awake, e->split_asleep);
+}
 /* Sessions per pool run in a batch (bounds the stack tables below). */
 #define BATCH_MAX 64u
 /* Aim for at least this many tasks per thread when cutting chunks into group blocks. */
@@ -197,7 +197,7 @@ static void run_batch(pkv_engine *e, uint32_t layer, uint32_t n, pkv_session *co
         chunks += j.chunks[i];
         bytes += L->len * 2 * e->cfg.n_kv_heads * e->row_bytes;
     }
-    const bool parallel = bytes >= PARALLEL_MIN_BYTES;
+    const bool parallel = go_parallel(e, (double)bytes);
     j.blocks = group_blocks(e, parallel, chunks);
     j.base[0] = 0;
     for (uint32_t i = 0; i < n; i++)
@@ -205,6 +205,7 @@ static void run_batch(pkv_engine *e, uint32_t layer, uint32_t n, pkv_session *co
     pkvi_threads *pool = parallel ? e->threads : NULL;
     pkvi_threads_run(pool, j.base[n], chunk_task, &j);
     pkvi_threads_run(pool, n * e->cfg.n_kv_heads, merge_task, &j);
+    pkvi_threads_call_done(e->threads);
 }
 
 pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
@@ -361,12 +362,12 @@ pkv_status pkvi_prefill_attend(pkv_engine *e, pkv_session *s, uint32_t layer, ui
     if (st != PKV_OK)
         return st;
     /* work ~ K/V bytes x queries; in double: only a threshold, and it cannot wrap */
-    const bool parallel = (double)L->len * 2.0 * g * (double)e->row_bytes * nq >=
-                          (double)PARALLEL_MIN_BYTES;
+    const bool parallel = go_parallel(e, (double)L->len * 2.0 * g * (double)e->row_bytes * nq);
     j.blocks = group_blocks(e, parallel, j.C);
     pkvi_threads *pool = parallel ? e->threads : NULL;
     pkvi_threads_run(pool, j.C * j.blocks, tile_task, &j);
     pkvi_threads_run(pool, nq * g, tile_merge_task, &j);
+    pkvi_threads_call_done(e->threads);
     pkvi_session_release(s, layer);
     return PKV_OK;
 }

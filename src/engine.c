@@ -116,6 +116,8 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     e->row_bytes = (uint64_t)c.head_dim * e->dsize;
     e->page_bytes = 2ull * c.n_kv_heads * c.block_tokens * e->row_bytes;
     e->chunk_pages = (CHUNK_TOKENS + c.block_tokens - 1) / c.block_tokens;
+    e->split_awake = (double)PKVI_SPLIT_AWAKE_BYTES;
+    e->split_asleep = (double)PKVI_SPLIT_ASLEEP_BYTES;
     e->kp.head_dim = c.head_dim;
     e->kp.block_tokens = c.block_tokens;
     e->kp.hg = e->hg;

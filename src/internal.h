@@ -67,6 +67,17 @@ static inline bool pkvi_add(uint64_t a, uint64_t b, uint64_t *out)
 #endif
 /* Page alignment (cache line; AVX-512 loads). */
 #define PKVI_PAGE_ALIGN 64u
+/* Below this many K/V bytes in a whole decode call (times queries for prefill) the
+ * calling thread works alone (decode.c, through the engine's split_awake and
+ * split_asleep). Measured on the 2-core VM (llama3-8b layer, f16): with the worker
+ * awake (threads.c polls for a while after each run), 2 threads tie with 1 at 1 MiB
+ * (36 vs 32 us) and win from 4 MiB on (118 vs 130 us). A call that must wake a
+ * sleeping worker pays 60-90 us more. Calls 1 ms apart, 2 threads (waking the worker)
+ * against 1 at 1 / 4 / 8 / 16 MiB, two runs: 105 / 222 / 333 / 540 us against 67 /
+ * 211 / 324 / 605, and 157 / 289 / 450 / 677 against 78 / 207 / 515 / 924. So a cold
+ * call splits from 8 MiB (docs/design.md has the figures of the final rule). */
+#define PKVI_SPLIT_AWAKE_BYTES (1ull << 20)
+#define PKVI_SPLIT_ASLEEP_BYTES (8ull << 20)
 /* Tokens scored per softmax tile inside a kernel (stack scratch of
  * PKVI_TILE * heads-per-group floats). */
 #define PKVI_TILE 16u
@@ -157,6 +168,14 @@ PKVI_HIDDEN void pkvi_threads_destroy(pkvi_threads *t);
  * If another thread is using the pool, the caller runs every task itself. */
 PKVI_HIDDEN void pkvi_threads_run(pkvi_threads *t, uint32_t n_tasks, pkvi_task_fn fn,
                                   void *ctx);
+/* Whether a call of `work` units should run on the pool: from hot_min up when every
+ * worker is awake (in a run, or polling right after one) or the previous call ended
+ * moments ago (calls back to back: after one wake-up they stay awake), else from
+ * cold_min up, as a wake-up is then paid on every call. False for NULL or no workers. */
+PKVI_HIDDEN bool pkvi_threads_split(const pkvi_threads *t, double work, double hot_min,
+                                    double cold_min);
+/* Record that a call (on the pool or not) ended now: the back-to-back test above. */
+PKVI_HIDDEN void pkvi_threads_call_done(pkvi_threads *t);
 
 /* ---- I/O backends (io.c: interface and pread/pwrite; io_uring.c) ---------------- */
 
@@ -242,6 +261,8 @@ struct pkv_engine {
     pkvi_kparams kp;             /* kernel geometry */
     const pkvi_kernels *kern;    /* chosen once at creation */
     pkvi_threads *threads;       /* workers (n_threads - 1 of them) */
+    double split_awake;          /* K/V bytes (x queries) from which a call uses the */
+    double split_asleep;         /* workers, awake / asleep; tests set 0 to force them */
 
     pthread_mutex_t lock;        /* see the file comment */
     pkvi_pool pool;              /* guarded by lock */

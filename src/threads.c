@@ -15,11 +15,24 @@
  * `generation` and broadcasts `wake`; workers sleep on `wake` until the generation
  * changes. `next` (atomic) hands out tasks; `done` (atomic) counts finished ones; the
  * last finisher signals `idle`.
+ *
+ * Both hand-offs spin briefly before they sleep: a worker that finished a run polls
+ * `generation` for SPIN_NS before waiting on `wake`, and the caller polls `done` for
+ * as long before waiting on `idle`. A futex wake-up costs ~90 us on the dev VM, more
+ * than a whole in-cache decode's share of work, and a generator calls decode for
+ * every layer back to back. The spin reads only atomics; every job field is still
+ * read under `mu`.
  */
 #include "internal.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
+
+/* How long a hand-off polls before it sleeps: a worker at most this long after each
+ * run. Long enough for a tight loop of decodes to find the workers awake; the figures
+ * are in docs/design.md, "Decode: split-K, threads and determinism". */
+#define SPIN_NS 200000ll
 
 struct pkvi_threads {
     uint32_t n_workers;          /* threads created (n_threads - 1) */
@@ -27,15 +40,56 @@ struct pkvi_threads {
     pthread_mutex_t run_lock;    /* held by the caller for a whole run */
     pthread_mutex_t mu;          /* guards generation, stop, job fields */
     pthread_cond_t wake, idle;
-    uint64_t generation;         /* mu */
-    bool stop;                   /* mu */
+    atomic_uint_fast64_t generation; /* written under mu; polled without it */
+    atomic_bool stop;            /* written under mu; polled without it */
     pkvi_task_fn fn;             /* mu (read by workers after waking) */
     void *ctx;
     uint32_t n_tasks;
     atomic_uint next;            /* next task index to hand out */
     atomic_uint done;            /* tasks finished in this run */
+    atomic_uint awake;           /* workers not asleep on `wake` (running or polling) */
+    atomic_int_fast64_t last_end; /* CLOCK_MONOTONIC ns when the last call ended */
     uint32_t active;             /* workers inside the current run; mu */
 };
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Poll until ready(t, arg) or SPIN_NS have passed; true if it became ready. */
+static bool spin_until(const pkvi_threads *t, bool (*ready)(const pkvi_threads *, uint64_t),
+                       uint64_t arg)
+{
+    const int64_t end = now_ns() + SPIN_NS;
+    for (uint32_t i = 0;; i++) {
+        if (ready(t, arg))
+            return true;
+        if (i % 64 == 63 && now_ns() >= end)
+            return false;
+        cpu_relax();
+    }
+}
+
+static bool new_run(const pkvi_threads *t, uint64_t seen)
+{
+    return atomic_load_explicit(&t->generation, memory_order_relaxed) != seen ||
+           atomic_load_explicit(&t->stop, memory_order_relaxed);
+}
+
+static bool all_done(const pkvi_threads *t, uint64_t n)
+{
+    return atomic_load_explicit(&t->done, memory_order_acquire) >= n;
+}
 
 /* Take and run tasks of the current run until none remain. */
 static void drain(pkvi_threads *t, pkvi_task_fn fn, void *ctx, uint32_t n)
@@ -59,8 +113,13 @@ static void *worker(void *arg)
     uint64_t seen = 0;
     pthread_mutex_lock(&t->mu);
     for (;;) {
-        while (!t->stop && t->generation == seen)
-            pthread_cond_wait(&t->wake, &t->mu);
+        if (!t->stop && t->generation == seen) {
+            atomic_fetch_sub_explicit(&t->awake, 1, memory_order_relaxed);
+            do
+                pthread_cond_wait(&t->wake, &t->mu);
+            while (!t->stop && t->generation == seen);
+            atomic_fetch_add_explicit(&t->awake, 1, memory_order_relaxed);
+        }
         if (t->stop)
             break;
         seen = t->generation;
@@ -74,6 +133,9 @@ static void *worker(void *arg)
         t->active--;
         if (t->active == 0)
             pthread_cond_broadcast(&t->idle);
+        pthread_mutex_unlock(&t->mu);
+        spin_until(t, new_run, seen); /* the next run is often right behind */
+        pthread_mutex_lock(&t->mu);
     }
     pthread_mutex_unlock(&t->mu);
     return NULL;
@@ -99,6 +161,10 @@ pkv_status pkvi_threads_create(uint32_t n_threads, pkvi_threads **out)
     pthread_cond_init(&t->idle, NULL);
     atomic_init(&t->next, 0);
     atomic_init(&t->done, 0);
+    atomic_init(&t->generation, 0);
+    atomic_init(&t->stop, false);
+    atomic_init(&t->awake, t->n_workers); /* each goes to sleep once it starts */
+    atomic_init(&t->last_end, 0);
     for (uint32_t i = 0; i < t->n_workers; i++) {
         if (pthread_create(&t->tids[i], NULL, worker, t) != 0) {
             t->n_workers = i; /* destroy joins the ones that started */
@@ -128,6 +194,25 @@ void pkvi_threads_destroy(pkvi_threads *t)
     free(t);
 }
 
+bool pkvi_threads_split(const pkvi_threads *t, double work, double hot_min, double cold_min)
+{
+    if (!t || t->n_workers == 0 || work < hot_min)
+        return false;
+    if (work >= cold_min ||
+        atomic_load_explicit(&t->awake, memory_order_relaxed) == t->n_workers)
+        return true;
+    /* Asleep, but the last call ended moments ago: calls are coming back to back, and
+     * after this one's wake-up the workers will be polling when the next arrives. */
+    const int64_t last = atomic_load_explicit(&t->last_end, memory_order_relaxed);
+    return last && now_ns() - last < SPIN_NS;
+}
+
+void pkvi_threads_call_done(pkvi_threads *t)
+{
+    if (t)
+        atomic_store_explicit(&t->last_end, now_ns(), memory_order_relaxed);
+}
+
 void pkvi_threads_run(pkvi_threads *t, uint32_t n_tasks, pkvi_task_fn fn, void *ctx)
 {
     if (n_tasks == 0)
@@ -154,6 +239,7 @@ void pkvi_threads_run(pkvi_threads *t, uint32_t n_tasks, pkvi_task_fn fn, void *
 
     drain(t, fn, ctx, n_tasks);
 
+    spin_until(t, all_done, n_tasks);
     pthread_mutex_lock(&t->mu);
     while (atomic_load_explicit(&t->done, memory_order_acquire) < n_tasks)
         pthread_cond_wait(&t->idle, &t->mu);

@@ -783,11 +783,11 @@ static uint64_t rss_bytes(void)
  * RSS by about that much, and eight forks of it grow RSS by almost nothing. */
 START_TEST(rss_follows_the_figures)
 {
-#if defined(__SANITIZE_ADDRESS__)
-    fprintf(stderr, "rss_follows_the_figures: skipped under AddressSanitizer "
-                    "(shadow memory is part of RSS)\n");
-    return;
-#endif
+    if (PKVT_SHADOW_SANITIZER) {
+        fprintf(stderr, "rss_follows_the_figures: skipped under a sanitizer (its shadow "
+                        "memory is part of RSS)\n");
+        return;
+    }
     if (pkvt_quick()) {
         fprintf(stderr, "rss_follows_the_figures: skipped in quick mode (valgrind "
                         "replaces the allocator, RSS says nothing there)\n");

@@ -13,6 +13,18 @@
 #include <stdint.h>
 #include "pagedkv.h"
 
+/* 1 under a sanitizer whose shadow memory counts in RSS (ASan, TSan), gcc or clang. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define PKVT_SHADOW_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define PKVT_SHADOW_SANITIZER 1
+#endif
+#endif
+#ifndef PKVT_SHADOW_SANITIZER
+#define PKVT_SHADOW_SANITIZER 0
+#endif
+
 /* xorshift64* generator: deterministic across platforms. */
 typedef struct { uint64_t s; } pkvt_rng;
 uint64_t pkvt_seed(void);                  /* PKV_TEST_SEED or 0x9e3779b97f4a7c15 */

@@ -33,7 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* Whether a call over `bytes` of K/V (times queries) goes to the engine's threads. */
 static bool go_parallel(const pkv_engine *e, double bytes)
 {

@@ -18,7 +18,7 @@
  *
  * Both hand-offs spin briefly before they sleep: a worker that finished a run polls
  * `generation` for SPIN_NS before waiting on `wake`, and the caller polls `done` for
- * as long before waiting on `idle`. A futex wake-up costs ~90 us on the dev VM, more
+ * as long before waiting on `idle`. A futex wake-up costs 60-90 us on the dev VM, more
  * than a whole in-cache decode's share of work, and a generator calls decode for
  * every layer back to back. The spin reads only atomics; every job field is still
  * read under `mu`.
@@ -66,16 +66,14 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* Poll until ready(t, arg) or SPIN_NS have passed; true if it became ready. */
-static bool spin_until(const pkvi_threads *t, bool (*ready)(const pkvi_threads *, uint64_t),
+/* Poll until ready(t, arg) or SPIN_NS have passed (the caller then sleeps if need be). */
+static void spin_until(const pkvi_threads *t, bool (*ready)(const pkvi_threads *, uint64_t),
                        uint64_t arg)
 {
     const int64_t end = now_ns() + SPIN_NS;
-    for (uint32_t i = 0;; i++) {
-        if (ready(t, arg))
-            return true;
+    for (uint32_t i = 0; !ready(t, arg); i++) {
         if (i % 64 == 63 && now_ns() >= end)
-            return false;
+            return;
         cpu_relax();
     }
 }

@@ -73,8 +73,8 @@ AI void tile_pv(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, const 
  * for the V rows of the tile just scored, so the prefetch stream runs in address order
  * (K(u+dist), V(u+dist), K(u+dist+1), ...; the first tile's V rows ahead are skipped).
  * Measured on the Zen 5 dev VM, 128k tokens of a llama3-8b layer, in-process pairs
- * (docs/numerics.md, "Prefetch order"): f32 +16-24% on 1 and 2 threads; f16 -5-12%,
- * so the half types keep the demand order.
+ * (docs/numerics.md, "What moved the figures" and "The read order alone"): f32
+ * +16-24% on 1 and 2 threads; f16 -5-12%, so the half types keep the demand order.
  */
 #define PF_IN_ADDRESS_ORDER(dt) ((dt) == PKV_F32)
 

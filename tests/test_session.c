@@ -593,17 +593,25 @@ END_TEST
 
 /* ---- budget, bad input ----------------------------------------------------------------- */
 
-START_TEST(budget_is_exact_and_recoverable)
+/* One layer, h = g = 2, d = 4, 2-token f32 pages of TINY_PB bytes, and a budget with
+ * room for exactly `pages` pages (half a page to spare). */
+#define TINY_PB (2ull * 2 * 2 * 4 * 4)
+static pkv_engine *tiny_budget_engine(uint64_t pages)
 {
     pkv_config c = pkv_config_default();
     c.n_layers = 1;
     c.n_heads = c.n_kv_heads = 2;
     c.head_dim = 4;
     c.block_tokens = 2;
-    const uint64_t pb = 2ull * 2 * 2 * 4 * 4;
-    c.mem_budget = 5 * pb + pb / 2; /* room for exactly 5 pages */
-    pkv_engine *e;
+    c.mem_budget = pages * TINY_PB + TINY_PB / 2;
+    pkv_engine *e = NULL;
     ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
+    return e;
+}
+
+START_TEST(budget_is_exact_and_recoverable)
+{
+    pkv_engine *e = tiny_budget_engine(5);
     pkv_session *a, *b;
     pkv_session_create(e, &a);
     pkv_session_create(e, &b);
@@ -629,7 +637,8 @@ START_TEST(budget_is_exact_and_recoverable)
     ck_assert(pkvi_engine_check(e));
     pkv_stats st;
     pkv_engine_stats(e, &st);
-    ck_assert_uint_le((st.pages_in_use + st.pages_free) * st.page_bytes, c.mem_budget);
+    ck_assert_uint_le((st.pages_in_use + st.pages_free) * st.page_bytes, st.mem_budget);
+    ck_assert_uint_eq(st.mem_budget, 5 * TINY_PB + TINY_PB / 2);
     pkv_session_destroy(b);
     pkv_engine_destroy(e);
 }
@@ -639,15 +648,8 @@ END_TEST
  * session its shared page back: the rollback restores sharing, not only the length. */
 START_TEST(failed_prefill_keeps_the_shared_tail)
 {
-    pkv_config c = pkv_config_default();
-    c.n_layers = 1;
-    c.n_heads = c.n_kv_heads = 2;
-    c.head_dim = 4;
-    c.block_tokens = 2;
-    const uint64_t pb = 2ull * 2 * 2 * 4 * 4;
-    c.mem_budget = 3 * pb + pb / 2; /* room for exactly 3 pages */
-    pkv_engine *e;
-    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
+    const uint64_t pb = TINY_PB;
+    pkv_engine *e = tiny_budget_engine(3);
     pkv_session *a, *f;
     pkv_session_create(e, &a);
     float kv[4][8], q[4][8], o[4][8], o1[8], o2[8];

@@ -408,6 +408,44 @@ pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
     return pkvi_decode_many(e, layer, n, sessions, q, out);
 }
 
+/*
+ * Undo a copy-on-write: layer `layer` of s has, as its tail page, a private copy of
+ * the page whose descriptor was at address `orig`, made by a call that is failing,
+ * and gets that page back if it is still shared. No reference was held on it (the
+ * engine's invariant I3 counts block-table entries only) and another thread may have
+ * destroyed its other holders meanwhile, so it is looked for by address where it can
+ * only be - the same position of another session's table - and its bytes are compared
+ * with the copy's live rows: a new descriptor that reused the address cannot be
+ * mistaken for it. Spilled pages are left alone. Under e->lock.
+ */
+static void reshare_tail(pkv_engine *e, pkv_session *s, uint32_t layer, uintptr_t orig)
+{
+    pkvi_layer *L = &s->layers[layer];
+    const uint64_t i = L->n_pages - 1;
+    pkvi_page *copy = L->pages[i];
+    const uint64_t rows = L->len - i * e->cfg.block_tokens;
+    for (pkv_session *o = e->sessions; o; o = o->next) {
+        const pkvi_layer *M = &o->layers[layer];
+        if (o == s || M->n_pages <= i || (uintptr_t)M->pages[i] != orig)
+            continue;
+        pkvi_page *pg = M->pages[i]; /* live: a table names it */
+        if (!pg->data || !copy->data)
+            return;
+        for (uint32_t g = 0; g < e->cfg.n_kv_heads; g++) {
+            const size_t at = g * e->kp.group_stride, n = (size_t)(rows * e->row_bytes);
+            if (memcmp((char *)pg->data + at, (char *)copy->data + at, n) != 0 ||
+                memcmp((char *)pg->data + at + e->kp.v_offset,
+                       (char *)copy->data + at + e->kp.v_offset, n) != 0)
+                return;
+        }
+        pg->refs++;
+        L->pages[i] = pg;
+        L->data[i] = pg->data;
+        page_unref(e, copy);
+        return;
+    }
+}
+
 pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *q,
                        const float *k, const float *v, float *out)
 {
@@ -423,15 +461,13 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     pkv_status st = pkvi_prefill_scratch(e, (start + n + bt - 1) / bt, &scratch);
     if (st != PKV_OK)
         return st;
-    /* A failure must leave the session as it was, sharing included. If the first
-     * append will copy a shared tail page (copy-on-write), hold a reference to the
-     * original so the rollback below can put it back in place of the copy. */
-    pkvi_page *shared_tail = NULL;
+    /* A failure must leave the session as it was, sharing included: if the first
+     * append copies a shared tail page (copy-on-write), the rollback below gives the
+     * layer the shared page back (see reshare_tail). */
+    uintptr_t shared_tail = 0; /* an address only: the page may be freed meanwhile */
     pthread_mutex_lock(&e->lock);
-    if (start % bt && L->pages[L->n_pages - 1]->refs > 1) {
-        shared_tail = L->pages[L->n_pages - 1];
-        shared_tail->refs++;
-    }
+    if (start % bt && L->pages[L->n_pages - 1]->refs > 1)
+        shared_tail = (uintptr_t)L->pages[L->n_pages - 1];
     pthread_mutex_unlock(&e->lock);
     /* Tiles of queries that land in one page: append them, then attend all at once
      * (decode.c keeps each query's arithmetic that of append + pkv_decode). */
@@ -447,20 +483,13 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
         i += nq;
     }
     free(scratch);
-    pthread_mutex_lock(&e->lock);
     if (st != PKV_OK) {
+        pthread_mutex_lock(&e->lock);
         layer_truncate(e, L, start);
-        const uint64_t tail = L->n_pages - 1;
-        if (shared_tail && L->pages[tail] != shared_tail) { /* undo the copy */
-            page_unref(e, L->pages[tail]);
-            L->pages[tail] = shared_tail;
-            L->data[tail] = shared_tail->data;
-            shared_tail = NULL; /* our reference is the layer's again */
-        }
+        if (shared_tail && (uintptr_t)L->pages[L->n_pages - 1] != shared_tail)
+            reshare_tail(e, s, layer, shared_tail);
+        pthread_mutex_unlock(&e->lock);
     }
-    if (shared_tail)
-        page_unref(e, shared_tail);
-    pthread_mutex_unlock(&e->lock);
     return st;
 }
 

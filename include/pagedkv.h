@@ -158,7 +158,9 @@ PKV_API pkv_status pkv_engine_stats(const pkv_engine *e, pkv_stats *out);
  * once per page of queries. Allocates a scratch buffer for the call (PKV_ENOMEM if it
  * cannot; nothing is appended then). On any failure the layer is rolled back to what
  * it was before the call: its length, and a tail page shared with a fork that the call
- * had copied is shared again. Rows of `out` may have been written. */
+ * had copied is shared again (unless its other holders let go of it meanwhile, or it
+ * sits in the spill file: then the layer keeps an identical private copy). Rows of
+ * `out` may have been written. */
 PKV_API pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *q,
                                const float *k, const float *v, float *out);
 /* Decode one query per session (q, out [n][h][d]) on the engine's threads: bitwise

@@ -616,20 +616,15 @@ static void print_json(const bench *b)
                   {"head_dim", r->p->head_dim}, {"block_tokens", r->bt}, {"ctx", r->ctx});
         json_str(W, "dtype", pkv_dtype_name(r->dt));
         JSON_U64S(W, {"threads", r->threads}, {"kv_bytes", r->kv_bytes});
-        json_num(W, "ours_us", r->ours_us);
-        json_num(W, "ours_gbs", r->ours_gbs);
-        json_num(W, "bw_gbs", r->bw_gbs);
-        json_num(W, "ours_ratio", r->ours_gbs / r->bw_gbs);
-        json_num(W, "warm_us", r->warm_us);
-        json_num(W, "warm_gflops", r->warm_gflops);
-        json_num(W, "warm_fma_ratio", r->warm_gflops / r->peak);
-        json_num(W, "scalar_us", r->scalar_us);
-        json_num(W, "scalar_gbs", r->scalar_gbs);
-        json_num(W, "scalar_bw_gbs", r->scalar_bw_gbs);
-        json_num(W, "scalar_ratio", r->scalar_gbs / r->scalar_bw_gbs);
-        json_num(W, "naive_us", r->naive_us);
-        json_num(W, "naive_gbs", r->naive_gbs);
-        json_num(W, "naive_ratio", r->naive_gbs / r->naive_bw_gbs);
+        JSON_NUMS(W, {"ours_us", r->ours_us}, {"ours_gbs", r->ours_gbs},
+                  {"bw_gbs", r->bw_gbs}, {"ours_ratio", r->ours_gbs / r->bw_gbs},
+                  {"warm_us", r->warm_us}, {"warm_gflops", r->warm_gflops},
+                  {"warm_fma_ratio", r->warm_gflops / r->peak},
+                  {"scalar_us", r->scalar_us}, {"scalar_gbs", r->scalar_gbs},
+                  {"scalar_bw_gbs", r->scalar_bw_gbs},
+                  {"scalar_ratio", r->scalar_gbs / r->scalar_bw_gbs},
+                  {"naive_us", r->naive_us}, {"naive_gbs", r->naive_gbs},
+                  {"naive_ratio", r->naive_gbs / r->naive_bw_gbs});
         json_close(W, '}');
     }
     json_close(W, ']');
@@ -640,13 +635,10 @@ static void print_json(const bench *b)
         json_str(W, "preset", r->p->name);
         json_str(W, "dtype", pkv_dtype_name(r->dt));
         JSON_U64S(W, {"threads", r->threads}, {"tokens", r->tokens});
-        json_num(W, "seconds", r->seconds);
-        json_num(W, "tokens_per_s", r->tokens / r->seconds);
-        json_num(W, "gflops", r->gflops);
-        json_num(W, "peak_gflops", r->peak);
-        json_num(W, "ratio", r->gflops / r->peak);
-        json_num(W, "cold_seconds", r->cold_seconds);
-        json_num(W, "cold_gflops", r->cold_gflops);
+        JSON_NUMS(W, {"seconds", r->seconds}, {"tokens_per_s", r->tokens / r->seconds},
+                  {"gflops", r->gflops}, {"peak_gflops", r->peak},
+                  {"ratio", r->gflops / r->peak}, {"cold_seconds", r->cold_seconds},
+                  {"cold_gflops", r->cold_gflops});
         json_close(W, '}');
     }
     json_close(W, ']');

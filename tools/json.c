@@ -51,6 +51,12 @@ void json_str(json_writer *w, const char *key, const char *v)
         fputs("null", w->f);
 }
 
+void json_nums(json_writer *w, const json_num_field *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        json_num(w, f[i].k, f[i].v);
+}
+
 void json_u64s(json_writer *w, const json_u64_field *f, size_t n)
 {
     for (size_t i = 0; i < n; i++) {

@@ -47,4 +47,12 @@ void json_u64s(json_writer *w, const json_u64_field *f, size_t n);
     json_u64s(w, (const json_u64_field[]){__VA_ARGS__},                                    \
               sizeof((const json_u64_field[]){__VA_ARGS__}) / sizeof(json_u64_field))
 
+/* Number fields, as json_num. */
+typedef struct { const char *k; double v; } json_num_field;
+void json_nums(json_writer *w, const json_num_field *f, size_t n);
+/* JSON_NUMS(w, {"key", value}, ...): the fields of a list, in order. */
+#define JSON_NUMS(w, ...)                                                                  \
+    json_nums(w, (const json_num_field[]){__VA_ARGS__},                                    \
+              sizeof((const json_num_field[]){__VA_ARGS__}) / sizeof(json_num_field))
+
 #endif

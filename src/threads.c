@@ -78,6 +78,8 @@ static void spin_until(const pkvi_threads *t, bool (*ready)(const pkvi_threads *
     }
 }
 
+/* The conditions a hand-off waits for, polled by spin_until and re-checked under mu
+ * before sleeping on the condition variable. */
 static bool new_run(const pkvi_threads *t, uint64_t seen)
 {
     return atomic_load_explicit(&t->generation, memory_order_relaxed) != seen ||
@@ -111,11 +113,11 @@ static void *worker(void *arg)
     uint64_t seen = 0;
     pthread_mutex_lock(&t->mu);
     for (;;) {
-        if (!t->stop && t->generation == seen) {
+        if (!new_run(t, seen)) {
             atomic_fetch_sub_explicit(&t->awake, 1, memory_order_relaxed);
             do
                 pthread_cond_wait(&t->wake, &t->mu);
-            while (!t->stop && t->generation == seen);
+            while (!new_run(t, seen));
             atomic_fetch_add_explicit(&t->awake, 1, memory_order_relaxed);
         }
         if (t->stop)
@@ -239,7 +241,7 @@ void pkvi_threads_run(pkvi_threads *t, uint32_t n_tasks, pkvi_task_fn fn, void *
 
     spin_until(t, all_done, n_tasks);
     pthread_mutex_lock(&t->mu);
-    while (atomic_load_explicit(&t->done, memory_order_acquire) < n_tasks)
+    while (!all_done(t, n_tasks))
         pthread_cond_wait(&t->idle, &t->mu);
     pthread_mutex_unlock(&t->mu);
     pthread_mutex_unlock(&t->run_lock);

@@ -18,14 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define PKVT_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define PKVT_ASAN 1
-#endif
-#endif
-
 __extension__ typedef unsigned __int128 u128;
 
 #define SENTINEL 12345.678f
@@ -511,7 +503,7 @@ END_TEST
 
 START_TEST(attention_enomem)
 {
-#ifdef PKVT_ASAN
+#if PKVT_ASAN
     /* ASan aborts on impossible allocation sizes instead of returning NULL */
     return;
 #else
@@ -770,7 +762,7 @@ END_TEST
 
 START_TEST(mha_enomem)
 {
-#ifdef PKVT_ASAN
+#if PKVT_ASAN
     return;
 #else
     /* T * d_model doubles = 2^54 bytes: valid, but no system can supply it */

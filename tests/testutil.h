@@ -13,17 +13,30 @@
 #include <stdint.h>
 #include "pagedkv.h"
 
-/* 1 under a sanitizer whose shadow memory counts in RSS (ASan, TSan), gcc or clang. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define PKVT_SHADOW_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PKVT_SHADOW_SANITIZER 1
+/* Sanitizers, as gcc (__SANITIZE_*__) and clang (__has_feature) spell them:
+ * PKVT_ASAN       AddressSanitizer, which aborts on impossible allocation sizes;
+ * PKVT_SHADOW_SANITIZER  ASan or TSan, whose shadow memory counts in RSS. 0 or 1. */
+#if defined(__SANITIZE_ADDRESS__)
+#define PKVT_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define PKVT_TSAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) && !defined(PKVT_ASAN)
+#define PKVT_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer) && !defined(PKVT_TSAN)
+#define PKVT_TSAN 1
 #endif
 #endif
-#ifndef PKVT_SHADOW_SANITIZER
-#define PKVT_SHADOW_SANITIZER 0
+#ifndef PKVT_ASAN
+#define PKVT_ASAN 0
 #endif
+#ifndef PKVT_TSAN
+#define PKVT_TSAN 0
+#endif
+#define PKVT_SHADOW_SANITIZER (PKVT_ASAN || PKVT_TSAN)
 
 /* xorshift64* generator: deterministic across platforms. */
 typedef struct { uint64_t s; } pkvt_rng;

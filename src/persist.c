@@ -379,10 +379,13 @@ static pkv_status scan_pages(reader *r, pkv_session *s)
     return st;
 }
 
-/* Open path and check that it is a regular file; fills info->file_bytes. */
+/* Open path and check that it is a regular file; fills info->file_bytes. The open is
+ * non-blocking, so a FIFO without a writer is refused instead of waited on forever;
+ * the flag is cleared once the file is known to be regular (io_uring would otherwise
+ * return EAGAIN for reads that miss the page cache). */
 static pkv_status open_file(reader *r, const char *path)
 {
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    r->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (r->fd < 0)
         return fail(r, PKV_EIO, "cannot open the file");
     struct stat st;
@@ -390,6 +393,9 @@ static pkv_status open_file(reader *r, const char *path)
         return fail(r, PKV_EIO, "cannot stat the file");
     if (!S_ISREG(st.st_mode))
         return fail(r, PKV_EINVAL, "not a regular file");
+    const int fl = fcntl(r->fd, F_GETFL);
+    if (fl < 0 || fcntl(r->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return fail(r, PKV_EIO, "cannot clear O_NONBLOCK");
     r->info->file_bytes = (uint64_t)st.st_size;
     return PKV_OK;
 }

@@ -623,6 +623,12 @@ START_TEST(not_session_files)
     spit(t.path, "", 0);
     expect_load(e, io, t.path, PKV_ECORRUPT, "empty file (truncated)");
     ck_assert_int_eq(pkv_session_load(e, t.dir, &s), PKV_EINVAL);   /* a directory */
+    char fifo[700]; /* a FIFO with no writer: refused at once, not waited on */
+    snprintf(fifo, sizeof fifo, "%s/fifo.pkv", t.dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    ck_assert_int_eq(pkv_session_load(e, fifo, &s), PKV_EINVAL);
+    ck_assert(s == NULL);
+    ck_assert_int_eq(unlink(fifo), 0);
     char missing[700];
     snprintf(missing, sizeof missing, "%s/missing.pkv", t.dir);
     ck_assert_int_eq(pkv_session_load(e, missing, &s), PKV_EIO);

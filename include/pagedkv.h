@@ -21,10 +21,15 @@
  *
  * Conventions
  *   - Every fallible call returns a pkv_status; results go through out-parameters,
- *     which come last. A constructor sets *out to the new object on success and to
- *     NULL on failure. Destroy functions accept NULL.
- *   - A call that fails changes nothing observable (a failed append leaves the
- *     session exactly as it was; the engine stays usable).
+ *     which come last. A constructor sets *out to the new object on success and
+ *     leaves it as it was on failure. Destroy functions accept NULL.
+ *   - A call that fails changes nothing observable: every session's contents,
+ *     lengths and page sharing, and the caller's handles, are as they were (a failed
+ *     append leaves the session exactly as it was; the engine stays usable). Where a
+ *     page lives is not part of that: with a spill_dir, any call that needs a page or
+ *     reads spilled ones may move pages between memory and the spill file, and one
+ *     that fails may leave them moved (bytes_resident and bytes_spilled change,
+ *     the values do not).
  *   - Threads: the engine may be shared by many threads. One session is used by one
  *     thread at a time; different sessions may be used concurrently. Results are
  *     bitwise identical for any n_threads, and between single and batched decode
@@ -95,7 +100,9 @@ typedef struct pkv_session pkv_session;
 /* Validate cfg and create an engine.
  * PKV_EINVAL: cfg or out NULL; a geometry field 0; n_heads % n_kv_heads != 0; unknown
  *   dtype; scale negative or not finite; page size overflowing or absurd (> 1 GiB);
- *   a budget smaller than one page; spill_dir not an existing directory.
+ *   beyond the engine's limits (n_heads / n_kv_heads > 256, n_kv_heads > 65536,
+ *   head_dim > 4096, n_threads > 1024); a budget smaller than one page; spill_dir not
+ *   an existing directory.
  * PKV_ENOMEM: the allocator failed. PKV_EIO: the spill file could not be created. */
 PKV_API pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out);
 /* Destroy the engine. Every session of it must have been destroyed first (sessions
@@ -165,7 +172,11 @@ PKV_API pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const
                                const float *k, const float *v, float *out);
 /* Decode one query per session (q, out [n][h][d]) on the engine's threads: bitwise
  * identical to n calls of pkv_decode. The sessions must be distinct and belong to e.
- * On failure out is unspecified and no session is changed. */
+ * PKV_EINVAL (NULL, n == 0, bad layer, a session twice or of another engine),
+ * PKV_ESTATE (a session's layer is empty), PKV_ENOMEM (checking a batch of more than
+ * 64 for duplicates needs a copy of the list; or, as for pkv_decode, spilled pages
+ * could not be brought back), PKV_EIO. On failure out is unspecified and no session
+ * is changed. */
 PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
                                     pkv_session *const *sessions, const float *q,
                                     float *out);

@@ -207,19 +207,49 @@ static void run_batch(pkv_engine *e, uint32_t layer, uint32_t n, pkv_session *co
     pkvi_threads_call_done(e->threads);
 }
 
+static int cmp_ptr(const void *a, const void *b)
+{
+    const uintptr_t x = (uintptr_t)*(pkv_session *const *)a;
+    const uintptr_t y = (uintptr_t)*(pkv_session *const *)b;
+    return (x > y) - (x < y);
+}
+
+/* PKV_OK if the n sessions are distinct; PKV_EINVAL if one appears twice (both slots
+ * would share its scratch). Pairwise for a small batch, else a sorted copy. */
+static pkv_status distinct(pkv_session *const *ss, uint32_t n)
+{
+    if (n <= BATCH_MAX) {
+        for (uint32_t i = 1; i < n; i++)
+            for (uint32_t k = 0; k < i; k++)
+                if (ss[k] == ss[i])
+                    return PKV_EINVAL;
+        return PKV_OK;
+    }
+    pkv_session **c = malloc((size_t)n * sizeof *c);
+    if (!c)
+        return PKV_ENOMEM;
+    memcpy(c, ss, (size_t)n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_ptr);
+    pkv_status st = PKV_OK;
+    for (uint32_t i = 1; i < n && st == PKV_OK; i++)
+        if (c[i - 1] == c[i])
+            st = PKV_EINVAL;
+    free(c);
+    return st;
+}
+
 pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
                             pkv_session *const *sessions, const float *q, float *out)
 {
     if (layer >= e->cfg.n_layers)
         return PKV_EINVAL;
     PKVI_BOUNDARY_CHECK(e);
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < n; i++)
         if (!sessions[i] || sessions[i]->e != e)
             return PKV_EINVAL;
-        for (uint32_t k = 0; k < i && n <= 4096; k++)
-            if (sessions[k] == sessions[i])
-                return PKV_EINVAL;
-    }
+    const pkv_status dup = distinct(sessions, n);
+    if (dup != PKV_OK)
+        return dup;
     for (uint32_t i = 0; i < n; i++)
         if (sessions[i]->layers[layer].len == 0)
             return PKV_ESTATE;

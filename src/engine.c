@@ -66,7 +66,8 @@ pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out)
         return PKV_EINVAL;
     if (c.n_heads % c.n_kv_heads != 0)
         return PKV_EINVAL;
-    if (c.n_heads / c.n_kv_heads > PKVI_MAX_GROUP_HEADS || c.head_dim > PKVI_MAX_HEAD_DIM)
+    if (c.n_heads / c.n_kv_heads > PKVI_MAX_GROUP_HEADS || c.head_dim > PKVI_MAX_HEAD_DIM ||
+        c.n_kv_heads > PKVI_MAX_KV_HEADS)
         return PKV_EINVAL;
     if (pkv_dtype_size(c.kv_dtype) == 0)
         return PKV_EINVAL;
@@ -101,7 +102,6 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
 {
     if (!out)
         return PKV_EINVAL;
-    *out = NULL;
     pkv_config c;
     pkv_status st = pkvi_config_resolve(cfg, &c);
     if (st != PKV_OK)

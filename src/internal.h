@@ -57,6 +57,9 @@ static inline bool pkvi_add(uint64_t a, uint64_t b, uint64_t *out)
 #define PKVI_MAX_GROUP_HEADS 256u
 /* Largest head_dim (bounds per-head stack buffers). */
 #define PKVI_MAX_HEAD_DIM 4096u
+/* Largest n_kv_heads: keeps the thread pool's task counts (a batch's sessions or a
+ * prefill tile's queries, times groups: at most 256 * 65536 = 2^24) within 32 bits. */
+#define PKVI_MAX_KV_HEADS 65536u
 /* At most this many split-K chunks per group and decode: bounds the partial-state
  * scratch (PKVI_MAX_CHUNKS * h * (d + 2) floats per session) and the merge work. */
 #define PKVI_MAX_CHUNKS 64u

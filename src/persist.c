@@ -459,8 +459,6 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
 {
     if (why != NULL)
         *why = "invalid arguments";
-    if (out != NULL)
-        *out = NULL;
     if (e == NULL || path == NULL || io == NULL || out == NULL)
         return PKV_EINVAL;
     pkvi_sfile_info info;
@@ -499,14 +497,13 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
     pkvi_sfile_info_free(&info);
     if (why != NULL)
         *why = r.why;
-    *out = s;
+    if (st == PKV_OK)
+        *out = s;
     return st;
 }
 
 pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out)
 {
-    if (out != NULL)
-        *out = NULL;
     if (e == NULL || path == NULL || out == NULL)
         return PKV_EINVAL;
     pkvi_io *io = NULL;

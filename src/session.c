@@ -171,10 +171,7 @@ static void session_link(pkv_engine *e, pkv_session *s)
 
 pkv_status pkv_session_create(pkv_engine *e, pkv_session **out)
 {
-    if (!out)
-        return PKV_EINVAL;
-    *out = NULL;
-    if (!e)
+    if (!out || !e)
         return PKV_EINVAL;
     pkv_session *s = session_alloc(e);
     if (!s)
@@ -188,10 +185,7 @@ pkv_status pkv_session_create(pkv_engine *e, pkv_session **out)
 
 pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
 {
-    if (!out)
-        return PKV_EINVAL;
-    *out = NULL;
-    if (!src)
+    if (!out || !src)
         return PKV_EINVAL;
     pkv_engine *e = src->e;
     PKVI_BOUNDARY_CHECK(e);
@@ -279,7 +273,9 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
 /* ---- append ------------------------------------------------------------------------- */
 
 /* Make the page that will hold position L->len writable and resident; returns it.
- * Under e->lock. On failure nothing changed (a grown table capacity aside). */
+ * Under e->lock. On failure nothing changed: a new page is taken before the tables
+ * grow, so a budget that has no page left fails with every figure as it was (only an
+ * allocator failure between the two can leave a table's capacity grown). */
 static pkv_status writable_tail(pkv_session *s, pkvi_layer *L, pkvi_page **out)
 {
     pkv_engine *e = s->e;
@@ -287,14 +283,17 @@ static pkv_status writable_tail(pkv_session *s, pkvi_layer *L, pkvi_page **out)
     pkv_status st;
 
     if (L->len % bt == 0) { /* a new page */
-        st = layer_reserve(L, L->n_pages + 1);
+        pkvi_page *pg = NULL;
+        st = page_new(e, &pg);
+        if (st == PKV_OK)
+            st = layer_reserve(L, L->n_pages + 1);
         if (st == PKV_OK)
             st = pkvi_session_reserve_partials(s, L->n_pages + 1);
-        pkvi_page *pg = NULL;
-        if (st == PKV_OK)
-            st = page_new(e, &pg);
-        if (st != PKV_OK)
+        if (st != PKV_OK) {
+            if (pg)
+                page_unref(e, pg);
             return st;
+        }
         L->pages[L->n_pages] = pg;
         L->data[L->n_pages] = pg->data;
         L->n_pages++;

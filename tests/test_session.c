@@ -616,23 +616,24 @@ START_TEST(budget_is_exact_and_recoverable)
     pkv_session_create(e, &a);
     pkv_session_create(e, &b);
     float kv[8] = {1, 2, 3, 4, 5, 6, 7, 8}, q[8] = {1, 0, 0, 0, 0, 1, 0, 0}, o1[8], o2[8];
-    for (int t = 0; t < 6; t++) /* 3 pages */
+    for (int t = 0; t < 2; t++) /* 1 page */
         ck_assert_int_eq(pkv_append(a, 0, kv, kv), PKV_OK);
-    for (int t = 0; t < 4; t++) /* 2 pages: budget full */
+    for (int t = 0; t < 8; t++) /* 4 pages, a full block table: budget full */
         ck_assert_int_eq(pkv_append(b, 0, kv, kv), PKV_OK);
     pkv_memory before, after;
     pkv_session_memory(b, &before);
     ck_assert_int_eq(pkv_decode(b, 0, q, o1), PKV_OK);
-    ck_assert_int_eq(pkv_append(b, 0, kv, kv), PKV_ENOMEM); /* a 6th page */
+    /* a 6th page, which would also grow b's table: every figure stays, overhead too */
+    ck_assert_int_eq(pkv_append(b, 0, kv, kv), PKV_ENOMEM);
     pkv_session_memory(b, &after);
-    ck_assert_mem_eq(&before, &after, sizeof before);        /* unchanged */
-    ck_assert_uint_eq(pkv_session_len(b, 0), 4);
+    ck_assert_mem_eq(&before, &after, sizeof before);
+    ck_assert_uint_eq(pkv_session_len(b, 0), 8);
     ck_assert_int_eq(pkv_decode(b, 0, q, o2), PKV_OK);
     ck_assert_mem_eq(o1, o2, sizeof o1);
     pkv_session *f;                     /* a fork needs no page: fine */
     ck_assert_int_eq(pkv_session_fork(a, &f), PKV_OK);
     pkv_session_destroy(f);
-    pkv_session_destroy(a);             /* frees 3 pages: b can grow again */
+    pkv_session_destroy(a);             /* frees a page: b can grow again */
     ck_assert_int_eq(pkv_append(b, 0, kv, kv), PKV_OK);
     ck_assert(pkvi_engine_check(e));
     pkv_stats st;
@@ -691,9 +692,9 @@ END_TEST
 START_TEST(bad_input_changes_nothing)
 {
     pkv_config c = pkv_config_default();
-    pkv_engine *e = (pkv_engine *)0x1;
+    pkv_engine *e = (pkv_engine *)0x1; /* a failed create leaves it as it was */
     ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL); /* zero geometry */
-    ck_assert_ptr_null(e);
+    ck_assert_ptr_eq(e, (pkv_engine *)0x1);
     ck_assert_int_eq(pkv_engine_create(NULL, &e), PKV_EINVAL);
     c.n_layers = 1;
     c.n_heads = 6;
@@ -710,6 +711,26 @@ START_TEST(bad_input_changes_nothing)
     c.scale = NAN;
     ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL);
     c.scale = 0;
+    /* the engine's documented limits, each just past and at its bound */
+    const pkv_config ok = c;
+    const struct { uint32_t h, g, d, threads; pkv_status want; } lim[] = {
+        {257, 1, 8, 1, PKV_EINVAL},     {256, 1, 8, 1, PKV_OK},     /* n_heads / n_kv_heads */
+        {65537, 65537, 1, 1, PKV_EINVAL}, {65536, 65536, 1, 1, PKV_OK}, /* n_kv_heads */
+        {1, 1, 4097, 1, PKV_EINVAL},    {1, 1, 4096, 1, PKV_OK},    /* head_dim */
+        {1, 1, 8, 1025, PKV_EINVAL},    {1, 1, 8, 2, PKV_OK},       /* n_threads */
+    };
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++) {
+        c.n_heads = lim[i].h;
+        c.n_kv_heads = lim[i].g;
+        c.head_dim = lim[i].d;
+        c.n_threads = lim[i].threads;
+        c.block_tokens = 1;
+        e = NULL;
+        ck_assert_msg(pkv_engine_create(&c, &e) == lim[i].want, "limits row %zu", i);
+        ck_assert(lim[i].want == PKV_OK ? e != NULL : e == NULL);
+        pkv_engine_destroy(e);
+    }
+    c = ok;
     c.block_tokens = 0xffffffffu; /* page size overflow / absurd */
     ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL);
     c.block_tokens = 4;
@@ -728,9 +749,10 @@ START_TEST(bad_input_changes_nothing)
 
     pkv_session *s = (pkv_session *)0x1;
     ck_assert_int_eq(pkv_session_create(NULL, &s), PKV_EINVAL);
-    ck_assert_ptr_null(s);
+    ck_assert_ptr_eq(s, (pkv_session *)0x1);
     ck_assert_int_eq(pkv_session_create(e, NULL), PKV_EINVAL);
     ck_assert_int_eq(pkv_session_fork(NULL, &s), PKV_EINVAL);
+    ck_assert_ptr_eq(s, (pkv_session *)0x1);
     ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
     float k[24] = {0}, q[48] = {0}, o[48];
     ck_assert_int_eq(pkv_append(NULL, 0, k, k), PKV_EINVAL);
@@ -763,6 +785,52 @@ START_TEST(bad_input_changes_nothing)
     pkv_session_destroy(NULL);
     pkv_engine_destroy(NULL);
     pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+}
+END_TEST
+
+/* A session twice in one batch would have both slots fold into its one scratch area:
+ * refused at every batch size, the pairwise check of small batches and the sorted one
+ * of large batches alike (before, batches over 4096 were not checked at all). */
+START_TEST(batch_refuses_a_session_twice_at_any_size)
+{
+    enum { N = 4097, H = 2, D = 3 };
+    pkv_engine *e = pkvt_engine(1, H, 1, D, 4, PKV_F32);
+    pkv_session **ss = pkvt_alloc(N * sizeof *ss);
+    float *q = pkvt_alloc((size_t)N * H * D * sizeof(float));
+    float *o = pkvt_alloc((size_t)N * H * D * sizeof(float));
+    float kv[D], one[H * D];
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed());
+    pkvt_fill(&r, q, (size_t)N * H * D, -1, 1);
+    for (uint32_t i = 0; i < N; i++) {
+        ck_assert_int_eq(pkv_session_create(e, &ss[i]), PKV_OK);
+        for (uint32_t t = 0; t <= i % 3; t++) {
+            pkvt_fill(&r, kv, D, -1, 1);
+            ck_assert_int_eq(pkv_append(ss[i], 0, kv, kv), PKV_OK);
+        }
+    }
+    ck_assert_int_eq(pkv_decode_batch(e, 0, N, ss, q, o), PKV_OK);
+    for (uint32_t i = 0; i < N; i += 97) {
+        ck_assert_int_eq(pkv_decode(ss[i], 0, q + (size_t)i * H * D, one), PKV_OK);
+        ck_assert_mem_eq(one, o + (size_t)i * H * D, sizeof one);
+    }
+    static const uint32_t dup[][2] = {{0, 1}, {5, 63}, {63, 64}, {0, N - 1}, {2000, 4096}};
+    for (size_t k = 0; k < sizeof dup / sizeof dup[0]; k++) {
+        pkv_session *keep = ss[dup[k][1]];
+        ss[dup[k][1]] = ss[dup[k][0]];
+        ck_assert_msg(pkv_decode_batch(e, 0, N, ss, q, o) == PKV_EINVAL,
+                      "slots %u and %u hold one session, batch of %u", dup[k][0], dup[k][1], N);
+        ck_assert_msg(pkv_decode_batch(e, 0, dup[k][1] + 1, ss, q, o) == PKV_EINVAL,
+                      "slots %u and %u hold one session, batch of %u", dup[k][0], dup[k][1],
+                      dup[k][1] + 1);
+        ss[dup[k][1]] = keep;
+    }
+    for (uint32_t i = 0; i < N; i++)
+        pkv_session_destroy(ss[i]);
+    free(ss);
+    free(q);
+    free(o);
     pkv_engine_destroy(e);
 }
 END_TEST
@@ -841,6 +909,7 @@ int main(void)
     tcase_add_test(tc, threads_drive_own_sessions);
     tcase_add_test(tc, budget_is_exact_and_recoverable);
     tcase_add_test(tc, bad_input_changes_nothing);
+    tcase_add_test(tc, batch_refuses_a_session_twice_at_any_size);
     tcase_add_test(tc, rss_follows_the_figures);
     suite_add_tcase(s, tc);
     return pkvt_run(s);

@@ -164,8 +164,7 @@ void pkv_engine_destroy(pkv_engine *e)
         pkv_session_destroy(e->sessions);
     pkvi_spill_close(e);
     pkvi_threads_destroy(e->threads);
-    if (e->pool.free_list)
-        pkvi_pool_fini(&e->pool);
+    pkvi_pool_fini(&e->pool); /* a no-op on the zeroed pool of a failed create */
     pthread_mutex_destroy(&e->lock);
     free(e->spill_dir);
     free(e);
@@ -222,7 +221,8 @@ static bool engine_check(pkv_engine *e, bool quiescent)
     bool ok = true;
     pthread_mutex_lock(&e->lock);
     const pkvi_pool *p = &e->pool;
-    if (p->allocated != p->in_use + p->n_free || p->n_free > p->free_cap)
+    if (p->allocated != p->in_use + p->n_free || p->n_free > p->free_slots ||
+        p->free_slots > p->free_cap)
         ok = false;
     if (p->budget_pages && p->in_use + p->n_free > p->budget_pages)
         ok = false;

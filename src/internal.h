@@ -230,8 +230,8 @@ typedef struct {
     uint64_t budget_pages; /* 0 = unlimited */
     uint64_t in_use;       /* resident pages held by descriptors */
     uint64_t spilled;      /* descriptors whose bytes are in the spill file */
-    void **free_list;      /* cached free page buffers, [free_cap] */
-    uint64_t n_free, free_cap;
+    void **free_list;      /* cached free page buffers, [free_slots], grown on demand */
+    uint64_t n_free, free_slots, free_cap;
     uint64_t allocated;    /* page buffers obtained from the allocator and not returned */
 } pkvi_pool;
 

@@ -9,7 +9,8 @@
  * Invariants:
  *   allocated == in_use + n_free          (every buffer is held or cached)
  *   budget_pages == 0 || in_use + n_free <= budget_pages
- *   n_free <= free_cap   (16 MiB worth, or the whole budget when one is set)
+ *   n_free <= free_slots <= free_cap   (16 MiB worth, or the whole budget when one is
+ *                                       set; the slot array grows as buffers come back)
  * The budget caps buffers held *and* cached, so the process's page memory never
  * exceeds mem_budget whatever the reuse pattern.
  */
@@ -83,22 +84,18 @@ pkv_status pkvi_pool_init(pkvi_pool *p, uint64_t page_bytes, uint64_t budget_byt
          * buffer up to it: spill and restore then reuse buffers instead of faulting
          * in fresh memory for each page read back (first touch ran at ~0.25 GB/s on
          * the dev VM and made restore 30x slower than the disk). The slot array is
-         * kept under 1/512 of the budget for tiny pages. */
+         * kept under 1/512 of the budget for tiny pages. It is allocated as buffers
+         * come back, never up front: a budget is a ceiling, and a huge one (even
+         * UINT64_MAX) must not reserve memory for slots it may never fill. */
         p->free_cap = p->budget_pages;
         if (p->free_cap > budget_bytes / 512 && budget_bytes / 512 >= 4)
             p->free_cap = budget_bytes / 512;
     }
-    p->free_list = calloc((size_t)p->free_cap, sizeof(void *));
-    if (!p->free_list)
-        return PKV_ENOMEM;
 #if PKV_HAVE_JEMALLOC
     unsigned arena = 0;
     size_t sz = sizeof arena;
-    if (mallctl("arenas.create", &arena, &sz, NULL, 0) != 0) {
-        free(p->free_list);
-        p->free_list = NULL;
+    if (mallctl("arenas.create", &arena, &sz, NULL, 0) != 0)
         return PKV_ENOMEM;
-    }
     p->use_jemalloc = true;
     p->arena = arena;
 #endif
@@ -113,6 +110,7 @@ void pkvi_pool_fini(pkvi_pool *p)
     p->n_free = 0;
     free(p->free_list);
     p->free_list = NULL;
+    p->free_slots = 0;
 #if PKV_HAVE_JEMALLOC
     if (p->use_jemalloc && p->allocated == 0) {
         /* Give the arena's memory back. Only legal once every buffer is freed. */
@@ -149,13 +147,34 @@ pkv_status pkvi_pool_get(pkvi_pool *p, void **out)
     return PKV_OK;
 }
 
+/* Room for one more cached buffer: doubles the slot array up to free_cap. False if
+ * the cache is full or the array cannot grow (the buffer then goes back instead). */
+static bool free_slot(pkvi_pool *p)
+{
+    if (p->n_free < p->free_slots)
+        return true;
+    if (p->free_slots >= p->free_cap)
+        return false;
+    uint64_t n = p->free_slots ? p->free_slots * 2 : 16;
+    if (n > p->free_cap)
+        n = p->free_cap;
+    if (n > SIZE_MAX / sizeof(void *))
+        return false;
+    void **list = realloc(p->free_list, (size_t)n * sizeof *list);
+    if (!list)
+        return false;
+    p->free_list = list;
+    p->free_slots = n;
+    return true;
+}
+
 void pkvi_pool_put(pkvi_pool *p, void *buf)
 {
     p->in_use--;
 #if PKV_POISON
     memset(buf, 0xff, (size_t)p->page_bytes);
 #endif
-    if (p->n_free < p->free_cap) {
+    if (free_slot(p)) {
         p->free_list[p->n_free++] = buf;
         return;
     }

@@ -731,6 +731,24 @@ START_TEST(bad_input_changes_nothing)
         pkv_engine_destroy(e);
     }
     c = ok;
+    /* a budget is a ceiling, not a reservation: the largest one costs nothing up front
+     * (the pool once sized its free-list array from it and failed here) */
+    const uint64_t huge[] = {UINT64_MAX, UINT64_MAX / 2, 1ull << 40};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        c.mem_budget = huge[i];
+        e = NULL;
+        ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
+        pkv_session *hs = NULL;
+        float row[3 * 8] = {0}, hq[6 * 8] = {0}, ho[6 * 8];
+        ck_assert_int_eq(pkv_session_create(e, &hs), PKV_OK);
+        for (int t = 0; t < 40; t++)
+            ck_assert_int_eq(pkv_append(hs, 0, row, row), PKV_OK);
+        ck_assert_int_eq(pkv_decode(hs, 0, hq, ho), PKV_OK);
+        pkv_session_destroy(hs); /* its pages go to the pool's cache */
+        ck_assert(pkvi_engine_check(e));
+        pkv_engine_destroy(e);
+    }
+    c = ok;
     c.block_tokens = 0xffffffffu; /* page size overflow / absurd */
     ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL);
     c.block_tokens = 4;

@@ -849,6 +849,20 @@ START_TEST(stress_spill)
     const char *err = json_at(p.out, "error");
     ck_assert_msg(err && *err == '"', "no error in the JSON: %s", p.out);
     ck_assert_uint_lt(json_u64(p.out, "tokens"), 3000);
+    /* the same error on stderr: `--json > run.json` must not hide it (SPEC §6) */
+    ck_assert_msg(has(p.err, "pagedkv stress: pkv_append at ") &&
+                      has(p.err, pkv_status_str(PKV_ENOMEM)),
+                  "the error is not on stderr: %s", p.err);
+    proc_free(&p);
+
+    /* and in text mode: the report's "error:" line on stdout, the error on stderr */
+    run_tool(&p, (const char *[]){"stress", "--ctx", "3000", "--sessions", "3", "--heads", "4",
+                                  "--kv-heads", "2", "--head-dim", "32", "--block-tokens", "16",
+                                  "--budget", "819200", "--quiet", NULL});
+    ck_assert_msg(p.status == 1 && has(p.out, "error: pkv_append at ") &&
+                      has(p.err, "pagedkv stress: pkv_append at "),
+                  "text run over budget: exit %d\nstdout %s\nstderr %s", p.status, p.out,
+                  p.err);
     proc_free(&p);
 }
 END_TEST

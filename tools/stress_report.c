@@ -8,6 +8,9 @@
  * the JSON writer (json.c), the SVG text (svg.c), anything in the library.
  *
  * Invariants
+ *   - Whatever makes the exit status 1 (a library error, a memory or fork mismatch, an
+ *     unwritable plot) is also a `pagedkv stress: ...` line on stderr, after the
+ *     report on stdout.
  *   - Reporting changes nothing but the order of r->samples (sorted by octave of ctx,
  *     then latency) and reads the engine's figures; the sessions stay as they are.
  *   - Bucket b covers [2^k, 2^(k+1)) tokens of context; sum over buckets of n ==
@@ -369,6 +372,17 @@ int stress_report(stress_run *r)
     int rc = r->error[0] || r->mismatches || r->fork_bad ? CLI_FAIL
              : cli_interrupted()                    ? EXIT_INTERRUPTED
                                                          : CLI_OK;
+    /* The report above may be in a file (--json > run.json): every reason for exit 1
+     * is said on stderr too, in the form of every other error (SPEC §6). */
+    if (r->error[0])
+        cli_fail(CMD, "%s", r->error);
+    if (r->mismatches)
+        cli_fail(CMD, "memory check: %llu of %llu checks disagree with the formula; the "
+                      "first: %s", (unsigned long long)r->mismatches,
+                 (unsigned long long)r->checks, r->mismatch);
+    if (r->fork_bad)
+        cli_fail(CMD, "fork check: %llu of %llu forks failed; the first: %s",
+                 (unsigned long long)r->fork_bad, (unsigned long long)r->forks, r->fork_msg);
     if (o->svg && write_svg(r, &fit[0]) != 0)
         rc = cli_fail(CMD, "cannot write the plot to '%s'", o->svg);
     return rc;

@@ -527,6 +527,14 @@ START_TEST(stress_usage)
         {{"--points", "1"}, "--points"},
         {{"--layers", ""}, "--layers"},
         {{"--head-dim", "1.5"}, "1.5"},
+        /* --svg is checked before the run (each of these would take the whole run and
+         * then fail): a missing directory, a directory, an empty name, a file under a
+         * file */
+        {{"--ctx", "64", "--svg", "/nonexistent-dir/x.svg"}, "'/nonexistent-dir' does not"},
+        {{"--ctx", "64", "--svg", "/tmp"}, "is a directory"},
+        {{"--ctx", "64", "--svg", "/tmp/"}, "is a directory"},
+        {{"--ctx", "64", "--svg", ""}, "empty"},
+        {{"--ctx", "64", "--svg", "/dev/null/x.svg"}, "not a directory"},
     };
     expect_usage_errors("stress", rows, sizeof rows / sizeof rows[0]);
     expect_help("stress");
@@ -798,12 +806,13 @@ START_TEST(stress_decode_every)
                   "text run: exit %d: %s%s", p.status, p.out, p.err);
     proc_free(&p);
 
-    /* an unwritable plot is a runtime failure, after the summary */
+    /* a plot that cannot be written is a usage error before any work: no summary,
+     * no file left behind (the rows of stress_usage check the other paths) */
     run_tool(&p, (const char *[]){"stress", "--ctx", "10", "--heads", "2", "--kv-heads", "1",
                                   "--head-dim", "4", "--quiet", "--svg",
                                   "/nonexistent-dir/x.svg", NULL});
-    ck_assert_msg(p.status == 1 && has(p.err, "x.svg"), "bad --svg: exit %d %s", p.status,
-                  p.err);
+    ck_assert_msg(p.status == 2 && has(p.err, "x.svg") && !p.out[0],
+                  "bad --svg: exit %d, stdout %s, stderr %s", p.status, p.out, p.err);
     proc_free(&p);
 }
 END_TEST

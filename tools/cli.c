@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -129,6 +130,61 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i)
     }
     *i += 1;
     return argv[*i];
+}
+
+/* Why files cannot be created in dir (into buf), or NULL when they can. */
+static const char *dir_problem(const char *dir, char *buf, size_t cap)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        snprintf(buf, cap, "'%s' %s", dir,
+                 errno == ENOENT ? "does not exist" : strerror(errno));
+    else if (!S_ISDIR(st.st_mode))
+        snprintf(buf, cap, "'%s' is not a directory", dir);
+    else if (access(dir, W_OK | X_OK) != 0)
+        snprintf(buf, cap, "cannot create files in '%s': %s", dir, strerror(errno));
+    else
+        return NULL;
+    return buf;
+}
+
+int cli_check_dir(const char *cmd, const char *opt, const char *dir)
+{
+    char why[4200];
+    if (!dir || !*dir)
+        return cli_usage_error(cmd, "%s: the directory name is empty", opt);
+    if (dir_problem(dir, why, sizeof why))
+        return cli_usage_error(cmd, "%s: %s", opt, why);
+    return CLI_OK;
+}
+
+int cli_check_output_file(const char *cmd, const char *opt, const char *path)
+{
+    struct stat st;
+    char dir[4096], why[4200];
+    if (!path || !*path)
+        return cli_usage_error(cmd, "%s: the file name is empty", opt);
+    if (path[strlen(path) - 1] == '/' || (stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
+        return cli_usage_error(cmd, "%s: '%s' is a directory, not a file", opt, path);
+    if (stat(path, &st) == 0) {
+        if (access(path, W_OK) != 0)
+            return cli_usage_error(cmd, "%s: cannot write '%s': %s", opt, path,
+                                   strerror(errno));
+        return CLI_OK;
+    }
+    /* a new file: its directory must take it */
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else
+        return cli_usage_error(cmd, "%s: '%s': the path is too long", opt, path);
+    if (dir_problem(dir, why, sizeof why))
+        return cli_usage_error(cmd, "%s: cannot create '%s': %s", opt, path, why);
+    return CLI_OK;
 }
 
 /* The tool's one piece of process-wide state: a signal handler can reach nothing else. */

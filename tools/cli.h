@@ -54,6 +54,17 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Output paths and directories, checked before any work so that a typo fails at once
+ * and not after a long run. Each returns CLI_OK, or CLI_USAGE after a message that
+ * names the option and the cause. Nothing is created.
+ * cli_check_output_file: `path` can be written by fopen(path, "w"): not empty, not a
+ *   directory, an existing file writable, otherwise its directory existing and
+ *   writable.
+ * cli_check_dir: `dir` is not empty, exists, is a directory, and is writable and
+ *   searchable (files can be created in it). */
+int cli_check_output_file(const char *cmd, const char *opt, const char *path);
+int cli_check_dir(const char *cmd, const char *opt, const char *dir);
+
 /* Option value: argv[*i + 1] (advancing *i), or a usage error message and NULL. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 

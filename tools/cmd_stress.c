@@ -61,6 +61,8 @@ static void usage(FILE *f)
         "output:\n"
         "  --json               one JSON object on stdout instead of the text summary\n"
         "  --svg FILE           plot latency and memory against context to FILE\n"
+        "                       (checked before the run: a usage error if it cannot be\n"
+        "                       written)\n"
         "  --svg-logx           logarithmic context axis in the plot\n"
         "  --quiet              no progress on stderr\n"
         "  --help               this text\n\n"
@@ -151,6 +153,9 @@ static int parse_opts(int argc, char **argv, stress_opts *o, bool *help)
     if (o->heads % o->kv_heads != 0)
         return cli_usage_error(CMD, "--heads (%u) must be a multiple of --kv-heads (%u)",
                                o->heads, o->kv_heads);
+    /* the plot is written after the run: a path that cannot take it fails now */
+    if (o->svg && cli_check_output_file(CMD, "--svg", o->svg) != CLI_OK)
+        return CLI_USAGE;
     if (o->sessions > 65536 || o->reps > 1000)
         return cli_usage_error(CMD, "--sessions must be <= 65536 and --reps <= 1000");
     uint64_t total;

@@ -876,6 +876,40 @@ START_TEST(stress_spill)
 }
 END_TEST
 
+/* Contexts whose buffers exceed any machine's memory are refused before anything is
+ * allocated, naming the bytes needed and the machine's memory (bench has no spill;
+ * stress without --budget has nothing to bound it); a budget lifts stress's guard.
+ * Without the guard these runs allocate until the OOM killer ends them. */
+START_TEST(memory_guard)
+{
+    static const bad_args bench_rows[] = {
+        {{"--ctx", "1g", "--reps", "1"}, "physical memory"},
+        /* 2 * 1 * 128 * 2^32 * 2 bytes of K/V + 1 MiB of bandwidth buffer */
+        {{"--ctx", "4g", "--model-preset", "mqa", "--dtype", "f16", "--no-naive",
+          "--bw-mib", "1"}, "needs 2199024304128 bytes"},
+    };
+    expect_usage_errors("bench", bench_rows, 2);
+    static const bad_args stress_rows[] = {
+        {{"--ctx", "1g"}, "4398046511104 bytes"},
+        {{"--ctx", "1g", "--sessions", "3", "--json"}, "--force"},
+    };
+    expect_usage_errors("stress", stress_rows, 2);
+    proc p;
+    run_tool(&p, (const char *[]){"bench", "--ctx", "1g", NULL});
+    ck_assert_msg(has(p.err, "physical memory,") && has(p.err, " bytes (") &&
+                      /* f32: 2*8*128*2^30*4 bytes + the 2 GiB bandwidth buffer */
+                      has(p.err, "needs 8798240505856 bytes"),
+                  "bench's refusal names no figures: %s", p.err);
+    proc_free(&p);
+    /* with a budget stress runs (and the budget, not RAM, stops it: exit 1) */
+    run_tool(&p, (const char *[]){"stress", "--ctx", "1g", "--budget", "1m", "--quiet",
+                                  "--json", NULL});
+    ck_assert_msg(p.status == 1 && json_valid(p.out) && has(p.err, "out of memory"),
+                  "stress --ctx 1g --budget 1m: exit %d: %s", p.status, p.err);
+    proc_free(&p);
+}
+END_TEST
+
 /* Ctrl-C stops the run, and the summary of the work so far is still printed. */
 START_TEST(stress_sigint)
 {
@@ -883,7 +917,7 @@ START_TEST(stress_sigint)
     char *argv[] = {(char *)"pagedkv", (char *)"stress", (char *)"--ctx", (char *)"1g",
                     (char *)"--heads", (char *)"2", (char *)"--kv-heads", (char *)"1",
                     (char *)"--head-dim", (char *)"4", (char *)"--points", (char *)"40",
-                    (char *)"--json", NULL};
+                    (char *)"--json", (char *)"--force", NULL};
     proc_start(&p, tool(), false, argv);
     /* the start line on stderr comes after the handler is installed */
     bool started = false;
@@ -955,6 +989,7 @@ int main(void)
     tcase_add_test(tr, stress_decode_every);
     tcase_add_test(tr, stress_spill);
     tcase_add_test(tr, stress_sigint);
+    tcase_add_test(tr, memory_guard);
     suite_add_tcase(s, tr);
     return pkvt_run(s);
 }

@@ -187,6 +187,26 @@ int cli_check_output_file(const char *cmd, const char *opt, const char *path)
     return CLI_OK;
 }
 
+uint64_t cli_phys_mem_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psz <= 0 || (uint64_t)pages > UINT64_MAX / (uint64_t)psz)
+        return 0;
+    return (uint64_t)pages * (uint64_t)psz;
+}
+
+int cli_memory_guard(const char *cmd, const char *what, uint64_t need, uint64_t limit,
+                     const char *limit_what, bool force)
+{
+    char b1[32], b2[32];
+    if (force || limit == 0 || need <= limit)
+        return CLI_OK;
+    return cli_usage_error(cmd, "%s needs %llu bytes (%s), more than %s, %llu bytes (%s); "
+                                "add --force to do it anyway", what,
+                           (unsigned long long)need, cli_bytes(need, b1), limit_what,
+                           (unsigned long long)limit, cli_bytes(limit, b2));
+}
+
 /* The tool's one piece of process-wide state: a signal handler can reach nothing else. */
 static volatile sig_atomic_t sigint_seen;
 static struct sigaction sigint_old;

@@ -65,6 +65,16 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
 int cli_check_output_file(const char *cmd, const char *opt, const char *path);
 int cli_check_dir(const char *cmd, const char *opt, const char *dir);
 
+/* Memory guards, before allocating: a typo like `--ctx 1g` for `1k` must not run into
+ * the OOM killer on a shared machine.
+ * cli_phys_mem_bytes: sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE); 0 if unknown.
+ * cli_memory_guard: CLI_OK when force, limit == 0 (unknown) or need <= limit; else
+ *   CLI_USAGE after "WHAT needs NEED bytes (..), more than LIMIT_WHAT, LIMIT bytes (..);
+ *   add --force to do it anyway" (WHAT and LIMIT_WHAT are the caller's words). */
+uint64_t cli_phys_mem_bytes(void);
+int cli_memory_guard(const char *cmd, const char *what, uint64_t need, uint64_t limit,
+                     const char *limit_what, bool force);
+
 /* Option value: argv[*i + 1] (advancing *i), or a usage error message and NULL. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 

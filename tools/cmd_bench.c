@@ -64,7 +64,7 @@ typedef struct {
     uint32_t n_threads;
     uint32_t reps, block_tokens, prefill_tokens;
     uint64_t bw_mib, scalar_max_ctx, naive_max_bytes;
-    bool json, scalar, naive;
+    bool json, scalar, naive, force;
 } opts;
 
 static void usage(FILE *f)
@@ -95,8 +95,16 @@ static void usage(FILE *f)
 "  --no-naive           skip the naive implementation\n"
 "  --scalar-max-ctx N   skip the scalar reference above this context (default 32768:\n"
 "                       its ratio is flat in the context and 128k costs ~20 s; 0 = no limit)\n"
+"  --force              run even when the largest context's buffers (below) exceed\n"
+"                       the machine's physical memory\n"
 "  --json               one JSON object on stdout instead of the table\n"
 "  --help               this text\n"
+"\n"
+"Before allocating anything, bench adds up the most it will hold at once: the\n"
+"bandwidth buffer, the K/V of the largest context (every dtype's session is built\n"
+"and destroyed in turn; the largest counts) and, for the naive kernel, its f32 copy\n"
+"and scores. Above physical memory it refuses (exit 2) unless --force: bench has\n"
+"no budget and no spill.\n"
 "\n"
 "spill mode (SPEC §5: spill and restore next to the disk's own speed):\n"
 "  --spill              instead of decode: two sessions of --spill-mib MiB each on an\n"
@@ -229,6 +237,10 @@ static int parse(int argc, char **argv, opts *o)
             usage(stdout);
             return CLI_OK;
         }
+        if (strcmp(a, "--force") == 0) {
+            o->force = true;
+            continue;
+        }
         if (strcmp(a, "--json") == 0 || strcmp(a, "--no-scalar") == 0 ||
             strcmp(a, "--no-naive") == 0) {
             o->json |= a[2] == 'j';
@@ -273,6 +285,40 @@ static int parse(int argc, char **argv, opts *o)
             o->threads[o->n_threads++] = online_cpus();
     }
     return -1;
+}
+
+/* The most bench holds at once, in bytes (UINT64_MAX on overflow): the bandwidth
+ * buffer, plus for the worst preset and context the largest dtype's K/V (sessions are
+ * built and destroyed in turn, so only one lives at a time; the formula is a lower
+ * bound of its pages) and the naive kernel's f32 K/V and per-thread scores, which live
+ * through all the rows of that context. */
+static uint64_t peak_bytes(const opts *o)
+{
+    uint32_t tmax = 1;
+    for (uint32_t i = 0; i < o->n_threads; i++)
+        tmax = o->threads[i] > tmax ? o->threads[i] : tmax;
+    uint64_t worst = 0;
+    for (uint32_t pi = 0; pi < o->n_presets; pi++)
+        for (uint32_t ci = 0; ci < o->n_ctx; ci++) {
+            const cli_preset *p = o->presets[pi];
+            uint64_t kv = 0, naive = 0, one;
+            for (uint32_t di = 0; di < o->n_dtypes; di++) {
+                if (pkv_kv_cache_bytes(1, p->kv_heads, p->head_dim, o->ctx[ci], 1,
+                                       pkv_dtype_size(o->dtypes[di]), &one) != PKV_OK)
+                    return UINT64_MAX;
+                kv = one > kv ? one : kv;
+            }
+            if (pkv_kv_cache_bytes(1, p->kv_heads, p->head_dim, o->ctx[ci], 1, sizeof(float),
+                                   &naive) != PKV_OK)
+                return UINT64_MAX;
+            if (o->naive && naive <= o->naive_max_bytes)
+                naive += (uint64_t)tmax * o->ctx[ci] * sizeof(float);
+            else
+                naive = 0;
+            worst = kv + naive > worst ? kv + naive : worst;
+        }
+    const uint64_t bw = o->bw_mib << 20;
+    return worst > UINT64_MAX - bw ? UINT64_MAX : worst + bw;
 }
 
 /* ---- one row of the table ------------------------------------------------------------- */
@@ -754,6 +800,10 @@ int cmd_bench(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
         return rc;
+    if (cli_memory_guard(CMD, "the largest context",
+                         peak_bytes(&o), cli_phys_mem_bytes(),
+                         "the machine's physical memory", o.force) != CLI_OK)
+        return CLI_USAGE;
     rc = CLI_OK;
     bench *b = calloc(1, sizeof *b);
     if (!b)

@@ -309,15 +309,9 @@ static int measure(const mem_opts *o, pkv_engine *e, const mem_figures *f,
                    mem_measured *r)
 {
     memset(r, 0, sizeof *r);
-    if (f->paged_session > MEASURE_LIMIT_BYTES && !o->force) {
-        char b1[32], b2[32];
-        return cli_usage_error(CMD, "--measure would allocate %" PRIu64 " bytes (%s) for "
-                                    "one session, above the limit of %llu bytes (%s); "
-                                    "add --force to do it anyway",
-                               f->paged_session, cli_bytes(f->paged_session, b1),
-                               (unsigned long long)MEASURE_LIMIT_BYTES,
-                               cli_bytes(MEASURE_LIMIT_BYTES, b2));
-    }
+    if (cli_memory_guard(CMD, "--measure (one session)", f->paged_session,
+                         MEASURE_LIMIT_BYTES, "the --measure limit", o->force) != CLI_OK)
+        return CLI_USAGE;
     size_t row = (size_t)o->kv_heads * o->head_dim;
     float *zeros = calloc(row, sizeof(float));
     if (!zeros)

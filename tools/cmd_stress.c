@@ -56,6 +56,8 @@ static void usage(FILE *f)
         "                       (shared pages, bitwise-equal decode), drop the fork\n"
         "  --budget BYTES       resident page budget (0 = none)\n"
         "  --spill-dir DIR      spill pages beyond the budget to a file in DIR\n"
+        "  --force              run without --budget even if the K/V cache exceeds the\n"
+        "                       machine's physical memory (refused otherwise)\n"
         "  --threads N          engine threads (default 0: all CPUs)\n"
         "  --seed N             seed of the random K/V/Q rows (default 1)\n"
         "output:\n"
@@ -100,6 +102,7 @@ static int parse_opts(int argc, char **argv, stress_opts *o, bool *help)
         }
         if (strcmp(a, "--json") == 0) { o->json = true; continue; }
         if (strcmp(a, "--quiet") == 0) { o->quiet = true; continue; }
+        if (strcmp(a, "--force") == 0) { o->force = true; continue; }
         if (strcmp(a, "--svg-logx") == 0) { o->svg_logx = true; continue; }
         const num_opt *n = NULL;
         for (size_t j = 0; j < sizeof nums / sizeof nums[0]; j++)
@@ -566,16 +569,21 @@ int cmd_stress(int argc, char **argv)
         usage(stdout);
         return CLI_OK;
     }
-    uint64_t need = 0;
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    /* Without a budget nothing bounds the cache: beyond physical memory it is refused
+     * (--force runs it anyway), near it a warning. A budget bounds what is resident
+     * (and with --spill-dir the rest goes to disk), so then it just runs. */
+    uint64_t need = 0, ram = cli_phys_mem_bytes();
     pkv_kv_cache_bytes(r.o.layers, r.o.kv_heads, r.o.head_dim, r.o.ctx, r.o.sessions,
                        pkv_dtype_size(r.o.dtype), &need);
-    if (!(r.o.budget && r.o.spill_dir) && pages > 0 && psz > 0 &&
-        need > (uint64_t)pages * (uint64_t)psz / 10 * 9) {
+    if (!r.o.budget &&
+        cli_memory_guard(CMD, "the K/V cache, with no --budget to bound it,", need, ram,
+                         "the machine's physical memory", r.o.force) != CLI_OK)
+        return CLI_USAGE;
+    if (!r.o.budget && ram && need > ram / 10 * 9) {
         char b1[32], b2[32];
         fprintf(stderr, "pagedkv stress: warning: the K/V cache needs %s, the machine has "
                 "%s; consider --budget and --spill-dir\n", cli_bytes(need, b1),
-                cli_bytes((uint64_t)pages * (uint64_t)psz, b2));
+                cli_bytes(ram, b2));
     }
     cli_sigint_catch();
     rc = setup(&r);

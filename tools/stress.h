@@ -28,7 +28,7 @@ typedef struct {
     uint32_t points, reps;
     pkv_dtype dtype;
     const char *spill_dir, *svg, *preset;
-    bool json, quiet, svg_logx;
+    bool json, quiet, svg_logx, force;
 } stress_opts;
 
 typedef struct { uint64_t ctx; float us; } stress_sample;   /* one timed pkv_decode */

@@ -556,6 +556,48 @@ START_TEST(mem_usage)
 }
 END_TEST
 
+/* The budget and spill directory: the usual mistakes are named as usage errors before
+ * any work, in every command that takes them (pkv_engine_create alone says only
+ * "invalid argument"). */
+START_TEST(engine_memory_usage)
+{
+    static const bad_args stress_rows[] = {
+        {{"--ctx", "16", "--budget", "1m", "--spill-dir", "/nonexistent"},
+         "--spill-dir: '/nonexistent' does not exist"},
+        {{"--ctx", "16", "--budget", "1m", "--spill-dir", "/dev/null"}, "not a directory"},
+        {{"--ctx", "16", "--budget", "1m", "--spill-dir", ""}, "empty"},
+        /* one llama3-8b page: 2 * 8 * 16 * 128 * 2 bytes */
+        {{"--ctx", "16", "--budget", "1"}, "smaller than one page, 65536 bytes"},
+        {{"--ctx", "16", "--budget", "100", "--block-tokens", "1", "--dtype", "f32"},
+         "8192 bytes"},
+        {{"--ctx", "16", "--spill-dir", "/tmp"}, "--spill-dir without --budget"},
+        /* with spill, a decode still needs one layer of one session resident */
+        {{"--ctx", "16k", "--sessions", "3", "--budget", "4m", "--spill-dir", "/tmp"},
+         "cannot hold one layer"},
+    };
+    expect_usage_errors("stress", stress_rows, sizeof stress_rows / sizeof stress_rows[0]);
+    static const bad_args bench_rows[] = {
+        {{"--spill", "--spill-dir", "/nonexistent"}, "'/nonexistent' does not exist"},
+        {{"--spill", "--spill-dir", "/dev/null"}, "not a directory"},
+    };
+    expect_usage_errors("bench", bench_rows, 2);
+    static const bad_args soak_rows[] = {
+        {{"--spill-dir", "/nonexistent"}, "'/nonexistent' does not exist"},
+        {{"--spill-dir", "/dev/null"}, "not a directory"},
+    };
+    expect_usage_errors("soak", soak_rows, 2);
+    if (geteuid() != 0) {   /* root may write anywhere: no unwritable directory to try */
+        char dir[] = "/tmp/pkvt-ro-XXXXXX";
+        ck_assert(mkdtemp(dir) != NULL);
+        ck_assert(chmod(dir, 0500) == 0);
+        const bad_args ro[] = {{{"--ctx", "16", "--budget", "1m", "--spill-dir", dir},
+                                "cannot create files in"}};
+        expect_usage_errors("stress", ro, 1);
+        rmdir(dir);
+    }
+}
+END_TEST
+
 /* SPEC §1's two checks of the formula, through `pagedkv mem`: the number must appear
  * as a whole word in the output. */
 START_TEST(mem_formula)
@@ -981,6 +1023,7 @@ int main(void)
     tcase_add_test(tc, stress_usage);
     tcase_add_test(tc, mem_usage);
     tcase_add_test(tc, mem_formula);
+    tcase_add_test(tc, engine_memory_usage);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("stress");
     tcase_set_timeout(tr, 120);

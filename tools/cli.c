@@ -187,6 +187,49 @@ int cli_check_output_file(const char *cmd, const char *opt, const char *path)
     return CLI_OK;
 }
 
+int cli_check_engine_memory(const char *cmd, const pkv_config *c, const char *budget_opt,
+                            const char *dir_opt, bool dir_needs_budget,
+                            uint64_t *page_bytes, uint32_t *block_tokens)
+{
+    if (page_bytes)
+        *page_bytes = 0;
+    if (block_tokens)
+        *block_tokens = 0;
+    if (c->spill_dir && cli_check_dir(cmd, dir_opt, c->spill_dir) != CLI_OK)
+        return CLI_USAGE;
+    if (c->spill_dir && !c->mem_budget && dir_needs_budget)
+        return cli_usage_error(cmd, "%s without %s: nothing would ever be spilled (give "
+                                    "%s BYTES, the resident limit beyond which pages go "
+                                    "to the spill directory)", dir_opt, budget_opt,
+                               budget_opt);
+    /* the page size the library resolves for this geometry, from a bare engine */
+    pkv_config bare = *c;
+    bare.mem_budget = 0;
+    bare.spill_dir = NULL;
+    bare.n_threads = 1;
+    pkv_engine *e = NULL;
+    pkv_stats st;
+    pkv_config rc;
+    if (pkv_engine_create(&bare, &e) != PKV_OK || pkv_engine_stats(e, &st) != PKV_OK ||
+        pkv_engine_config(e, &rc) != PKV_OK) {
+        pkv_engine_destroy(e);
+        return CLI_OK;
+    }
+    pkv_engine_destroy(e);
+    if (page_bytes)
+        *page_bytes = st.page_bytes;
+    if (block_tokens)
+        *block_tokens = rc.block_tokens;
+    if (c->mem_budget && c->mem_budget < st.page_bytes)
+        return cli_usage_error(cmd, "%s %llu is smaller than one page, %llu bytes here (2 x "
+                                    "%u kv-heads x %u tokens x %u head-dim x %zu bytes); "
+                                    "give at least that, or 0 for no budget", budget_opt,
+                               (unsigned long long)c->mem_budget,
+                               (unsigned long long)st.page_bytes, rc.n_kv_heads,
+                               rc.block_tokens, rc.head_dim, pkv_dtype_size(rc.kv_dtype));
+    return CLI_OK;
+}
+
 uint64_t cli_phys_mem_bytes(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);

@@ -65,6 +65,19 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
 int cli_check_output_file(const char *cmd, const char *opt, const char *path);
 int cli_check_dir(const char *cmd, const char *opt, const char *dir);
 
+/* The budget and spill options of an engine of config c (its mem_budget and
+ * spill_dir), checked before any work, because pkv_engine_create says only
+ * PKV_EINVAL for the usual mistakes. The spill directory as cli_check_dir; a budget
+ * of at least one page of c's geometry (read back from an engine of c without budget
+ * or spill); with dir_needs_budget, a spill directory without a budget (it would never
+ * be used) is refused too. budget_opt and dir_opt name the options in the messages.
+ * *page_bytes and *block_tokens (either may be NULL) receive the resolved figures,
+ * 0 when the geometry itself is refused (left for pkv_engine_create to report).
+ * CLI_OK, or CLI_USAGE after a message naming the cause. */
+int cli_check_engine_memory(const char *cmd, const pkv_config *c, const char *budget_opt,
+                            const char *dir_opt, bool dir_needs_budget,
+                            uint64_t *page_bytes, uint32_t *block_tokens);
+
 /* Memory guards, before allocating: a typo like `--ctx 1g` for `1k` must not run into
  * the OOM killer on a shared machine.
  * cli_phys_mem_bytes: sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE); 0 if unknown.

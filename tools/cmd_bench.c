@@ -788,6 +788,8 @@ static int spill_mode(int argc, char **argv)
             return cli_usage_error(CMD, "option '%s' does not go with --spill", a);
         }
     }
+    if (cli_check_dir(CMD, "--spill-dir", dir) != CLI_OK)
+        return CLI_USAGE;
     return bench_spill(dir, mib, (int)reps, json);
 }
 

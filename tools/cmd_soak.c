@@ -151,11 +151,11 @@ static int parse_opts(int argc, char **argv, soak_opts *o, bool *help)
     if (o->budget_pages < need)
         return cli_usage_error(CMD, "--budget-pages must be at least " U64 " (the longest "
                                "layer's pages + 2)", need);
-    struct stat sb;
-    if (o->spill_dir && (stat(o->spill_dir, &sb) != 0 || !S_ISDIR(sb.st_mode) ||
-                         strlen(o->spill_dir) > 400))
-        return cli_usage_error(CMD, "--spill-dir: '%s' is not a directory (or too long)",
+    if (o->spill_dir && strlen(o->spill_dir) > 400)   /* S->dir and the save path */
+        return cli_usage_error(CMD, "--spill-dir: '%s' is too long (400 bytes at most)",
                                o->spill_dir);
+    if (o->spill_dir && cli_check_dir(CMD, "--spill-dir", o->spill_dir) != CLI_OK)
+        return CLI_USAGE;
     if (o->minutes_set && !o->ops_set)
         o->ops = UINT64_MAX;
     return CLI_OK;

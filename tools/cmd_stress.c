@@ -569,6 +569,28 @@ int cmd_stress(int argc, char **argv)
         usage(stdout);
         return CLI_OK;
     }
+    /* the budget and spill directory name their mistakes before any work; with spill
+     * a decode still needs its whole layer resident, so a budget below one layer of
+     * one session would fail at the first long decode */
+    pkv_config c = cli_config(r.o.layers, r.o.heads, r.o.kv_heads, r.o.head_dim,
+                              r.o.block_tokens, r.o.dtype, r.o.threads);
+    c.mem_budget = r.o.budget;
+    c.spill_dir = r.o.spill_dir;
+    uint64_t page = 0;
+    uint32_t bt = 0;
+    if (cli_check_engine_memory(CMD, &c, "--budget", "--spill-dir", true, &page, &bt) !=
+        CLI_OK)
+        return CLI_USAGE;
+    uint64_t layer_pages = bt ? (r.o.ctx + bt - 1) / bt : 0;
+    if (r.o.budget && r.o.spill_dir && page && layer_pages <= UINT64_MAX / page &&
+        r.o.budget < layer_pages * page)
+        return cli_usage_error(CMD, "--budget %llu cannot hold one layer of one session "
+                               "(%llu pages of %llu bytes = %llu bytes at --ctx %llu), "
+                               "which a decode needs resident at once",
+                               (unsigned long long)r.o.budget,
+                               (unsigned long long)layer_pages, (unsigned long long)page,
+                               (unsigned long long)(layer_pages * page),
+                               (unsigned long long)r.o.ctx);
     /* Without a budget nothing bounds the cache: beyond physical memory it is refused
      * (--force runs it anyway), near it a warning. A budget bounds what is resident
      * (and with --spill-dir the rest goes to disk), so then it just runs. */

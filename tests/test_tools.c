@@ -796,6 +796,24 @@ START_TEST(bench_json)
         ck_assert_msg(json_dbl(p.out, pos[i]) > 0, "%s is not positive", pos[i]);
     ck_assert_uint_eq(json_u64(p.out, "prefill.0.tokens"), 48);
     proc_free(&p);
+
+    /* --spill --json has the top-level keys of every bench --json, then its figures */
+    char dir[] = "/tmp/pkvt-bspill-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    run_tool(&p, (const char *[]){"bench", "--spill", "--json", "--spill-mib", "1", "--reps",
+                                  "1", "--spill-dir", dir, NULL});
+    ck_assert_msg(p.status == 0, "bench --spill: exit %d: %s", p.status, p.err);
+    ck_assert_msg(json_valid(p.out), "bench --spill --json is not valid JSON: %s", p.out);
+    const char *tool_v = json_at(p.out, "tool"), *ver = json_at(p.out, "version");
+    ck_assert_msg(tool_v && strncmp(tool_v, "\"pagedkv bench\"", 15) == 0 && ver &&
+                      *ver == '"' && json_at(p.out, "spill_dir"),
+                  "top-level keys missing: %s", p.out);
+    ck_assert_uint_eq(json_u64(p.out, "spill.mib_per_session"), 1);
+    ck_assert_msg(json_len(p.out, "spill.backends") >= 1 &&
+                      json_dbl(p.out, "spill.backends.0.spill_restore_gbs") > 0,
+                  "no spill figures: %s", p.out);
+    proc_free(&p);
+    ck_assert_msg(rmdir(dir) == 0, "bench --spill left files behind: %s", strerror(errno));
 }
 END_TEST
 

@@ -167,7 +167,12 @@ int bench_spill(const char *dir, uint64_t mib, int reps, bool json)
         n++;
     }
     if (json) {
-        printf("{\"spill\": {\"mib_per_session\": %llu, \"reps\": %d, \"backends\": [",
+        /* the top-level keys of every `bench --json`, then the spill figures */
+        printf("{\"tool\": \"pagedkv bench\", \"version\": ");
+        cli_json_str(stdout, pkv_version());
+        printf(", \"spill_dir\": ");
+        cli_json_str(stdout, dir);
+        printf(", \"spill\": {\"mib_per_session\": %llu, \"reps\": %d, \"backends\": [",
                (unsigned long long)mib, reps);
         for (int i = 0; i < n; i++)
             printf("%s{\"backend\": \"%s\", \"spill_restore_gbs\": %.3f, "

@@ -23,8 +23,8 @@
  *   - naive: llama2.c-style plain loops over contiguous f32 arrays (no paging, no
  *     dtype), scores then softmax then the weighted sum, head by head: for GQA each
  *     group's K/V is read once per query head. Threads split the heads.
- *   - prefill: pkv_prefill of --prefill tokens into an empty session, --reps times
- *     (at most 5) on one engine, truncating to 0 in between: the first run pays the
+ *   - prefill: pkv_prefill of --prefill tokens into an empty session, --reps + 1
+ *     times (at most 6) on one engine, truncating to 0 in between: the first run pays the
  *     first touch of every page (reported as "cold"), the median of the others is
  *     the steady state of an engine that has served a prompt before. FLOPs =
  *     2 * h * d * n * (n + 1) (q.k and p.v over the causal triangle).
@@ -113,8 +113,10 @@ static void usage(FILE *f)
 "                       sequential write+read of the same bytes, both backends\n"
 "  --spill-dir DIR      where the spill file and the plain file go (default /tmp)\n"
 "  --spill-mib N        MiB per session (default 256); --reps and --json apply\n"
+"  (--spill --json keys: tool, version, spill_dir, spill {mib_per_session, reps,\n"
+"  backends (list of {backend, spill_restore_gbs, plain_seq_gbs, ratio})})\n"
 "\n"
-"JSON keys: tool, version, isa, online_cpus, reps, bw_buffer_bytes, peak_fma (list of\n"
+"JSON keys (decode mode): tool, version, isa, online_cpus, reps, bw_buffer_bytes, peak_fma (list of\n"
 "{threads, gflops}), decode (list of {preset, heads, kv_heads, head_dim,\n"
 "block_tokens, ctx, dtype, threads, kv_bytes, ours_us, ours_gbs, bw_gbs, ours_ratio,\n"
 "warm_us, warm_gflops, warm_fma_ratio,\n"

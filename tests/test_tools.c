@@ -550,9 +550,19 @@ START_TEST(mem_usage)
         {{"--frobnicate"}, "--frobnicate"},
         {{"--layers", "32", "--kv-heads", "3", "--heads", "8", "--head-dim", "128", "--ctx",
           "8192"}, "heads"},
+        /* the range in the message is the one really accepted (0 is refused) */
+        {{"--head-dim", "4294967296"}, "'4294967296' is not an integer in 1..4294967295"},
+        {{"--layers", "0"}, "'0' is not an integer in 1..4294967295"},
+        {{"--block-tokens", "x"}, "in 0..4294967295"},
     };
     expect_usage_errors("mem", rows, sizeof rows / sizeof rows[0]);
     expect_help("mem");
+    /* every command words an unknown option the same way */
+    static const char *const cmds[] = {"mem", "stress", "bench", "generate", "inspect", "soak"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        const bad_args row = {{"--frobnicate"}, "unknown option '--frobnicate'"};
+        expect_usage_errors(cmds[i], &row, 1);
+    }
 }
 END_TEST
 

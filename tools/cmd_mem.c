@@ -131,11 +131,13 @@ static bool mul64(uint64_t a, uint64_t b, uint64_t *out)
     return !__builtin_mul_overflow(a, b, out);
 }
 
-/* Parse a u32 option value; 0 and a usage message on failure. */
-static int opt_u32(const char *name, const char *v, uint32_t *out)
+/* Parse a u32 option value in lo..UINT32_MAX; 0 and a usage message (with the range
+ * really accepted) on failure. */
+static int opt_u32(const char *name, const char *v, uint32_t lo, uint32_t *out)
 {
-    if (!cli_parse_u32(v, out)) {
-        cli_usage_error(CMD, "%s: '%s' is not an integer in 0..%u", name, v, UINT32_MAX);
+    if (!cli_parse_u32(v, out) || *out < lo) {
+        cli_usage_error(CMD, "%s: '%s' is not an integer in %u..%u", name, v, lo,
+                        UINT32_MAX);
         return 0;
     }
     return 1;
@@ -156,22 +158,22 @@ static int parse(int argc, char **argv, mem_opts *o, bool *help)
             return CLI_OK;
         } else if (!strcmp(a, "--layers")) {
             VALUE();
-            if (!opt_u32(a, v, &o->layers))
+            if (!opt_u32(a, v, 1, &o->layers))
                 return CLI_USAGE;
             o->has_layers = true;
         } else if (!strcmp(a, "--heads")) {
             VALUE();
-            if (!opt_u32(a, v, &o->heads))
+            if (!opt_u32(a, v, 1, &o->heads))
                 return CLI_USAGE;
             o->has_heads = true;
         } else if (!strcmp(a, "--kv-heads")) {
             VALUE();
-            if (!opt_u32(a, v, &o->kv_heads))
+            if (!opt_u32(a, v, 1, &o->kv_heads))
                 return CLI_USAGE;
             o->has_kv = true;
         } else if (!strcmp(a, "--head-dim")) {
             VALUE();
-            if (!opt_u32(a, v, &o->head_dim))
+            if (!opt_u32(a, v, 1, &o->head_dim))
                 return CLI_USAGE;
             o->has_dim = true;
         } else if (!strcmp(a, "--ctx")) {
@@ -189,7 +191,7 @@ static int parse(int argc, char **argv, mem_opts *o, bool *help)
                 return cli_usage_error(CMD, "--dtype: '%s' is not f32, f16 or bf16", v);
         } else if (!strcmp(a, "--block-tokens")) {
             VALUE();
-            if (!opt_u32(a, v, &o->block_tokens))
+            if (!opt_u32(a, v, 0, &o->block_tokens))
                 return CLI_USAGE;
         } else if (!strcmp(a, "--model-preset")) {
             VALUE();
@@ -201,7 +203,7 @@ static int parse(int argc, char **argv, mem_opts *o, bool *help)
         } else if (!strcmp(a, "--force")) {
             o->force = true;
         } else {
-            return cli_usage_error(CMD, "unknown argument '%s'", a);
+            return cli_usage_error(CMD, "unknown option '%s'", a);
         }
     }
 #undef VALUE

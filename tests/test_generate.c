@@ -532,15 +532,32 @@ START_TEST(synthetic_default)
 {
     run_result r = run(ARGS("-n", "40"));
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
-    /* no tokenizer: 41 ids on stdout (BOS and one per position), figures on stderr */
+    /* no tokenizer: the 40 generated ids on stdout (not the prompt's BOS), as many as
+     * the "generated:" figure on stderr counts */
     int ids = 0;
     for (char *p = r.out, *end; (strtoul(p, &end, 10), end != p); p = end)
         ids++;
-    ck_assert_int_eq(ids, 41);
+    ck_assert_int_eq(ids, 40);
+    ck_assert_msg(strstr(r.err, "generated: 40 tokens") != NULL, "stderr: %s", r.err);
     ck_assert_ptr_nonnull(strstr(r.err, "tok/s"));
     ck_assert_ptr_nonnull(strstr(r.err, "resident"));
     ck_assert_ptr_nonnull(strstr(r.err, "shared"));
     ck_assert_ptr_nonnull(strstr(r.err, "ideal"));
+    run_free(&r);
+
+    /* with a prompt the ids are its bytes + 3 (echoed, as text would be), then the
+     * n - P + 1 = 8 generated ones; BOS is never printed */
+    r = run(ARGS("-n", "10", "-i", "ab"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    unsigned long v[16];
+    ids = 0;
+    for (char *p = r.out, *end; ids < 16 && (v[ids] = strtoul(p, &end, 10), end != p);
+         p = end)
+        ids++;
+    ck_assert_int_eq(ids, 10);
+    ck_assert_uint_eq(v[0], 'a' + 3);
+    ck_assert_uint_eq(v[1], 'b' + 3);
+    ck_assert_msg(strstr(r.err, "generated: 8 tokens") != NULL, "stderr: %s", r.err);
     run_free(&r);
 
     /* the README command itself, exactly */

@@ -50,6 +50,7 @@ static void usage(FILE *f)
         "weights: dim 256, 4 layers, 8 query heads on 2 KV heads, vocab 512).\n\n"
         "  --model FILE        llama2.c checkpoint (legacy version-0 format)\n"
         "  --tokenizer FILE    llama2.c tokenizer; without one, tokens print as ids\n"
+        "                      (the prompt's, then the generated ones; never BOS)\n"
         "  -n, --steps N       positions to run, prompt included (default 256;\n"
         "                      at most the model's seq_len)\n"
         "  -i, --prompt TEXT   prompt (default empty: BOS alone). Without a tokenizer\n"
@@ -433,15 +434,20 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
 
 /* ---- generation ---------------------------------------------------------------- */
 
+/* Token i of session s on stdout. Position 0 is always the BOS the prompt starts
+ * with: a marker, not text or generated output, so it prints nothing in either form.
+ * Without a tokenizer the ids stand for the text: the prompt's ids (echoed, as the
+ * text is) and then the generated ones, so an empty prompt prints exactly the ids
+ * that "generated: N tokens" counts. */
 static void emit(const gen *g, uint32_t s, uint32_t i)
 {
     const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+    if (i == 0)
+        return;
     if (!g->have_tok) {
-        printf("%s%u", i ? " " : "", t[i]);
+        printf("%s%u", i > 1 ? " " : "", t[i]);
         return;
     }
-    if (i == 0)
-        return;     /* BOS prints nothing */
     const char *p;
     size_t n;
     tokenizer_decode(&g->tk, t[i - 1], t[i], &p, &n);

@@ -341,6 +341,10 @@ static inline uint32_t pkvi_split_chunks(const pkv_engine *e, uint64_t n_pages)
     return (uint32_t)(c > PKVI_MAX_CHUNKS ? PKVI_MAX_CHUNKS : c);
 }
 
+/* The chunk of C that a session's t-th chunk task walks when R threads share them: a
+ * permutation of [0, C) for t in [0, C), the identity for R = 1 (decode.c says why). */
+PKVI_HIDDEN uint32_t pkvi_chunk_order(uint32_t t, uint32_t C, uint32_t R);
+
 /* Decode n queries, one per session, on the pool (batch and single use this). */
 PKVI_HIDDEN pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
                                         pkv_session *const *sessions, const float *q,

@@ -807,6 +807,39 @@ START_TEST(bad_input_changes_nothing)
 }
 END_TEST
 
+/* The order in which the pool's tasks name a layer's chunks: a permutation (so every
+ * chunk is walked exactly once, whatever the thread count), the plain order for one
+ * thread, and for R threads R regions of consecutive chunks, each visited front to
+ * back, with consecutive tasks in different regions. */
+START_TEST(chunk_order_is_a_rotation_over_regions)
+{
+    for (uint32_t C = 1; C <= PKVI_MAX_CHUNKS; C++)
+        for (uint32_t R = 1; R <= 9; R++) {
+            bool seen[PKVI_MAX_CHUNKS] = {false};
+            uint32_t last_in_region[PKVI_MAX_CHUNKS + 1];
+            const uint32_t q = (C + (R < C ? R : C) - 1) / (R < C ? R : C);
+            for (uint32_t r = 0; r <= PKVI_MAX_CHUNKS; r++)
+                last_in_region[r] = UINT32_MAX;
+            uint32_t prev = UINT32_MAX;
+            for (uint32_t t = 0; t < C; t++) {
+                const uint32_t c = pkvi_chunk_order(t, C, R);
+                ck_assert_msg(c < C && !seen[c], "C %u R %u: task %u -> chunk %u", C, R, t, c);
+                seen[c] = true;
+                if (R == 1)
+                    ck_assert_uint_eq(c, t);
+                const uint32_t r = c / q; /* regions are runs of q chunks */
+                ck_assert_msg(last_in_region[r] == UINT32_MAX || last_in_region[r] + 1 == c,
+                              "C %u R %u: region %u visited out of order", C, R, r);
+                last_in_region[r] = c;
+                if (R > 1 && C > 1 && prev != UINT32_MAX)
+                    ck_assert_msg(prev / q != r, "C %u R %u: tasks %u, %u in one region", C,
+                                  R, t - 1, t);
+                prev = c;
+            }
+        }
+}
+END_TEST
+
 /* A session twice in one batch would have both slots fold into its one scratch area:
  * refused at every batch size, the pairwise check of small batches and the sorted one
  * of large batches alike (before, batches over 4096 were not checked at all). */
@@ -928,6 +961,7 @@ int main(void)
     tcase_add_test(tc, budget_is_exact_and_recoverable);
     tcase_add_test(tc, bad_input_changes_nothing);
     tcase_add_test(tc, batch_refuses_a_session_twice_at_any_size);
+    tcase_add_test(tc, chunk_order_is_a_rotation_over_regions);
     tcase_add_test(tc, rss_follows_the_figures);
     suite_add_tcase(s, tc);
     return pkvt_run(s);

@@ -80,12 +80,12 @@ AI void tile_pv(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, const 
 
 /*
  * The stream kick. The software prefetches above keep about one unit in flight, which
- * the core's L1 miss buffers cap near 23 GB/s. The L2's hardware stream prefetcher,
- * which does not use them, sees only a unit's 4 KiB blocks one at a time and starts
- * too late on each. So for every unit the walk also touches the first two lines
- * of the K and the V block of the unit KICK_AHEAD_BYTES of rows ahead: the streamer
- * then has those blocks on its way into L2 long before the prefetch one unit ahead
- * asks for them. Results do not change (prefetches only). Measured on the Zen 5 dev
+ * the core's L1 miss buffers cap near 23 GB/s. So for every unit the walk also
+ * touches the first two lines of the K and the V block of the unit KICK_AHEAD_BYTES
+ * of rows ahead. The likely mechanism (the VM shows no hardware counters to confirm
+ * it): those two lines start the L2's hardware stream prefetcher on each 4 KiB block
+ * long before the prefetch one unit ahead asks for it, so the block is on its way
+ * into L2 without holding L1 miss buffers. Results do not change (prefetches only). Measured on the Zen 5 dev
  * VM, 128k tokens of a llama3-8b layer, in one process against the walk without it
  * (docs/numerics.md, "What moved the figures"): one thread, of DRAM, f16 0.72-0.74 ->
  * 0.93, bf16 0.67-0.70 -> 0.79-0.84, f32 0.64-0.66 -> 0.84-0.85; AVX2 f16 +22%.
@@ -103,6 +103,32 @@ AI void kick_unit(const char *kb, size_t v_offset)
     _mm_prefetch(kb + 64, _MM_HINT_T0);
     _mm_prefetch(kb + v_offset, _MM_HINT_T0);
     _mm_prefetch(kb + v_offset + 64, _MM_HINT_T0);
+}
+
+/* A unit of the walk, `ahead` units past the current one: (page, group), stepped with
+ * the walk. Its address is taken only while it lies inside the call's units. */
+typedef struct {
+    uint64_t page;
+    uint32_t group;
+} cursor;
+
+AI cursor cursor_at(uint64_t ahead, uint32_t n_groups)
+{
+    return (cursor){ahead / n_groups, (uint32_t)(ahead % n_groups)};
+}
+
+AI void cursor_step(cursor *c, uint32_t n_groups)
+{
+    if (++c->group == n_groups) {
+        c->group = 0;
+        c->page++;
+    }
+}
+
+AI const char *cursor_unit(const cursor *c, const void *const *pages, const pkvi_kparams *p,
+                           uint32_t group0)
+{
+    return (const char *)pages[c->page] + (size_t)(group0 + c->group) * p->group_stride;
 }
 
 /*
@@ -138,28 +164,19 @@ AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const
     int cur = 0;
     bool pending = false;
 
-    /* the prefetch target unit, (page fp, group fg), kept `dist` units ahead, and the
-     * kick's, (kp, kg), `kick` units ahead */
-    uint64_t u = 0, fp = dist / n_groups, kp = kick / n_groups;
-    uint32_t fg = (uint32_t)(dist % n_groups), kg = (uint32_t)(kick % n_groups);
+    /* the prefetch target, kept `dist` units ahead, and the kick's, `kick` ahead */
+    uint64_t u = 0;
+    cursor near = cursor_at(dist, n_groups), far = cursor_at(kick, n_groups);
     for (uint32_t pg = 0; pg < n_pages; pg++) {
         const uint32_t ntok = pg + 1 == n_pages ? last_tokens : p->block_tokens;
         for (uint32_t i = 0; i < n_groups; i++, u++) {
             const char *kbase = (const char *)pages[pg] + (size_t)(group0 + i) * p->group_stride;
-            const char *pfk = NULL;
-            if (PKVI_PF && u + dist < n_units)
-                pfk = (const char *)pages[fp] + (size_t)(group0 + fg) * p->group_stride;
-            if (++fg == n_groups) {
-                fg = 0;
-                fp++;
-            }
+            const char *pfk = PKVI_PF && u + dist < n_units
+                                  ? cursor_unit(&near, pages, p, group0) : NULL;
             if (kicks && u + kick < n_units)
-                kick_unit((const char *)pages[kp] + (size_t)(group0 + kg) * p->group_stride,
-                          p->v_offset);
-            if (++kg == n_groups) {
-                kg = 0;
-                kp++;
-            }
+                kick_unit(cursor_unit(&far, pages, p, group0), p->v_offset);
+            cursor_step(&near, n_groups);
+            cursor_step(&far, n_groups);
             for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
                 const tile t = {
                     .k = kbase + t0 * row,

@@ -225,6 +225,56 @@ PKV_API float pkv_dtype_round(pkv_dtype t, float x);
  * n_threads). spill_dir points into the engine. PKV_EINVAL for NULL. */
 PKV_API pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out);
 
+/* ---- Introspection (what `pagedkv inspect` and `pagedkv soak` are built on) ------- */
+
+/* What a session file says about itself, as far as it could be read and checked. */
+typedef struct {
+    uint32_t header_sound;     /* 1 once magic, version and header checksum matched */
+    uint32_t version;          /* file format version (when header_sound) */
+    uint32_t n_layers, n_heads, n_kv_heads, head_dim, block_tokens;
+    pkv_dtype kv_dtype;
+    float    scale;
+    uint64_t page_bytes;       /* bytes of one page in the file */
+    uint64_t n_pages;          /* pages in the file, all layers */
+    uint64_t data_offset;      /* file offset of page 0 */
+    uint64_t file_bytes;       /* size of the file */
+    uint64_t tokens;           /* sum over layers of cached positions */
+    uint64_t bad_page;         /* file index of the first page that failed its checks,
+                                  UINT64_MAX when none did */
+    uint32_t bad_layer;        /* ... its layer, and its index in that layer */
+    uint64_t bad_index;
+    char     reason[160];      /* why the check failed ("" on PKV_OK) */
+} pkv_file_info;
+/* Check every byte of the session file at `path` (header, page table, every page's
+ * checksum and padding) without an engine: the checks pkv_session_load makes, with
+ * its statuses (PKV_OK, PKV_EINVAL, PKV_ECORRUPT, PKV_EIO, PKV_ENOMEM). `info` is
+ * filled as far as the file could be read, also on failure. layer_len (may be NULL)
+ * receives the positions of the first min(n_layers, max_layers) layers.
+ * PKV_EINVAL also for NULL path or info. */
+PKV_API pkv_status pkv_session_file_check(const char *path, pkv_file_info *info,
+                                          uint64_t *layer_len, uint32_t max_layers);
+
+/* One entry of a layer's block table. */
+typedef struct {
+    uint64_t id;               /* identifies the page while it lives: two entries with
+                                  one id (in any sessions) are one shared page */
+    uint32_t refs;             /* block-table entries naming it, over all sessions */
+    uint32_t resident;         /* 1 in memory, 0 in the spill file */
+} pkv_page_info;
+/* Entries [first, first + n) of `layer`'s block table (clipped to its pages); *n_out
+ * (may be NULL) is how many were written. Pages are position-ordered: entry i holds
+ * positions [i * block_tokens, (i + 1) * block_tokens). PKV_EINVAL for NULL s, a bad
+ * layer, or out NULL with n > 0. Safe while other threads use other sessions. */
+PKV_API pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t first,
+                                     uint64_t n, pkv_page_info *out, uint64_t *n_out);
+
+/* Check the engine's invariants (docs/design.md: page counts, reference counts,
+ * budget, block-table shape). PKV_OK when they hold, PKV_ECORRUPT when one is broken
+ * (a library defect: please report it), PKV_EINVAL for NULL. Takes the engine lock;
+ * meant for tests and soak runs, O(pages of all sessions). Call it while no other
+ * thread is inside a call on this engine's sessions. */
+PKV_API pkv_status pkv_engine_check(pkv_engine *e);
+
 #ifdef __cplusplus
 }
 #endif

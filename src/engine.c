@@ -274,3 +274,10 @@ bool pkvi_engine_check_live(pkv_engine *e)
 {
     return engine_check(e, false);
 }
+
+pkv_status pkv_engine_check(pkv_engine *e)
+{
+    if (!e)
+        return PKV_EINVAL;
+    return engine_check(e, true) ? PKV_OK : PKV_ECORRUPT;
+}

@@ -790,3 +790,52 @@ pkv_status pkv_session_save(pkv_session *s, const char *path)
     pkvi_io_close(io);
     return st;
 }
+
+static pkv_dtype code_dtype(uint32_t code)
+{
+    return code == 1 ? PKV_F16 : code == 2 ? PKV_BF16 : PKV_F32;
+}
+
+pkv_status pkv_session_file_check(const char *path, pkv_file_info *info,
+                                  uint64_t *layer_len, uint32_t max_layers)
+{
+    if (path == NULL || info == NULL)
+        return PKV_EINVAL;
+    pkvi_io *io = NULL;
+    pkv_status st = pkvi_io_open(false, &io);
+    if (st != PKV_OK)
+        return st;
+    pkvi_sfile_info in;
+    const char *why = NULL;
+    st = pkvi_sfile_verify(io, path, &in, &why);
+    pkvi_io_close(io);
+    pkv_file_info f;
+    memset(&f, 0, sizeof f);
+    f.header_sound = in.header_sound;
+    f.version = in.version;
+    f.n_layers = in.n_layers;
+    f.n_heads = in.n_heads;
+    f.n_kv_heads = in.n_kv_heads;
+    f.head_dim = in.head_dim;
+    f.block_tokens = in.block_tokens;
+    f.kv_dtype = code_dtype(in.dtype_code);
+    uint32_t bits = in.scale_bits;
+    memcpy(&f.scale, &bits, sizeof f.scale);
+    f.page_bytes = in.page_bytes;
+    f.n_pages = in.n_pages;
+    f.data_offset = in.data_off;
+    f.file_bytes = in.file_bytes;
+    for (uint32_t l = 0; in.layer_len != NULL && l < in.n_layers; l++) {
+        f.tokens += in.layer_len[l];
+        if (layer_len != NULL && l < max_layers)
+            layer_len[l] = in.layer_len[l];
+    }
+    f.bad_page = in.bad_page;
+    f.bad_layer = in.bad_layer;
+    f.bad_index = in.bad_index;
+    if (st != PKV_OK && why != NULL)
+        snprintf(f.reason, sizeof f.reason, "%s", why);
+    pkvi_sfile_info_free(&in);
+    *info = f;
+    return st;
+}

@@ -581,3 +581,24 @@ void pkvi_session_release(pkv_session *s, uint32_t layer)
         L->pages[i]->pins--;
     pthread_mutex_unlock(&e->lock);
 }
+
+pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t first,
+                             uint64_t n, pkv_page_info *out, uint64_t *n_out)
+{
+    if (!s || layer >= s->e->cfg.n_layers || (!out && n > 0))
+        return PKV_EINVAL;
+    pkv_engine *e = s->e;
+    const pkvi_layer *L = &s->layers[layer];
+    uint64_t k = 0;
+    pthread_mutex_lock(&e->lock);
+    for (uint64_t i = first; i < L->n_pages && k < n; i++, k++) {
+        const pkvi_page *pg = L->pages[i];
+        out[k].id = (uint64_t)(uintptr_t)pg;
+        out[k].refs = pg->refs;
+        out[k].resident = pg->data != NULL;
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (n_out)
+        *n_out = k;
+    return PKV_OK;
+}

@@ -1,35 +1,42 @@
 /*
- * decode.c - single-query decode attention over a session's pages: split-K over
- * fixed page chunks, run on the engine's threads, merged in a fixed order; and the
- * attention half of prefill, which runs a page's worth of queries through the same
- * arithmetic at once.
+ * decode.c - the attention pipeline: pkv_decode, pkv_decode_batch and pkv_prefill as
+ * one pipeline of split-K tasks over fixed page chunks, run on the engine's threads
+ * and merged in a fixed order.
  *
  * Owns the work decomposition and the merge. The per-page arithmetic is the kernel's
- * (kernels/); page residency is session.c's (acquire/release); so is prefill's append.
+ * (kernels/); residency and the reservation a prefill writes through are session.c's.
+ *
+ * One pipeline. Its unit is a query set: nq consecutive queries of one session, at
+ * the layer's last nq positions, all in its last page. A decode is a set of one
+ * query; a batch is n such sets; a prefill is a set per page-sized tile of queries.
+ * A set's H = nq * hg heads of a group go through the kernel as one group of H heads
+ * (each K/V row is loaded once for all of them), except on the last page, where query
+ * j sees only its first positions and runs alone. Per head the arithmetic is that of a
+ * decode of one query: single, batched and prefill results are the same bits by
+ * construction, not by a second implementation kept in step.
  *
  * Determinism (SPEC §2): a layer of P pages is split into
  *     C = min(PKVI_MAX_CHUNKS, ceil(P / chunk_pages))
  * chunks, chunk k holding pages [floor(k*P/C), floor((k+1)*P/C)). C and the ranges
  * depend only on P and the engine's fixed chunk_pages - never on the thread count or on
  * the batch - and the partial states of a head are merged in chunk order 0..C-1 by one
- * thread. The kernels are page-local and head-local (internal.h), so how a chunk's
- * groups are cut into tasks, and how many queries share a kernel call, do not change a
- * bit. So pkv_decode, pkv_decode_batch and pkv_prefill produce bitwise identical
- * results for any n_threads.
+ * thread. The kernels are page-local and head-local (kernels.h), so how a chunk's
+ * groups are cut into tasks, how many heads share a kernel call and where calls split
+ * the pages do not change a bit. So results are bitwise identical for any n_threads.
  *
- * Work: a task is (session, chunk, block of groups). One block holds every group
- * unless there are too few chunks to keep the threads busy; a task then walks each of
- * its pages front to back across the groups (pages are group-major), which is the
- * stream the hardware prefetcher follows (docs/numerics.md, "Performance"). Which
- * chunk a task index names is pkvi_chunk_order's: with T threads, consecutive tasks
- * rotate over T regions of the layer, so each thread streams one region of its own.
+ * Work: a task is (set, chunk, block of groups). One block holds every group unless
+ * there are too few chunks to keep the threads busy; a task then walks each of its
+ * pages front to back across the groups (pages are group-major), which is the stream
+ * the hardware prefetcher follows (docs/numerics.md, "Performance"). Which chunk a
+ * task index names is pkvi_chunk_order's: with T threads, consecutive tasks rotate over
+ * T regions of the layer, so each thread streams one region of its own.
  *
  * Merge of two states (m, l, acc) and (m', l', acc'):
  *     M = max(m, m');  a = exp(m - M);  b = exp(m' - M)
  *     l = l*a + l'*b;  acc = acc*a + acc'*b;   finally out = acc / l.
  */
-#include "internal.h"
-#include "pkv_config.h"
+#include "decode.h"
+#include "session.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -148,100 +155,139 @@ static void block_groups(uint32_t g, uint32_t b, uint32_t nb, uint32_t *g0, uint
     *ng = (uint32_t)((uint64_t)(b + 1) * g / nb) - *g0;
 }
 
-/* ---- decode --------------------------------------------------------------------- */
+/* ---- the pipeline ------------------------------------------------------------------ */
+
+/* nq queries of one session at the layer's last nq positions, all in its last page. */
+typedef struct {
+    const pkvi_btable *t;             /* the layer (pinned on spill engines) */
+    uint64_t len;                     /* positions the last query sees */
+    uint64_t P;                       /* pages: ceil(len / bt) */
+    uint32_t nq, H, C;                /* queries, heads per group (nq * hg), chunks */
+    const float *qg;                  /* [g][H][d] the queries, by group */
+    float *st;                        /* [C][g] state blocks of H heads */
+    float *out;                       /* [nq][h][d] */
+} qset;
 
 typedef struct {
-    pkv_engine *e;
-    uint32_t layer, n, blocks;        /* blocks: group blocks per chunk */
+    const pkv_engine *e;
+    uint32_t n, blocks;               /* sets; group blocks per chunk */
     uint32_t regions;                 /* pkvi_chunk_order's R: threads sharing the run */
-    pkv_session *const *ss;
-    const float *q;                   /* [n][h][d] */
-    float *out;                       /* [n][h][d] */
-    uint32_t chunks[BATCH_MAX];       /* C of each session */
-    uint32_t base[BATCH_MAX + 1];     /* first task of each session */
-} job;
+    const qset *sets;                 /* [n] */
+    uint32_t base[BATCH_MAX + 1];     /* first chunk task of each set */
+    uint32_t mbase[BATCH_MAX + 1];    /* first merge task of each set */
+} pipeline;
 
-/* Which session a task index belongs to (n <= BATCH_MAX: a linear scan). */
-static uint32_t session_of(const job *j, uint32_t task)
+/* Which set a task index belongs to (n <= BATCH_MAX: a linear scan). */
+static uint32_t set_of(const uint32_t *base, uint32_t task)
 {
     uint32_t i = 0;
-    while (task >= j->base[i + 1])
+    while (task >= base[i + 1])
         i++;
     return i;
 }
 
+/* Fold one chunk of one block of groups of one set into its partial states. */
 static void chunk_task(void *ctx, uint32_t task)
 {
-    const job *j = ctx;
+    const pipeline *j = ctx;
     const pkv_engine *e = j->e;
-    const uint32_t i = session_of(j, task);
-    const pkv_session *s = j->ss[i];
-    const pkvi_layer *L = &s->layers[j->layer];
-    const uint32_t C = j->chunks[i], g = e->cfg.n_kv_heads, d = e->cfg.head_dim;
-    /* task layout inside a session: chunk-major, group-block-minor */
+    const uint32_t i = set_of(j->base, task);
+    const qset *Q = &j->sets[i];
+    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, hg = e->hg, H = Q->H;
+    const uint64_t bt = e->cfg.block_tokens, P = Q->P;
+    /* task layout inside a set: chunk-major, group-block-minor */
     const uint32_t t = task - j->base[i];
-    const uint32_t chunk = pkvi_chunk_order(t / j->blocks, C, j->regions);
+    const uint32_t chunk = pkvi_chunk_order(t / j->blocks, Q->C, j->regions);
     uint32_t g0, ng;
     block_groups(g, t % j->blocks, j->blocks, &g0, &ng);
     uint64_t first, end;
-    chunk_range(L->n_pages, C, chunk, &first, &end);
-    const uint64_t bt = e->cfg.block_tokens;
-    const uint32_t last_tokens =
-        end == L->n_pages ? (uint32_t)(L->len - (L->n_pages - 1) * bt) : (uint32_t)bt;
+    chunk_range(P, Q->C, chunk, &first, &end);
+    const void *const *data = pkvi_btable_data(Q->t);
 
-    const size_t sf = state_floats(e->hg, d);
-    float *st = s->partials + ((size_t)chunk * g + g0) * sf;
-    states_clear(st, ng, sf, e->hg, d);
+    const size_t sf = state_floats(H, d);
+    float *st = Q->st + ((size_t)chunk * g + g0) * sf;
+    states_clear(st, ng, sf, H, d);
+    pkvi_kparams kp = e->kp;
+    kp.hg = H;
     const pkvi_heads x = {
-        .q = j->q + (size_t)i * e->cfg.n_heads * d + (size_t)g0 * e->hg * d,
-        .m = st, .l = st + e->hg, .acc = st + 2 * e->hg,
-        .q_stride = (size_t)e->hg * d, .st_stride = sf,
+        .q = Q->qg + (size_t)g0 * H * d, .m = st, .l = st + H, .acc = st + 2 * (size_t)H,
+        .q_stride = (size_t)H * d, .st_stride = sf,
     };
-    e->kern->attend(&e->kp, L->data + first, (uint32_t)(end - first), last_tokens, g0, ng,
-                    &x);
+    if (Q->nq == 1) { /* a decode: the last page is one more page of the walk */
+        const uint32_t last = end == P ? (uint32_t)(Q->len - (P - 1) * bt) : (uint32_t)bt;
+        e->kern->attend(&kp, data + first, (uint32_t)(end - first), last, g0, ng, &x);
+        return;
+    }
+    const uint64_t full_end = end == P ? P - 1 : end;
+    if (full_end > first)
+        e->kern->attend(&kp, data + first, (uint32_t)(full_end - first), (uint32_t)bt, g0,
+                        ng, &x);
+    if (end == P) /* the last page: each query up to and including its own position */
+        for (uint32_t q = 0; q < Q->nq; q++) {
+            const uint64_t pos = Q->len - Q->nq + q;
+            const pkvi_heads xq = {
+                .q = x.q + (size_t)q * hg * d, .m = x.m + (size_t)q * hg,
+                .l = x.l + (size_t)q * hg, .acc = x.acc + (size_t)q * hg * d,
+                .q_stride = x.q_stride, .st_stride = sf,
+            };
+            e->kern->attend(&e->kp, data + P - 1, 1, (uint32_t)(pos - (P - 1) * bt + 1), g0,
+                            ng, &xq);
+        }
 }
 
-/* Merge the chunk states of one (session, group) in chunk order into out. */
+/* Merge the chunk states of one (set, query, group) in chunk order into out. */
 static void merge_task(void *ctx, uint32_t task)
 {
-    const job *j = ctx;
+    const pipeline *j = ctx;
     const pkv_engine *e = j->e;
     const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, hg = e->hg;
-    const uint32_t i = task / g, group = task % g;
-    const size_t sf = state_floats(hg, d);
-    merge_heads(j->ss[i]->partials + (size_t)group * sf, g * sf, j->chunks[i], hg, 0, hg, d,
-                j->out + (size_t)i * e->cfg.n_heads * d + (size_t)group * hg * d);
+    const uint32_t i = set_of(j->mbase, task);
+    const qset *Q = &j->sets[i];
+    const uint32_t t = task - j->mbase[i], q = t / g, group = t % g;
+    const size_t sf = state_floats(Q->H, d);
+    merge_heads(Q->st + (size_t)group * sf, g * sf, Q->C, Q->H, q * hg, hg, d,
+                Q->out + (size_t)q * e->cfg.n_heads * d + (size_t)group * hg * d);
 }
 
-/* Decode up to BATCH_MAX already-validated, acquired sessions. */
-static void run_batch(pkv_engine *e, uint32_t layer, uint32_t n, pkv_session *const *ss,
-                      const float *q, float *out)
+/* Run n <= BATCH_MAX query sets (their layers resident and pinned) to their outputs. */
+static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
 {
-    job j;
+    pipeline j;
     j.e = e;
-    j.layer = layer;
     j.n = n;
-    j.ss = ss;
-    j.q = q;
-    j.out = out;
-    uint64_t bytes = 0, chunks = 0;
+    j.sets = sets;
+    /* work ~ K/V bytes x queries; in double: only a threshold, and it cannot wrap */
+    double bytes = 0;
+    uint64_t chunks = 0;
     for (uint32_t i = 0; i < n; i++) {
-        const pkvi_layer *L = &ss[i]->layers[layer];
-        j.chunks[i] = pkvi_split_chunks(e, L->n_pages);
-        chunks += j.chunks[i];
-        bytes += L->len * 2 * e->cfg.n_kv_heads * e->row_bytes;
+        chunks += sets[i].C;
+        bytes += (double)sets[i].len * 2.0 * e->cfg.n_kv_heads * (double)e->row_bytes *
+                 sets[i].nq;
     }
-    const bool parallel = go_parallel(e, (double)bytes);
+    const bool parallel = go_parallel(e, bytes);
     j.blocks = group_blocks(e, parallel, chunks);
     j.regions = parallel ? e->cfg.n_threads : 1;
-    j.base[0] = 0;
-    for (uint32_t i = 0; i < n; i++)
-        j.base[i + 1] = j.base[i] + j.chunks[i] * j.blocks;
+    j.base[0] = j.mbase[0] = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        j.base[i + 1] = j.base[i] + sets[i].C * j.blocks;
+        j.mbase[i + 1] = j.mbase[i] + sets[i].nq * e->cfg.n_kv_heads;
+    }
     pkvi_threads *pool = parallel ? e->threads : NULL;
     pkvi_threads_run(pool, j.base[n], chunk_task, &j);
-    pkvi_threads_run(pool, n * e->cfg.n_kv_heads, merge_task, &j);
+    pkvi_threads_run(pool, j.mbase[n], merge_task, &j);
     pkvi_threads_call_done(e->threads);
 }
+
+/* The set of the last nq positions of t (all in its last page). */
+static qset last_queries(const pkv_engine *e, const pkvi_btable *t, uint32_t nq,
+                         const float *qg, float *st, float *out)
+{
+    const uint64_t bt = e->cfg.block_tokens, P = (t->len + bt - 1) / bt;
+    return (qset){.t = t, .len = t->len, .P = P, .nq = nq, .H = nq * e->hg,
+                  .C = pkvi_split_chunks(e, P), .qg = qg, .st = st, .out = out};
+}
+
+/* ---- decode and batch ---------------------------------------------------------------- */
 
 static int cmp_ptr(const void *a, const void *b)
 {
@@ -274,8 +320,9 @@ static pkv_status distinct(pkv_session *const *ss, uint32_t n)
     return st;
 }
 
-pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
-                            pkv_session *const *sessions, const float *q, float *out)
+/* Decode n queries, one per session: n sets of one query, BATCH_MAX per run. */
+static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
+                              pkv_session *const *sessions, const float *q, float *out)
 {
     if (layer >= e->cfg.n_layers)
         return PKV_EINVAL;
@@ -291,6 +338,7 @@ pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
             return PKV_ESTATE;
 
     const size_t qd = (size_t)e->cfg.n_heads * e->cfg.head_dim;
+    qset sets[BATCH_MAX];
     for (uint32_t i0 = 0; i0 < n; i0 += BATCH_MAX) {
         const uint32_t nb = n - i0 < BATCH_MAX ? n - i0 : BATCH_MAX;
         uint32_t got = 0;
@@ -300,8 +348,14 @@ pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
             if (st != PKV_OK)
                 break;
         }
-        if (st == PKV_OK)
-            run_batch(e, layer, nb, sessions + i0, q + i0 * qd, out + i0 * qd);
+        if (st == PKV_OK) {
+            for (uint32_t i = 0; i < nb; i++) {
+                pkv_session *s = sessions[i0 + i];
+                sets[i] = last_queries(e, &s->layers[layer], 1, q + (i0 + i) * qd,
+                                       s->partials, out + (i0 + i) * qd);
+            }
+            run_sets(e, nb, sets);
+        }
         for (uint32_t k = 0; k < got; k++)
             pkvi_session_release(sessions[i0 + k], layer);
         if (st != PKV_OK)
@@ -310,130 +364,95 @@ pkv_status pkvi_decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
     return PKV_OK;
 }
 
-/* ---- prefill ---------------------------------------------------------------------
- * A tile is nq consecutive queries whose positions lie in the layer's last page, so
- * they see the same P pages and the same chunks. Each kernel call takes all nq
- * queries' heads of a group as one group of H = nq * hg heads (K/V rows are loaded
- * once for all of them), except on the last page, where query j sees only its first
- * positions: there it runs alone. Per head the arithmetic is that of pkv_decode. */
+pkv_status pkv_decode(pkv_session *s, uint32_t layer, const float *q, float *out)
+{
+    if (!s || !q || !out)
+        return PKV_EINVAL;
+    return decode_many(s->e, layer, 1, &s, q, out);
+}
 
-uint32_t pkvi_prefill_tile_max(const pkv_engine *e)
+pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
+                            pkv_session *const *sessions, const float *q, float *out)
+{
+    if (!e || !sessions || !q || !out || n == 0)
+        return PKV_EINVAL;
+    return decode_many(e, layer, n, sessions, q, out);
+}
+
+/* ---- prefill --------------------------------------------------------------------------- */
+
+/* Most queries in one set: a page's positions, and no more than the kernels' head
+ * limit allows. */
+static uint32_t tile_max(const pkv_engine *e)
 {
     const uint32_t by_heads = PKVI_MAX_GROUP_HEADS / e->hg;
     return by_heads < e->cfg.block_tokens ? by_heads : e->cfg.block_tokens;
 }
 
-pkv_status pkvi_prefill_scratch(const pkv_engine *e, uint64_t n_pages, float **out)
+/*
+ * Reserve, then commit: the scratch, the layer's residency (all of it: attention reads
+ * every page) and every page the n rows need are taken first; from then on nothing
+ * can fail, so a failed call has changed nothing and needs no undo.
+ */
+pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *q,
+                       const float *k, const float *v, float *out)
 {
-    const uint64_t C = pkvi_split_chunks(e, n_pages);
-    const uint64_t H = (uint64_t)pkvi_prefill_tile_max(e) * e->cfg.n_heads;
-    uint64_t floats, bytes;
-    if (!pkvi_mul(C + 1, H, &floats) || !pkvi_mul(floats, (uint64_t)e->cfg.head_dim + 2, &floats) ||
-        !pkvi_mul(floats, sizeof(float), &bytes) || bytes > SIZE_MAX - 63)
-        return PKV_ENOMEM;
-    float *p = aligned_alloc(PKVI_PAGE_ALIGN, (size_t)((bytes + 63) & ~63ull));
-    if (!p)
-        return PKV_ENOMEM;
-    *out = p;
-    return PKV_OK;
-}
-
-typedef struct {
-    const pkv_engine *e;
-    const pkvi_layer *L;
-    uint32_t nq, H, C, blocks, regions;
-    uint64_t pos0;                    /* position of the tile's first query */
-    const float *q;                   /* [nq][h][d] as given */
-    float *out;                       /* [nq][h][d] */
-    float *qg;                        /* [g][H][d]: the queries regrouped */
-    float *st;                        /* [C][g] state blocks of H heads */
-} tile_job;
-
-static void tile_task(void *ctx, uint32_t task)
-{
-    const tile_job *j = ctx;
-    const pkv_engine *e = j->e;
-    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, hg = e->hg, H = j->H;
-    const uint32_t chunk = pkvi_chunk_order(task / j->blocks, j->C, j->regions);
-    uint32_t g0, ng;
-    block_groups(g, task % j->blocks, j->blocks, &g0, &ng);
-    const uint64_t P = j->L->n_pages, bt = e->cfg.block_tokens;
-    uint64_t first, end;
-    chunk_range(P, j->C, chunk, &first, &end);
-
-    const size_t sf = state_floats(H, d);
-    float *st = j->st + ((size_t)chunk * g + g0) * sf;
-    states_clear(st, ng, sf, H, d);
-    const uint64_t full_end = end == P ? P - 1 : end;
-    if (full_end > first) {
-        pkvi_kparams kp = e->kp;
-        kp.hg = H;
-        const pkvi_heads x = {
-            .q = j->qg + (size_t)g0 * H * d, .m = st, .l = st + H, .acc = st + 2 * (size_t)H,
-            .q_stride = (size_t)H * d, .st_stride = sf,
-        };
-        e->kern->attend(&kp, j->L->data + first, (uint32_t)(full_end - first),
-                        (uint32_t)bt, g0, ng, &x);
-    }
-    if (end == P) /* the last page: each query up to and including its own position */
-        for (uint32_t q = 0; q < j->nq; q++) {
-            const uint64_t pos = j->pos0 + q;
-            const pkvi_heads x = {
-                .q = j->qg + ((size_t)g0 * H + (size_t)q * hg) * d,
-                .m = st + (size_t)q * hg, .l = st + H + (size_t)q * hg,
-                .acc = st + 2 * (size_t)H + (size_t)q * hg * d,
-                .q_stride = (size_t)H * d, .st_stride = sf,
-            };
-            e->kern->attend(&e->kp, j->L->data + P - 1, 1, (uint32_t)(pos - (P - 1) * bt + 1),
-                            g0, ng, &x);
-        }
-}
-
-static void tile_merge_task(void *ctx, uint32_t task)
-{
-    const tile_job *j = ctx;
-    const pkv_engine *e = j->e;
+    if (!s || !q || !k || !v || !out || n == 0 || layer >= s->e->cfg.n_layers)
+        return PKV_EINVAL;
+    pkv_engine *e = s->e;
+    PKVI_BOUNDARY_CHECK(e);
+    const pkvi_btable *t = &s->layers[layer];
     const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, hg = e->hg;
-    const uint32_t q = task / g, group = task % g;
-    const size_t sf = state_floats(j->H, d);
-    merge_heads(j->st + (size_t)group * sf, g * sf, j->C, j->H, q * hg, hg, d,
-                j->out + (size_t)q * e->cfg.n_heads * d + (size_t)group * hg * d);
-}
+    const uint64_t bt = e->cfg.block_tokens;
+    const size_t qd = (size_t)e->cfg.n_heads * d, kd = (size_t)g * d;
+    const uint32_t tmax = tile_max(e);
+    uint64_t end_len;
+    if (!pkvi_add(t->len, n, &end_len) || end_len > UINT64_MAX - bt)
+        return PKV_EINVAL;
 
-pkv_status pkvi_prefill_attend(pkv_engine *e, pkv_session *s, uint32_t layer, uint32_t nq,
-                               const float *q, float *out, float *scratch)
-{
-    const pkvi_layer *L = &s->layers[layer];
-    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, hg = e->hg;
-    tile_job j;
-    j.e = e;
-    j.L = L;
-    j.nq = nq;
-    j.H = nq * hg;
-    j.pos0 = L->len - nq;
-    j.C = pkvi_split_chunks(e, L->n_pages);
-    j.q = q;
-    j.out = out;
-    j.qg = scratch;
-    j.st = scratch + (size_t)g * j.H * d;
-    /* regroup: head hh of group gr of query k goes to qg[gr][k * hg + hh] */
-    for (uint32_t gr = 0; gr < g; gr++)
-        for (uint32_t k = 0; k < nq; k++)
-            memcpy(j.qg + ((size_t)gr * j.H + (size_t)k * hg) * d,
-                   q + ((size_t)k * e->cfg.n_heads + (size_t)gr * hg) * d,
-                   (size_t)hg * d * sizeof(float));
+    /* scratch: the queries by group [g][tmax * hg][d], then [C][g] state blocks */
+    const uint64_t C = pkvi_split_chunks(e, (end_len + bt - 1) / bt);
+    const uint64_t H = (uint64_t)tmax * hg;
+    uint64_t qfloats, floats, bytes;
+    if (!pkvi_mul((uint64_t)g * H, d, &qfloats) || !pkvi_mul(C * g, H * (d + 2ull), &floats) ||
+        !pkvi_add(floats, qfloats, &floats) || !pkvi_mul(floats, sizeof(float), &bytes) ||
+        bytes > SIZE_MAX - 63)
+        return PKV_ENOMEM;
+    float *qg = aligned_alloc(PKVI_PAGE_ALIGN, (size_t)((bytes + 63) & ~63ull));
+    if (!qg)
+        return PKV_ENOMEM;
+    float *states = qg + qfloats;
 
     pkv_status st = pkvi_session_acquire(s, layer);
-    if (st != PKV_OK)
+    pkvi_reservation r;
+    if (st == PKV_OK) {
+        st = pkvi_session_reserve(s, layer, n, &r);
+        if (st != PKV_OK)
+            pkvi_session_release(s, layer);
+    }
+    if (st != PKV_OK) {
+        free(qg);
         return st;
-    /* work ~ K/V bytes x queries; in double: only a threshold, and it cannot wrap */
-    const bool parallel = go_parallel(e, (double)L->len * 2.0 * g * (double)e->row_bytes * nq);
-    j.blocks = group_blocks(e, parallel, j.C);
-    j.regions = parallel ? e->cfg.n_threads : 1;
-    pkvi_threads *pool = parallel ? e->threads : NULL;
-    pkvi_threads_run(pool, j.C * j.blocks, tile_task, &j);
-    pkvi_threads_run(pool, nq * g, tile_merge_task, &j);
-    pkvi_threads_call_done(e->threads);
+    }
+    /* Nothing fails from here on: tiles of queries that land in one page. */
+    for (uint32_t i = 0; i < n;) {
+        const uint64_t room = bt - t->len % bt;
+        uint32_t nq = n - i < tmax ? n - i : tmax;
+        if (nq > room)
+            nq = (uint32_t)room;
+        pkvi_session_write(s, &r, nq, k + i * kd, v + i * kd);
+        /* regroup: head hh of group gr of query j goes to qg[gr][j * hg + hh] */
+        for (uint32_t gr = 0; gr < g; gr++)
+            for (uint32_t j = 0; j < nq; j++)
+                memcpy(qg + ((size_t)gr * nq * hg + (size_t)j * hg) * d,
+                       q + (size_t)(i + j) * qd + (size_t)gr * hg * d,
+                       (size_t)hg * d * sizeof(float));
+        const qset set = last_queries(e, t, nq, qg, states, out + i * qd);
+        run_sets(e, 1, &set);
+        i += nq;
+    }
+    pkvi_session_finish(s, &r);
     pkvi_session_release(s, layer);
+    free(qg);
     return PKV_OK;
 }

@@ -6,7 +6,7 @@
  * infinity; and the exact widening back to f32. SIMD kernels must produce bitwise the
  * same values (tests/test_kernels.c checks it); hardware F16C conversion does.
  */
-#include "internal.h"
+#include "dtype.h"
 
 #include <string.h>
 

@@ -5,7 +5,8 @@
  *
  * Does not own sessions' contents (session.c) or decode (decode.c).
  */
-#include "internal.h"
+#include "engine.h"
+#include "session.h"
 #include "pkv_config.h"
 
 #include <errno.h>
@@ -145,7 +146,7 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     if (st != PKV_OK)
         goto fail;
     if (e->spill_dir) {
-        st = pkvi_spill_open(e);
+        st = pkvi_spill_open(e->spill_dir, &e->spill);
         if (st != PKV_OK)
             goto fail;
     }
@@ -162,7 +163,7 @@ void pkv_engine_destroy(pkv_engine *e)
         return;
     while (e->sessions)
         pkv_session_destroy(e->sessions);
-    pkvi_spill_close(e);
+    pkvi_spill_close(e->spill);
     pkvi_threads_destroy(e->threads);
     pkvi_pool_fini(&e->pool); /* a no-op on the zeroed pool of a failed create */
     pthread_mutex_destroy(&e->lock);
@@ -179,7 +180,7 @@ pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
     pkv_stats s;
     memset(&s, 0, sizeof s);
     s.isa = e->kern->isa;
-    s.io_backend = e->spill ? pkvi_spill_backend(e) : "none";
+    s.io_backend = e->spill ? pkvi_spill_backend(e->spill) : "none";
     s.pages_in_use = e->pool.in_use;
     s.pages_free = e->pool.n_free;
     s.pages_spilled = e->pool.spilled;
@@ -197,87 +198,4 @@ pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out)
         return PKV_EINVAL;
     *out = e->cfg;
     return PKV_OK;
-}
-
-/* Visit every block-table reference of every live session. */
-#define FOR_EACH_REF(e, pg, body)                                                   \
-    for (pkv_session *s_ = (e)->sessions; s_; s_ = s_->next)                        \
-        for (uint32_t l_ = 0; l_ < (e)->cfg.n_layers; l_++)                          \
-            for (uint64_t i_ = 0; i_ < s_->layers[l_].n_pages; i_++) {              \
-                pkvi_page *pg = s_->layers[l_].pages[i_];                            \
-                body                                                                 \
-            }
-
-#if PKV_POISON
-pkv_status pkvi_report_broken(const char *where)
-{
-    fprintf(stderr, "pagedkv: engine invariants broken (detected in %s)\n", where);
-    return PKV_ECORRUPT;
-}
-#endif
-
-static bool engine_check(pkv_engine *e, bool quiescent)
-{
-    bool ok = true;
-    pthread_mutex_lock(&e->lock);
-    const pkvi_pool *p = &e->pool;
-    if (p->allocated != p->in_use + p->n_free || p->n_free > p->free_slots ||
-        p->free_slots > p->free_cap)
-        ok = false;
-    if (p->budget_pages && p->in_use + p->n_free > p->budget_pages)
-        ok = false;
-    const uint64_t bt = e->cfg.block_tokens;
-    for (pkv_session *s = e->sessions; s; s = s->next)
-        for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
-            const pkvi_layer *L = &s->layers[l];
-            /* I5 reads len, which an append updates after dropping the lock: only
-             * while no call is in flight (the live check looks at locked state only). */
-            if (quiescent && L->n_pages != (L->len + bt - 1) / bt)
-                ok = false;
-            if (L->n_pages > L->cap)
-                ok = false;
-            for (uint64_t i = 0; i < L->n_pages; i++)
-                if (!L->pages[i] || L->pages[i]->refs == 0 ||
-                    (quiescent && L->pages[i]->pins != 0))
-                    ok = false;
-        }
-    if (!ok)
-        goto out;
-    /* I1-I3: tally references per descriptor, then visit each descriptor once. */
-    FOR_EACH_REF(e, pg, { pg->tally = 0; })
-    FOR_EACH_REF(e, pg, { pg->tally++; })
-    uint64_t resident = 0, spilled = 0;
-    FOR_EACH_REF(e, pg, {
-        if (pg->tally != 0) {
-            if (pg->tally != pg->refs)
-                ok = false;
-            if (pg->data)
-                resident++;
-            else
-                spilled++;
-            pg->tally = 0;
-        }
-    })
-    if (resident != p->in_use || spilled != p->spilled)
-        ok = false;
-out:
-    pthread_mutex_unlock(&e->lock);
-    return ok;
-}
-
-bool pkvi_engine_check(pkv_engine *e)
-{
-    return engine_check(e, true);
-}
-
-bool pkvi_engine_check_live(pkv_engine *e)
-{
-    return engine_check(e, false);
-}
-
-pkv_status pkv_engine_check(pkv_engine *e)
-{
-    if (!e)
-        return PKV_EINVAL;
-    return engine_check(e, true) ? PKV_OK : PKV_ECORRUPT;
 }

@@ -12,7 +12,8 @@
 #ifndef PAGEDKV_IO_BACKEND_H
 #define PAGEDKV_IO_BACKEND_H
 
-#include "internal.h"
+#include "io.h"
+#include "util.h"
 
 /* ---- io.c <-> io_uring.c ----------------------------------------------------------- */
 

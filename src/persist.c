@@ -29,6 +29,7 @@
  *   padding, inconsistent fields) -> ECORRUPT; failing system calls -> EIO.
  */
 #include "io_backend.h"
+#include "session.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -699,7 +700,7 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
 
     w_why = "write error";
     for (uint32_t l = 0; l < L; l++) {
-        pkvi_layer *ly = &s->layers[l];
+        const pkvi_btable *ly = &s->layers[l];
         if (ly->n_pages == 0)
             continue;
         if ((st = pkvi_session_acquire(s, l)) != PKV_OK) {

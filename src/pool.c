@@ -14,7 +14,7 @@
  * The budget caps buffers held *and* cached, so the process's page memory never
  * exceeds mem_budget whatever the reuse pattern.
  */
-#include "internal.h"
+#include "pool.h"
 #include "pkv_config.h"
 
 #include <stdio.h>
@@ -204,4 +204,27 @@ uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p)
     }
 #endif
     return p->allocated * p->page_bytes;
+}
+
+pkv_status pkvi_page_create(pkvi_pool *p, pkvi_page **out)
+{
+    pkvi_page *pg = calloc(1, sizeof *pg);
+    if (!pg)
+        return PKV_ENOMEM;
+    const pkv_status st = pkvi_pool_get(p, &pg->data);
+    if (st != PKV_OK) {
+        free(pg);
+        return st;
+    }
+    pg->refs = 1;
+    atomic_init(&pg->writing, 0);
+    *out = pg;
+    return PKV_OK;
+}
+
+void pkvi_page_destroy(pkvi_pool *p, pkvi_page *pg)
+{
+    if (pg->data)
+        pkvi_pool_put(p, pg->data);
+    free(pg);
 }

@@ -33,7 +33,7 @@
  *     anywhere gives 0 / PKV_OK even when a partial product of the other factors would
  *     overflow; only a product that truly exceeds UINT64_MAX is PKV_ERANGE.
  */
-#include "internal.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,111 +1,196 @@
 /*
- * session.c - sessions and their block tables: create, fork (shared pages,
- * copy-on-write), append, truncate, destroy, memory accounting, prefill.
+ * session.c - sessions: create, fork, truncate, destroy; the LRU order and the
+ * choice of spill victims; residency (pin a layer, bring its pages back); the
+ * reservation every write goes through (append, prefill, load); memory accounting;
+ * the engine-wide invariants.
  *
- * Owns page descriptors (pkvi_page) and their reference counts; page buffers come
- * from pool.c, spilled bytes are handled by spill.c, attention by decode.c.
+ * Owns struct pkv_session and the engine's session list (e->lock). Calls down into
+ * btable.c (tables and references), pool.c (pages), spill.c (moving bytes); nothing
+ * here calls decode.c, persist.c or engine.c.
  *
- * Block table of one layer (bt = block_tokens):
- *
- *     pages[0]      pages[1]            pages[n_pages-1]
- *   +-----------+ +-----------+       +-----------+
- *   | 0 .. bt-1 | | bt..2bt-1 |  ...  | .. len-1  |░░░|   last page partly filled
- *   +-----------+ +-----------+       +-----------+
- *   n_pages = ceil(len / bt); position p lives in pages[p / bt], row p % bt.
- *
- * Copy-on-write rule: a page with refs > 1 is never written. Appending into a shared,
- * partly filled tail page first copies it (the only copy a fork ever causes); full
- * shared pages are never written, so they are never copied. Truncate can make a shared
- * full page partly filled again; the rule covers that case unchanged.
- *
- * Locking: structural changes (tables, refs, pool) under e->lock; with a spill file
- * the whole append runs under it, so the spiller never sees a half-written page.
+ * Spill victims: resident pages of the least recently used sessions first, whole
+ * sessions at a time (a session is idle as a whole, and decode needs all of a layer's
+ * pages back together, so spilling one session completely beats nibbling at many),
+ * never a page of a pinned table. A page shared by forks is one descriptor: written
+ * once, and only when no table holding it is pinned; every holder's entry is synced
+ * (B2, B3). A holder is found where B4 says it can only be: the same (layer, index).
  */
-#include "internal.h"
-#include "pkv_config.h"
+#include "session.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- page descriptors (under e->lock) ---------------------------------------------- */
+/* Spill at least this many pages per make_room: one batched write instead of many
+ * single-page round trips when sessions grow page by page under a full budget. */
+#define SPILL_BATCH 16u
 
-/* A fresh page with refs = 1, spilling others to make room when a spill file exists. */
-static pkv_status page_new(pkv_engine *e, pkvi_page **out)
+/* ---- holders of a page (B4) ------------------------------------------------------ */
+
+/* Whether a table holding pg (at layer, index i) is pinned. */
+static bool holder_pinned(const pkv_engine *e, uint32_t layer, uint64_t i,
+                          const pkvi_page *pg)
 {
-    pkvi_page *pg = calloc(1, sizeof *pg);
-    if (!pg)
+    for (const pkv_session *s = e->sessions; s; s = s->next) {
+        const pkvi_btable *t = &s->layers[layer];
+        if (t->pins && i < t->n_pages && t->pages[i] == pg)
+            return true;
+    }
+    return false;
+}
+
+/* pg (at layer, index i; one holder is t) moved: sync every table that holds it. */
+static void sync_holders(pkv_engine *e, pkvi_btable *t, uint32_t layer, uint64_t i,
+                         const pkvi_page *pg)
+{
+    if (pg->refs == 1) {
+        pkvi_btable_sync(t, i);
+        return;
+    }
+    for (pkv_session *s = e->sessions; s; s = s->next) {
+        pkvi_btable *h = &s->layers[layer];
+        if (i < h->n_pages && h->pages[i] == pg)
+            pkvi_btable_sync(h, i);
+    }
+}
+
+/* ---- making room under the budget --------------------------------------------------- */
+
+typedef struct {
+    pkvi_page *pg;
+    pkvi_btable *t;          /* a table holding it */
+    uint32_t layer;
+    uint64_t index;
+} located;
+
+static int by_lru(const void *a, const void *b)
+{
+    const pkv_session *x = *(pkv_session *const *)a, *y = *(pkv_session *const *)b;
+    return x->lru < y->lru ? -1 : x->lru > y->lru;
+}
+
+/*
+ * Room for n more resident pages: spill pages of unpinned tables, least recently used
+ * sessions first (at least SPILL_BATCH pages when anything must go). PKV_OK when the
+ * budget already has room; PKV_ENOMEM when not enough can be spilled (the rest is
+ * pinned by calls in flight) or there is no spill file; PKV_EIO when the write failed
+ * (every page stays resident). Under e->lock.
+ */
+static pkv_status make_room(pkv_engine *e, uint64_t n)
+{
+    pkvi_pool *p = &e->pool;
+    if (!p->budget_pages || p->in_use + n <= p->budget_pages)
+        return PKV_OK;
+    if (!e->spill || n > p->budget_pages)
         return PKV_ENOMEM;
-    pkv_status st = PKV_OK;
-    if (e->spill && !pkvi_pool_can_get(&e->pool))
-        st = pkvi_spill_make_room(e, 1);
+    const uint64_t need = p->in_use + n - p->budget_pages;
+    const uint64_t want = need < SPILL_BATCH ? SPILL_BATCH : need;
+
+    pkv_session **order = malloc((size_t)(e->n_sessions ? e->n_sessions : 1) * sizeof *order);
+    located *vic = malloc((size_t)want * sizeof *vic);
+    pkvi_page **pages = malloc((size_t)want * sizeof *pages);
+    if (!order || !vic || !pages) {
+        free(order);
+        free(vic);
+        free(pages);
+        return PKV_ENOMEM;
+    }
+    uint64_t ns = 0;
+    for (pkv_session *s = e->sessions; s; s = s->next)
+        order[ns++] = s;
+    qsort(order, (size_t)ns, sizeof *order, by_lru);
+
+    /* `tally` marks a descriptor already chosen (a shared page is met once per holder) */
+    uint64_t nv = 0;
+    for (uint64_t k = 0; k < ns && nv < want; k++)
+        for (uint32_t l = 0; l < e->cfg.n_layers && nv < want; l++) {
+            pkvi_btable *t = &order[k]->layers[l];
+            if (t->pins || t->n_spilled == t->n_pages)
+                continue;
+            for (uint64_t i = 0; i < t->n_pages && nv < want; i++) {
+                pkvi_page *pg = t->pages[i];
+                if (!pg->data || pg->tally || (pg->refs > 1 && holder_pinned(e, l, i, pg)))
+                    continue;
+                pg->tally = 1;
+                vic[nv] = (located){pg, t, l, i};
+                pages[nv++] = pg;
+            }
+        }
+    pkv_status st = nv < need ? PKV_ENOMEM : pkvi_spill_write(e->spill, p, pages, nv);
+    for (uint64_t v = 0; v < nv; v++) {
+        vic[v].pg->tally = 0;
+        if (st == PKV_OK)
+            sync_holders(e, vic[v].t, vic[v].layer, vic[v].index, vic[v].pg);
+    }
+    free(order);
+    free(vic);
+    free(pages);
+    return st;
+}
+
+/* Bring the spilled pages of table t (layer) from entry `from` on back into memory;
+ * the caller pinned t, so making room never spills them again. Under e->lock. */
+static pkv_status fault_in(pkv_engine *e, pkvi_btable *t, uint32_t layer, uint64_t from)
+{
+    uint64_t n = 0;
+    for (uint64_t i = from; i < t->n_pages; i++)
+        n += t->data[i] == NULL;
+    if (n == 0)
+        return PKV_OK;
+    pkv_status st = make_room(e, n);
+    if (st != PKV_OK)
+        return st;
+    uint64_t *idx = malloc((size_t)n * sizeof *idx);
+    pkvi_page **pages = malloc((size_t)n * sizeof *pages);
+    if (!idx || !pages) {
+        free(idx);
+        free(pages);
+        return PKV_ENOMEM;
+    }
+    uint64_t k = 0;
+    for (uint64_t i = from; i < t->n_pages; i++)
+        if (t->data[i] == NULL) {
+            idx[k] = i;
+            pages[k++] = t->pages[i];
+        }
+    st = pkvi_spill_read(e->spill, &e->pool, pages, n);
     if (st == PKV_OK)
-        st = pkvi_pool_get(&e->pool, &pg->data);
+        for (k = 0; k < n; k++)
+            sync_holders(e, t, layer, idx[k], pages[k]);
+    free(idx);
+    free(pages);
+    return st;
+}
+
+/* n new pages, all or nothing, spilling to make room. Under e->lock. */
+static pkv_status take_pages(pkv_engine *e, uint64_t n, pkvi_page **out)
+{
+    pkv_status st = e->spill ? make_room(e, n) : PKV_OK;
+    uint64_t got = 0;
+    while (st == PKV_OK && got < n)
+        if ((st = pkvi_page_create(&e->pool, &out[got])) == PKV_OK)
+            got++;
     if (st != PKV_OK) {
-        free(pg);
+        while (got-- > 0) {
+            out[got]->refs = 0;
+            pkvi_page_destroy(&e->pool, out[got]);
+        }
         return st;
     }
 #if !PKV_POISON
     /* A spilled page is written whole, unused rows included: start them defined, so
      * no stale bytes of an earlier page (another user's K/V) ever reach the disk. */
     if (e->spill)
-        memset(pg->data, 0, (size_t)e->page_bytes);
+        for (uint64_t i = 0; i < n; i++)
+            memset(out[i]->data, 0, (size_t)e->page_bytes);
 #endif
-    pg->refs = 1;
-    *out = pg;
     return PKV_OK;
 }
 
-static void page_unref(pkv_engine *e, pkvi_page *pg)
-{
-    if (--pg->refs > 0)
-        return;
-    if (pg->data)
-        pkvi_pool_put(&e->pool, pg->data);
-    else
-        pkvi_spill_drop(e, pg);
-    free(pg);
-}
+/* ---- decode scratch ------------------------------------------------------------------ */
 
-/* ---- block tables ------------------------------------------------------------------- */
-
-/* Capacity for n pages; on failure the table is unchanged (a grown array is kept). */
-static pkv_status layer_reserve(pkvi_layer *L, uint64_t n)
-{
-    if (n <= L->cap)
-        return PKV_OK;
-    uint64_t cap = L->cap ? L->cap * 2 : 4;
-    if (cap < n)
-        cap = n;
-    uint64_t bytes;
-    if (!pkvi_mul(cap, sizeof(void *), &bytes) || bytes > SIZE_MAX)
-        return PKV_ENOMEM;
-    pkvi_page **pages = realloc(L->pages, (size_t)bytes);
-    if (!pages)
-        return PKV_ENOMEM;
-    L->pages = pages;
-    const void **data = realloc(L->data, (size_t)bytes);
-    if (!data)
-        return PKV_ENOMEM;
-    L->data = data;
-    L->cap = cap;
-    return PKV_OK;
-}
-
-/* Drop positions >= n of one layer, releasing whole pages. Under e->lock. */
-static void layer_truncate(pkv_engine *e, pkvi_layer *L, uint64_t n)
-{
-    if (n >= L->len)
-        return;
-    const uint64_t bt = e->cfg.block_tokens;
-    const uint64_t keep = (n + bt - 1) / bt;
-    for (uint64_t i = keep; i < L->n_pages; i++)
-        page_unref(e, L->pages[i]);
-    L->n_pages = keep;
-    L->len = n;
-}
-
-/* Split-K partial states: per chunk, per group, hg * (d + 2) floats (decode.c). */
-pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages)
+/* Split-K partial states for layers of up to n_pages pages (decode.c's layout). */
+static pkv_status reserve_partials(pkv_session *s, uint64_t n_pages)
 {
     pkv_engine *e = s->e;
     const uint64_t chunks = pkvi_split_chunks(e, n_pages);
@@ -119,7 +204,7 @@ pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages)
     uint64_t floats, bytes;
     if (!pkvi_mul(want, e->cfg.n_heads, &floats) ||
         !pkvi_mul(floats, (uint64_t)e->cfg.head_dim + 2, &floats) ||
-        !pkvi_mul(floats, sizeof(float), &bytes) || bytes > SIZE_MAX)
+        !pkvi_mul(floats, sizeof(float), &bytes) || bytes > SIZE_MAX - 63)
         return PKV_ENOMEM;
     float *p = aligned_alloc(PKVI_PAGE_ALIGN, (size_t)((bytes + 63) & ~63ull));
     if (!p)
@@ -130,7 +215,152 @@ pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages)
     return PKV_OK;
 }
 
-/* ---- sessions ----------------------------------------------------------------------- */
+/* ---- residency ------------------------------------------------------------------------ */
+
+pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer)
+{
+    pkv_engine *e = s->e;
+    if (!e->spill)
+        return PKV_OK;
+    pkvi_btable *t = &s->layers[layer];
+    pthread_mutex_lock(&e->lock);
+    t->pins++; /* first: making room must not spill what is being brought back */
+    const pkv_status st = t->n_spilled ? fault_in(e, t, layer, 0) : PKV_OK;
+    if (st != PKV_OK)
+        t->pins--;
+    else
+        s->lru = ++e->clock;
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+void pkvi_session_release(pkv_session *s, uint32_t layer)
+{
+    pkv_engine *e = s->e;
+    if (!e->spill)
+        return;
+    pthread_mutex_lock(&e->lock);
+    s->layers[layer].pins--;
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* ---- reserve, write, finish ------------------------------------------------------------ */
+
+pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
+                                pkvi_reservation *r)
+{
+    pkv_engine *e = s->e;
+    pkvi_btable *t = &s->layers[layer];
+    const uint64_t bt = e->cfg.block_tokens, start = t->len;
+    uint64_t end_len;
+    if (n == 0 || !pkvi_add(start, n, &end_len) || end_len > UINT64_MAX - bt)
+        return PKV_EINVAL;
+    const uint64_t end_page = (end_len + bt - 1) / bt;
+    const uint64_t n_new = end_page - t->n_pages;
+    const bool partial = start % bt != 0;
+
+    /* The page list: on the stack for an append (at most 2 pages), else allocated. */
+    pkvi_page *small[2], **fresh = small;
+    if (n_new + 1 > 2) {
+        uint64_t bytes;
+        if (!pkvi_mul(n_new + 1, sizeof *fresh, &bytes) || bytes > SIZE_MAX ||
+            !(fresh = malloc((size_t)bytes)))
+            return PKV_ENOMEM;
+    }
+    pthread_mutex_lock(&e->lock);
+    if (e->spill)
+        t->pins++;
+    pkv_status st = partial ? fault_in(e, t, layer, t->n_pages - 1) : PKV_OK;
+    const bool cow = partial && st == PKV_OK && t->pages[t->n_pages - 1]->refs > 1;
+    if (st == PKV_OK)
+        st = take_pages(e, n_new + cow, fresh);
+    if (st == PKV_OK) {
+        st = pkvi_btable_reserve(t, end_page);
+        if (st == PKV_OK)
+            st = reserve_partials(s, end_page);
+        if (st != PKV_OK)
+            for (uint64_t i = 0; i < n_new + cow; i++) {
+                fresh[i]->refs = 0;
+                pkvi_page_destroy(&e->pool, fresh[i]);
+            }
+    }
+    if (st != PKV_OK) {
+        if (e->spill)
+            t->pins--;
+        pthread_mutex_unlock(&e->lock);
+        if (fresh != small)
+            free(fresh);
+        return st;
+    }
+    /* Nothing fails from here on. */
+    if (cow) { /* copy-on-write: the only copy a fork ever causes */
+        pkvi_page *copy = fresh[n_new];
+        memcpy(copy->data, t->pages[t->n_pages - 1]->data, (size_t)e->page_bytes);
+        pkvi_btable_replace(t, pkvi_engine_pages(e), t->n_pages - 1, copy);
+    }
+    for (uint64_t i = 0; i < n_new; i++)
+        pkvi_btable_push(t, fresh[i]);
+    r->layer = layer;
+    r->first_page = start / bt;
+    r->end_page = end_page;
+    r->pinned = e->spill != NULL;
+    for (uint64_t i = r->first_page; i < end_page; i++)
+        atomic_store_explicit(&t->pages[i]->writing, 1, memory_order_relaxed);
+    s->lru = ++e->clock;
+    pthread_mutex_unlock(&e->lock);
+    if (fresh != small)
+        free(fresh);
+    return PKV_OK;
+}
+
+void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
+                        const float *k, const float *v)
+{
+    pkv_engine *e = s->e;
+    pkvi_btable *t = &s->layers[r->layer];
+    const uint32_t d = e->cfg.head_dim, g = e->cfg.n_kv_heads;
+    const uint64_t bt = e->cfg.block_tokens;
+    if (e->hook_before_write)
+        e->hook_before_write(e->hook_ctx);
+    for (uint64_t j = 0; j < n; j++, k += (size_t)g * d, v += (size_t)g * d) {
+        char *page = t->pages[t->len / bt]->data;
+        const uint64_t row = t->len % bt;
+        for (uint32_t gi = 0; gi < g; gi++) {
+            char *kb = page + gi * e->kp.group_stride + row * e->row_bytes;
+            e->kern->store_row(e->cfg.kv_dtype, kb, k + (size_t)gi * d, d);
+            e->kern->store_row(e->cfg.kv_dtype, kb + e->kp.v_offset, v + (size_t)gi * d, d);
+        }
+        t->len++;
+    }
+}
+
+void pkvi_session_write_pages(pkv_session *s, const pkvi_reservation *r, const void *bytes,
+                              uint64_t tokens)
+{
+    pkv_engine *e = s->e;
+    pkvi_btable *t = &s->layers[r->layer];
+    const uint64_t bt = e->cfg.block_tokens;
+    for (uint64_t done = 0; done < tokens; done += bt) {
+        memcpy(t->pages[t->len / bt]->data,
+               (const char *)bytes + done / bt * e->page_bytes, (size_t)e->page_bytes);
+        t->len += tokens - done < bt ? tokens - done : bt;
+    }
+}
+
+void pkvi_session_finish(pkv_session *s, pkvi_reservation *r)
+{
+    pkv_engine *e = s->e;
+    pkvi_btable *t = &s->layers[r->layer];
+    for (uint64_t i = r->first_page; i < r->end_page; i++)
+        atomic_store_explicit(&t->pages[i]->writing, 0, memory_order_relaxed);
+    if (r->pinned) {
+        pthread_mutex_lock(&e->lock);
+        t->pins--;
+        pthread_mutex_unlock(&e->lock);
+    }
+}
+
+/* ---- sessions --------------------------------------------------------------------------- */
 
 static pkv_session *session_alloc(pkv_engine *e)
 {
@@ -148,10 +378,8 @@ static pkv_session *session_alloc(pkv_engine *e)
 
 static void session_free(pkv_session *s)
 {
-    for (uint32_t l = 0; l < s->e->cfg.n_layers; l++) {
-        free(s->layers[l].pages);
-        free(s->layers[l].data);
-    }
+    for (uint32_t l = 0; l < s->e->cfg.n_layers; l++)
+        pkvi_btable_free(&s->layers[l]);
     free(s->layers);
     free(s->partials);
     free(s);
@@ -195,30 +423,22 @@ pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
     /* Allocate everything first, so the shared part below cannot fail. */
     uint64_t max_pages = 0;
     for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
-        uint64_t n = src->layers[l].n_pages;
-        if (n > max_pages)
-            max_pages = n;
-        if (layer_reserve(&s->layers[l], n) != PKV_OK) {
+        const uint64_t n = src->layers[l].n_pages;
+        max_pages = n > max_pages ? n : max_pages;
+        if (pkvi_btable_reserve(&s->layers[l], n) != PKV_OK) {
             session_free(s);
             return PKV_ENOMEM;
         }
     }
-    if (pkvi_session_reserve_partials(s, max_pages) != PKV_OK) {
+    if (reserve_partials(s, max_pages) != PKV_OK) {
         session_free(s);
         return PKV_ENOMEM;
     }
+    /* B5: src's pages gain holders here; the only thread that may write one of them
+     * (src's owner, for a tail page with refs == 1) is the one making this call. */
     pthread_mutex_lock(&e->lock);
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
-        const pkvi_layer *S = &src->layers[l];
-        pkvi_layer *D = &s->layers[l];
-        for (uint64_t i = 0; i < S->n_pages; i++) {
-            D->pages[i] = S->pages[i];
-            D->data[i] = S->data[i];
-            S->pages[i]->refs++;
-        }
-        D->n_pages = S->n_pages;
-        D->len = S->len;
-    }
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
+        pkvi_btable_share(&s->layers[l], &src->layers[l]);
     session_link(e, s);
     pthread_mutex_unlock(&e->lock);
     *out = s;
@@ -232,7 +452,7 @@ void pkv_session_destroy(pkv_session *s)
     pkv_engine *e = s->e;
     pthread_mutex_lock(&e->lock);
     for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        layer_truncate(e, &s->layers[l], 0);
+        pkvi_btable_truncate(&s->layers[l], pkvi_engine_pages(e), e->cfg.block_tokens, 0);
     if (s->prev)
         s->prev->next = s->next;
     else
@@ -265,110 +485,23 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
         return PKV_ERANGE;
     pthread_mutex_lock(&e->lock);
     for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        layer_truncate(e, &s->layers[l], n_tokens);
+        pkvi_btable_truncate(&s->layers[l], pkvi_engine_pages(e), e->cfg.block_tokens,
+                             n_tokens);
     pthread_mutex_unlock(&e->lock);
     return PKV_OK;
-}
-
-/* ---- append ------------------------------------------------------------------------- */
-
-/* Make the page that will hold position L->len writable and resident; returns it.
- * Under e->lock. On failure nothing changed: a new page is taken before the tables
- * grow, so a budget that has no page left fails with every figure as it was (only an
- * allocator failure between the two can leave a table's capacity grown). */
-static pkv_status writable_tail(pkv_session *s, pkvi_layer *L, pkvi_page **out)
-{
-    pkv_engine *e = s->e;
-    const uint64_t bt = e->cfg.block_tokens;
-    pkv_status st;
-
-    if (L->len % bt == 0) { /* a new page */
-        pkvi_page *pg = NULL;
-        st = page_new(e, &pg);
-        if (st == PKV_OK)
-            st = layer_reserve(L, L->n_pages + 1);
-        if (st == PKV_OK)
-            st = pkvi_session_reserve_partials(s, L->n_pages + 1);
-        if (st != PKV_OK) {
-            if (pg)
-                page_unref(e, pg);
-            return st;
-        }
-        L->pages[L->n_pages] = pg;
-        L->data[L->n_pages] = pg->data;
-        L->n_pages++;
-        *out = pg;
-        return PKV_OK;
-    }
-
-    const uint64_t i = L->n_pages - 1;
-    pkvi_page *pg = L->pages[i];
-    pg->pins++; /* neither make_room below may spill it */
-    if (!pg->data) {
-        st = pkvi_spill_fault_in(e, &pg, 1);
-        if (st != PKV_OK) {
-            pg->pins--;
-            return st;
-        }
-    }
-    if (pg->refs > 1) { /* copy-on-write: the only copy a fork causes */
-        pkvi_page *np = NULL;
-        st = page_new(e, &np);
-        if (st != PKV_OK) {
-            pg->pins--;
-            return st;
-        }
-        memcpy(np->data, pg->data, (size_t)e->page_bytes);
-        pg->pins--;
-        page_unref(e, pg);
-        L->pages[i] = np;
-        pg = np;
-    } else {
-        pg->pins--;
-    }
-    L->data[i] = pg->data;
-    *out = pg;
-    return PKV_OK;
-}
-
-/* Store one token's K/V rows at row `slot` of page data. */
-static void write_rows(const pkv_engine *e, void *data, uint64_t slot, const float *k,
-                       const float *v)
-{
-    const uint32_t d = e->cfg.head_dim;
-    for (uint32_t gi = 0; gi < e->cfg.n_kv_heads; gi++) {
-        char *kb = (char *)data + gi * e->kp.group_stride + slot * e->row_bytes;
-        e->kern->store_row(e->cfg.kv_dtype, kb, k + (size_t)gi * d, d);
-        e->kern->store_row(e->cfg.kv_dtype, kb + e->kp.v_offset, v + (size_t)gi * d, d);
-    }
 }
 
 pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k, const float *v)
 {
     if (!s || !k || !v || layer >= s->e->cfg.n_layers)
         return PKV_EINVAL;
-    pkv_engine *e = s->e;
-    PKVI_BOUNDARY_CHECK(e);
-    pkvi_layer *L = &s->layers[layer];
-    const uint64_t slot = L->len % e->cfg.block_tokens;
-
-    pthread_mutex_lock(&e->lock);
-    pkvi_page *pg = NULL;
-    pkv_status st = writable_tail(s, L, &pg);
-    if (st != PKV_OK) {
-        pthread_mutex_unlock(&e->lock);
+    PKVI_BOUNDARY_CHECK(s->e);
+    pkvi_reservation r;
+    const pkv_status st = pkvi_session_reserve(s, layer, 1, &r);
+    if (st != PKV_OK)
         return st;
-    }
-    s->lru = ++e->clock;
-    if (e->spill) { /* the spiller must not see a half-written page */
-        write_rows(e, pg->data, slot, k, v);
-        L->len++;
-        pthread_mutex_unlock(&e->lock);
-    } else { /* the page is ours alone (refs == 1) and cannot move: write unlocked */
-        pthread_mutex_unlock(&e->lock);
-        write_rows(e, pg->data, slot, k, v);
-        L->len++;
-    }
+    pkvi_session_write(s, &r, 1, k, v);
+    pkvi_session_finish(s, &r);
     return PKV_OK;
 }
 
@@ -376,123 +509,19 @@ pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer, const void *by
                                   uint32_t tokens)
 {
     pkv_engine *e = s->e;
-    pkvi_layer *L = &s->layers[layer];
-    if (tokens == 0 || tokens > e->cfg.block_tokens || L->len % e->cfg.block_tokens)
+    if (tokens == 0 || tokens > e->cfg.block_tokens ||
+        s->layers[layer].len % e->cfg.block_tokens)
         return PKV_EINVAL;
-    pthread_mutex_lock(&e->lock);
-    pkvi_page *pg = NULL;
-    pkv_status st = writable_tail(s, L, &pg);
-    if (st == PKV_OK) {
-        memcpy(pg->data, bytes, (size_t)e->page_bytes);
-        L->len += tokens;
-    }
-    pthread_mutex_unlock(&e->lock);
-    return st;
-}
-
-/* ---- decode entry points -------------------------------------------------------------- */
-
-pkv_status pkv_decode(pkv_session *s, uint32_t layer, const float *q, float *out)
-{
-    if (!s || !q || !out)
-        return PKV_EINVAL;
-    return pkvi_decode_many(s->e, layer, 1, &s, q, out);
-}
-
-pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
-                            pkv_session *const *sessions, const float *q, float *out)
-{
-    if (!e || !sessions || !q || !out || n == 0)
-        return PKV_EINVAL;
-    return pkvi_decode_many(e, layer, n, sessions, q, out);
-}
-
-/*
- * Undo a copy-on-write: layer `layer` of s has, as its tail page, a private copy of
- * the page whose descriptor was at address `orig`, made by a call that is failing,
- * and gets that page back if it is still shared. No reference was held on it (the
- * engine's invariant I3 counts block-table entries only) and another thread may have
- * destroyed its other holders meanwhile, so it is looked for by address where it can
- * only be - the same position of another session's table - and its bytes are compared
- * with the copy's live rows: a new descriptor that reused the address cannot be
- * mistaken for it. Spilled pages are left alone. Under e->lock.
- */
-static void reshare_tail(pkv_engine *e, pkv_session *s, uint32_t layer, uintptr_t orig)
-{
-    pkvi_layer *L = &s->layers[layer];
-    const uint64_t i = L->n_pages - 1;
-    pkvi_page *copy = L->pages[i];
-    const uint64_t rows = L->len - i * e->cfg.block_tokens;
-    for (pkv_session *o = e->sessions; o; o = o->next) {
-        const pkvi_layer *M = &o->layers[layer];
-        if (o == s || M->n_pages <= i || (uintptr_t)M->pages[i] != orig)
-            continue;
-        pkvi_page *pg = M->pages[i]; /* live: a table names it */
-        if (!pg->data || !copy->data)
-            return;
-        for (uint32_t g = 0; g < e->cfg.n_kv_heads; g++) {
-            const size_t at = g * e->kp.group_stride, n = (size_t)(rows * e->row_bytes);
-            if (memcmp((char *)pg->data + at, (char *)copy->data + at, n) != 0 ||
-                memcmp((char *)pg->data + at + e->kp.v_offset,
-                       (char *)copy->data + at + e->kp.v_offset, n) != 0)
-                return;
-        }
-        pg->refs++;
-        L->pages[i] = pg;
-        L->data[i] = pg->data;
-        page_unref(e, copy);
-        return;
-    }
-}
-
-pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *q,
-                       const float *k, const float *v, float *out)
-{
-    if (!s || !q || !k || !v || !out || n == 0 || layer >= s->e->cfg.n_layers)
-        return PKV_EINVAL;
-    pkv_engine *e = s->e;
-    const uint64_t start = s->layers[layer].len, bt = e->cfg.block_tokens;
-    const size_t qd = (size_t)e->cfg.n_heads * e->cfg.head_dim;
-    const size_t kd = (size_t)e->cfg.n_kv_heads * e->cfg.head_dim;
-    const uint32_t tile_max = pkvi_prefill_tile_max(e);
-    pkvi_layer *L = &s->layers[layer];
-    float *scratch;
-    pkv_status st = pkvi_prefill_scratch(e, (start + n + bt - 1) / bt, &scratch);
+    pkvi_reservation r;
+    const pkv_status st = pkvi_session_reserve(s, layer, tokens, &r);
     if (st != PKV_OK)
         return st;
-    /* A failure must leave the session as it was, sharing included: if the first
-     * append copies a shared tail page (copy-on-write), the rollback below gives the
-     * layer the shared page back (see reshare_tail). */
-    uintptr_t shared_tail = 0; /* an address only: the page may be freed meanwhile */
-    pthread_mutex_lock(&e->lock);
-    if (start % bt && L->pages[L->n_pages - 1]->refs > 1)
-        shared_tail = (uintptr_t)L->pages[L->n_pages - 1];
-    pthread_mutex_unlock(&e->lock);
-    /* Tiles of queries that land in one page: append them, then attend all at once
-     * (decode.c keeps each query's arithmetic that of append + pkv_decode). */
-    for (uint32_t i = 0; i < n && st == PKV_OK;) {
-        const uint64_t room = bt - (start + i) % bt;
-        uint32_t nq = n - i < tile_max ? n - i : tile_max;
-        if (nq > room)
-            nq = (uint32_t)room;
-        for (uint32_t t = 0; t < nq && st == PKV_OK; t++)
-            st = pkv_append(s, layer, k + (i + t) * kd, v + (i + t) * kd);
-        if (st == PKV_OK)
-            st = pkvi_prefill_attend(e, s, layer, nq, q + i * qd, out + i * qd, scratch);
-        i += nq;
-    }
-    free(scratch);
-    if (st != PKV_OK) {
-        pthread_mutex_lock(&e->lock);
-        layer_truncate(e, L, start);
-        if (shared_tail && (uintptr_t)L->pages[L->n_pages - 1] != shared_tail)
-            reshare_tail(e, s, layer, shared_tail);
-        pthread_mutex_unlock(&e->lock);
-    }
-    return st;
+    pkvi_session_write_pages(s, &r, bytes, tokens);
+    pkvi_session_finish(s, &r);
+    return PKV_OK;
 }
 
-/* ---- memory ------------------------------------------------------------------------- */
+/* ---- accounting --------------------------------------------------------------------------- */
 
 pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out)
 {
@@ -503,83 +532,25 @@ pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out)
     memset(&m, 0, sizeof m);
     const uint64_t pb = e->page_bytes;
     const uint64_t token_bytes = 2ull * e->cfg.n_kv_heads * e->row_bytes;
-    m.bytes_overhead = sizeof *s + (uint64_t)e->cfg.n_layers * sizeof(pkvi_layer) +
+    m.bytes_overhead = sizeof *s + (uint64_t)e->cfg.n_layers * sizeof(pkvi_btable) +
                        s->partials_chunks * e->cfg.n_heads *
                            ((uint64_t)e->cfg.head_dim + 2) * sizeof(float);
     pthread_mutex_lock(&e->lock);
     for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
-        const pkvi_layer *L = &s->layers[l];
-        m.tokens += L->len;
-        m.blocks += L->n_pages;
-        m.bytes_ideal += L->len * token_bytes;
-        m.bytes_overhead += L->cap * (sizeof(pkvi_page *) + sizeof(void *)) +
-                            L->n_pages * sizeof(pkvi_page);
-        for (uint64_t i = 0; i < L->n_pages; i++) {
-            const pkvi_page *pg = L->pages[i];
-            if (pg->data) {
-                m.bytes_resident += pb;
-                if (pg->refs > 1)
-                    m.bytes_shared += pb;
-            } else {
-                m.bytes_spilled += pb;
-            }
-        }
+        const pkvi_btable *t = &s->layers[l];
+        m.tokens += t->len;
+        m.blocks += t->n_pages;
+        m.bytes_ideal += t->len * token_bytes;
+        m.bytes_overhead += pkvi_btable_overhead(t);
+        m.bytes_spilled += t->n_spilled * pb;
+        for (uint64_t i = 0; i < t->n_pages; i++)
+            if (t->pages[i]->data && t->pages[i]->refs > 1)
+                m.bytes_shared += pb;
     }
+    m.bytes_resident = m.blocks * pb - m.bytes_spilled;
     pthread_mutex_unlock(&e->lock);
     *out = m;
     return PKV_OK;
-}
-
-/* ---- spill hooks ------------------------------------------------------------------------ */
-
-pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer)
-{
-    pkv_engine *e = s->e;
-    if (!e->spill)
-        return PKV_OK;
-    pkvi_layer *L = &s->layers[layer];
-    pkv_status st = PKV_OK;
-    pthread_mutex_lock(&e->lock);
-    uint64_t n_out = 0;
-    for (uint64_t i = 0; i < L->n_pages; i++) {
-        L->pages[i]->pins++;
-        n_out += L->pages[i]->data == NULL;
-    }
-    if (n_out) {
-        pkvi_page **need = n_out <= UINT32_MAX ? malloc((size_t)n_out * sizeof *need) : NULL;
-        if (!need) {
-            st = PKV_ENOMEM;
-        } else {
-            uint64_t j = 0;
-            for (uint64_t i = 0; i < L->n_pages; i++)
-                if (!L->pages[i]->data)
-                    need[j++] = L->pages[i];
-            st = pkvi_spill_fault_in(e, need, (uint32_t)n_out);
-            free(need);
-        }
-    }
-    if (st != PKV_OK) {
-        for (uint64_t i = 0; i < L->n_pages; i++)
-            L->pages[i]->pins--;
-    } else {
-        for (uint64_t i = 0; i < L->n_pages; i++)
-            L->data[i] = L->pages[i]->data;
-        s->lru = ++e->clock;
-    }
-    pthread_mutex_unlock(&e->lock);
-    return st;
-}
-
-void pkvi_session_release(pkv_session *s, uint32_t layer)
-{
-    pkv_engine *e = s->e;
-    if (!e->spill)
-        return;
-    pkvi_layer *L = &s->layers[layer];
-    pthread_mutex_lock(&e->lock);
-    for (uint64_t i = 0; i < L->n_pages; i++)
-        L->pages[i]->pins--;
-    pthread_mutex_unlock(&e->lock);
 }
 
 pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t first,
@@ -588,11 +559,11 @@ pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t firs
     if (!s || layer >= s->e->cfg.n_layers || (!out && n > 0))
         return PKV_EINVAL;
     pkv_engine *e = s->e;
-    const pkvi_layer *L = &s->layers[layer];
+    const pkvi_btable *t = &s->layers[layer];
     uint64_t k = 0;
     pthread_mutex_lock(&e->lock);
-    for (uint64_t i = first; i < L->n_pages && k < n; i++, k++) {
-        const pkvi_page *pg = L->pages[i];
+    for (uint64_t i = first; i < t->n_pages && k < n; i++, k++) {
+        const pkvi_page *pg = t->pages[i];
         out[k].id = (uint64_t)(uintptr_t)pg;
         out[k].refs = pg->refs;
         out[k].resident = pg->data != NULL;
@@ -601,4 +572,74 @@ pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t firs
     if (n_out)
         *n_out = k;
     return PKV_OK;
+}
+
+/* ---- invariants --------------------------------------------------------------------------- */
+
+/* Visit every block-table entry of every live session. */
+#define FOR_EACH_ENTRY(e, pg, body)                                                     \
+    for (pkv_session *s_ = (e)->sessions; s_; s_ = s_->next)                            \
+        for (uint32_t l_ = 0; l_ < (e)->cfg.n_layers; l_++)                              \
+            for (uint64_t i_ = 0; i_ < s_->layers[l_].n_pages; i_++) {                  \
+                pkvi_page *pg = s_->layers[l_].pages[i_];                                \
+                body                                                                     \
+            }
+
+bool pkvi_sessions_check(pkv_engine *e, bool quiescent)
+{
+    bool ok = true;
+    pthread_mutex_lock(&e->lock);
+    const pkvi_pool *p = &e->pool;
+    if (p->allocated != p->in_use + p->n_free || p->n_free > p->free_slots ||
+        p->free_slots > p->free_cap)
+        ok = false;
+    if (p->budget_pages && p->in_use + p->n_free > p->budget_pages)   /* E4 */
+        ok = false;
+    for (pkv_session *s = e->sessions; ok && s; s = s->next)
+        for (uint32_t l = 0; ok && l < e->cfg.n_layers; l++)
+            ok = pkvi_btable_check(&s->layers[l], e->cfg.block_tokens, quiescent);
+    if (ok) {
+        /* E1-E3: tally entries per descriptor, then visit each descriptor once. */
+        FOR_EACH_ENTRY(e, pg, { pg->tally = 0; })
+        FOR_EACH_ENTRY(e, pg, { pg->tally++; })
+        uint64_t resident = 0, spilled = 0;
+        FOR_EACH_ENTRY(e, pg, {
+            if (pg->tally != 0) {
+                ok &= pg->tally == pg->refs;
+                resident += pg->data != NULL;
+                spilled += pg->data == NULL;
+                pg->tally = 0;
+            }
+        })
+        /* Pages a reservation took but has not yet pushed do not exist between the
+         * lock's holds, so these are exact. */
+        ok &= resident == p->in_use && spilled == p->spilled;
+    }
+    pthread_mutex_unlock(&e->lock);
+    return ok;
+}
+
+#if PKV_POISON
+pkv_status pkvi_report_broken(const char *where)
+{
+    fprintf(stderr, "pagedkv: engine invariants broken (detected in %s)\n", where);
+    return PKV_ECORRUPT;
+}
+#endif
+
+pkv_status pkv_engine_check(pkv_engine *e)
+{
+    if (!e)
+        return PKV_EINVAL;
+    return pkvi_sessions_check(e, true) ? PKV_OK : PKV_ECORRUPT;
+}
+
+bool pkvi_engine_check(pkv_engine *e)
+{
+    return pkvi_sessions_check(e, true);
+}
+
+bool pkvi_engine_check_live(pkv_engine *e)
+{
+    return pkvi_sessions_check(e, false);
 }

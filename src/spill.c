@@ -1,31 +1,19 @@
 /*
- * spill.c - offloading pages to a private spill file when the memory budget is full,
- * and reading them back on the next use.
+ * spill.c - the spill file: page bytes written out when the memory budget is full,
+ * and read back on the next use (spill.h).
  *
- * Owns the spill file (one per engine, slots of page_bytes) and the choice of victims.
- * The bytes move through the I/O interface (io.c: io_uring or pread/pwrite).
- * Every function runs under e->lock.
+ * Owns the file (one per engine, slots of page_bytes) and its free slots. The bytes
+ * move through the I/O interface (io.c: io_uring or pread/pwrite), batched, one
+ * vectored request per run of adjacent slots. Which pages go is session.c's choice;
+ * this file never looks at a block table. Every function runs under e->lock.
  *
- * Page states (descriptor fields; all transitions under e->lock):
- *
- *     page_new()                 make_room(): write, then free buffer
- *    ----------> RESIDENT (data) ---------------------------------> SPILLED (slot)
- *                    ^   pins > 0: never a victim                       |
- *                    +-------------------------------------------------+
- *                          fault_in(): buffer, read, free slot
- *    last unref: RESIDENT -> pool_put;  SPILLED -> pkvi_spill_drop (slot freed)
- *
- * Victims: unpinned resident pages of the least recently used sessions first, whole
- * sessions at a time (a session is idle as a whole, and decode needs all of a layer's
- * pages back together, so spilling one session completely beats nibbling at many).
- * A page shared by forks is one descriptor, so it is written once, however many
- * sessions hold it. A failed write keeps every page resident; a failed read keeps every
- * page spilled; nothing is lost either way.
+ * A failed write keeps every page resident; a failed read keeps every page spilled;
+ * nothing is lost either way.
  *
  * Privacy (SPEC §5): the file is O_TMPFILE (no name at all) where the file system has
  * it, else created 0600 with O_EXCL under a fixed name pattern and unlinked at once.
  */
-#include "internal.h"
+#include "spill.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,10 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* Spill at least this many pages per make_room: one batched write instead of many
- * single-page round trips when sessions grow page by page under a full budget. */
-#define SPILL_BATCH 16u
 
 struct pkvi_spill {
     int fd;
@@ -64,12 +48,12 @@ static int open_private(const char *dir)
     return fd;
 }
 
-pkv_status pkvi_spill_open(pkv_engine *e)
+pkv_status pkvi_spill_open(const char *dir, pkvi_spill **out)
 {
     pkvi_spill *sp = calloc(1, sizeof *sp);
     if (!sp)
         return PKV_ENOMEM;
-    sp->fd = open_private(e->spill_dir);
+    sp->fd = open_private(dir);
     if (sp->fd < 0) {
         free(sp);
         return PKV_EIO;
@@ -80,30 +64,28 @@ pkv_status pkvi_spill_open(pkv_engine *e)
         free(sp);
         return st;
     }
-    e->spill = sp;
+    *out = sp;
     return PKV_OK;
 }
 
-void pkvi_spill_close(pkv_engine *e)
+void pkvi_spill_close(pkvi_spill *sp)
 {
-    pkvi_spill *sp = e->spill;
     if (!sp)
         return;
     pkvi_io_close(sp->io);
     close(sp->fd); /* the file has no name: closing it removes it */
     free(sp->free_slots);
     free(sp);
-    e->spill = NULL;
 }
 
-const char *pkvi_spill_backend(const pkv_engine *e)
+const char *pkvi_spill_backend(const pkvi_spill *sp)
 {
-    return e->spill ? pkvi_io_backend(e->spill->io) : "none";
+    return pkvi_io_backend(sp->io);
 }
 
-pkvi_io *pkvi_spill_io(pkv_engine *e)
+pkvi_io *pkvi_spill_io(pkvi_spill *sp)
 {
-    return e->spill ? e->spill->io : NULL;
+    return sp->io;
 }
 
 /* A free slot, reused first; otherwise the file grows by one slot. */
@@ -124,12 +106,6 @@ static void slot_give(pkvi_spill *sp, uint64_t slot)
         sp->cap_free = cap;
     }
     sp->free_slots[sp->n_free++] = slot;
-}
-
-static int by_lru(const void *a, const void *b)
-{
-    const pkv_session *x = *(pkv_session *const *)a, *y = *(pkv_session *const *)b;
-    return x->lru < y->lru ? -1 : x->lru > y->lru;
 }
 
 static int by_slot(const void *a, const void *b)
@@ -163,95 +139,53 @@ static uint32_t slot_runs(const pkvi_spill *sp, bool write, pkvi_page *const *pa
     return nr;
 }
 
-pkv_status pkvi_spill_make_room(pkv_engine *e, uint64_t n)
+pkv_status pkvi_spill_write(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *pages,
+                            uint64_t n)
 {
-    pkvi_spill *sp = e->spill;
-    pkvi_pool *p = &e->pool;
-    if (!sp)
-        return PKV_ENOMEM;
-    if (!p->budget_pages || p->in_use + n <= p->budget_pages)
+    if (n == 0)
         return PKV_OK;
-    if (n > p->budget_pages)
+    if (n > UINT32_MAX)
         return PKV_ENOMEM;
-    const uint64_t need = p->in_use + n - p->budget_pages;
-    const uint64_t want = need < SPILL_BATCH ? SPILL_BATCH : need;
-
-    /* Sessions, least recently used first. */
-    pkv_session **order = malloc((size_t)(e->n_sessions ? e->n_sessions : 1) * sizeof *order);
-    pkvi_page **victims = malloc((size_t)want * sizeof *victims);
-    pkvi_io_req *reqs = malloc((size_t)want * sizeof *reqs);
-    struct iovec *iov = malloc((size_t)want * sizeof *iov);
-    void **bufs = malloc((size_t)want * sizeof *bufs);
-    if (!order || !victims || !reqs || !iov || !bufs) {
-        free(order);
-        free(victims);
-        free(reqs);
-        free(iov);
-        free(bufs);
-        return PKV_ENOMEM;
-    }
-    uint64_t ns = 0;
-    for (pkv_session *s = e->sessions; s; s = s->next)
-        order[ns++] = s;
-    qsort(order, (size_t)ns, sizeof *order, by_lru);
-
-    /* Choose victims; `tally` marks a descriptor already chosen (shared pages). */
-    uint64_t nv = 0;
-    for (uint64_t k = 0; k < ns && nv < want; k++) {
-        pkv_session *s = order[k];
-        for (uint32_t l = 0; l < e->cfg.n_layers && nv < want; l++) {
-            pkvi_layer *L = &s->layers[l];
-            for (uint64_t i = 0; i < L->n_pages && nv < want; i++) {
-                pkvi_page *pg = L->pages[i];
-                if (pg->data && pg->pins == 0 && pg->tally == 0) {
-                    pg->tally = 1;
-                    victims[nv++] = pg;
-                }
+    pkvi_page **order = malloc((size_t)n * sizeof *order);
+    pkvi_io_req *reqs = malloc((size_t)n * sizeof *reqs);
+    struct iovec *iov = malloc((size_t)n * sizeof *iov);
+    void **bufs = malloc((size_t)n * sizeof *bufs);
+    pkv_status st = PKV_ENOMEM;
+    if (order && reqs && iov && bufs) {
+        memcpy(order, pages, (size_t)n * sizeof *order);
+        for (uint64_t v = 0; v < n; v++)
+            order[v]->slot = slot_take(sp);
+        qsort(order, (size_t)n, sizeof *order, by_slot);
+        for (uint64_t v = 0; v < n; v++)
+            bufs[v] = order[v]->data;
+        const uint32_t nr = slot_runs(sp, true, order, bufs, (uint32_t)n, p->page_bytes,
+                                      iov, reqs);
+        st = pkvi_io_submit(sp->io, reqs, nr);
+        for (uint64_t v = 0; v < n; v++) {
+            pkvi_page *pg = order[v];
+            if (st == PKV_OK) {
+                pkvi_pool_put(p, pg->data);
+                pg->data = NULL;
+                p->spilled++;
+            } else {
+                slot_give(sp, pg->slot); /* the page stays resident */
             }
         }
     }
-    pkv_status st = PKV_OK;
-    if (nv < need)
-        st = PKV_ENOMEM; /* everything else is pinned by decodes in flight */
-    uint64_t slots_taken = 0;
-    if (st == PKV_OK) {
-        for (uint64_t v = 0; v < nv; v++, slots_taken++)
-            victims[v]->slot = slot_take(sp);
-        qsort(victims, (size_t)nv, sizeof *victims, by_slot);
-        for (uint64_t v = 0; v < nv; v++)
-            bufs[v] = victims[v]->data;
-        uint32_t nr = slot_runs(sp, true, victims, bufs, (uint32_t)nv, e->page_bytes, iov,
-                                reqs);
-        st = pkvi_io_submit(sp->io, reqs, nr);
-    }
-    for (uint64_t v = 0; v < nv; v++) {
-        pkvi_page *pg = victims[v];
-        pg->tally = 0;
-        if (st == PKV_OK) {
-            pkvi_pool_put(p, pg->data);
-            pg->data = NULL;
-            p->spilled++;
-        } else if (v < slots_taken) {
-            slot_give(sp, pg->slot); /* keep the page resident */
-        }
-    }
     free(order);
-    free(victims);
     free(reqs);
     free(iov);
     free(bufs);
     return st;
 }
 
-pkv_status pkvi_spill_fault_in(pkv_engine *e, pkvi_page *const *pages, uint32_t n)
+pkv_status pkvi_spill_read(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *pages,
+                           uint64_t n)
 {
-    pkvi_spill *sp = e->spill;
-    pkvi_pool *p = &e->pool;
-    if (!sp)
-        return PKV_ESTATE;
-    pkv_status st = pkvi_spill_make_room(e, n);
-    if (st != PKV_OK)
-        return st;
+    if (n == 0)
+        return PKV_OK;
+    if (n > UINT32_MAX)
+        return PKV_ENOMEM;
     pkvi_page **order = malloc((size_t)n * sizeof *order);
     void **bufs = malloc((size_t)n * sizeof *bufs);
     pkvi_io_req *reqs = malloc((size_t)n * sizeof *reqs);
@@ -264,21 +198,22 @@ pkv_status pkvi_spill_fault_in(pkv_engine *e, pkvi_page *const *pages, uint32_t 
         return PKV_ENOMEM;
     }
     memcpy(order, pages, (size_t)n * sizeof *order);
-    qsort(order, n, sizeof *order, by_slot);
-    uint32_t got = 0;
+    qsort(order, (size_t)n, sizeof *order, by_slot);
+    pkv_status st = PKV_OK;
+    uint64_t got = 0;
     for (; got < n; got++) {
         st = pkvi_pool_get(p, &bufs[got]);
         if (st != PKV_OK)
             break;
     }
     if (st == PKV_OK)
-        st = pkvi_io_submit(sp->io, reqs,
-                            slot_runs(sp, false, order, bufs, n, e->page_bytes, iov, reqs));
+        st = pkvi_io_submit(sp->io, reqs, slot_runs(sp, false, order, bufs, (uint32_t)n,
+                                                    p->page_bytes, iov, reqs));
     if (st != PKV_OK) {
-        for (uint32_t k = 0; k < got; k++)
+        for (uint64_t k = 0; k < got; k++)
             pkvi_pool_put(p, bufs[k]);
     } else {
-        for (uint32_t k = 0; k < n; k++) {
+        for (uint64_t k = 0; k < n; k++) {
             slot_give(sp, order[k]->slot);
             order[k]->data = bufs[k];
             p->spilled--;
@@ -291,10 +226,8 @@ pkv_status pkvi_spill_fault_in(pkv_engine *e, pkvi_page *const *pages, uint32_t 
     return st;
 }
 
-void pkvi_spill_drop(pkv_engine *e, pkvi_page *pg)
+void pkvi_spill_drop(pkvi_spill *sp, pkvi_pool *p, pkvi_page *pg)
 {
-    if (!e->spill)
-        return;
-    slot_give(e->spill, pg->slot);
-    e->pool.spilled--;
+    slot_give(sp, pg->slot);
+    p->spilled--;
 }

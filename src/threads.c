@@ -23,7 +23,9 @@
  * every layer back to back. The spin reads only atomics; every job field is still
  * read under `mu`.
  */
-#include "internal.h"
+#include "threads.h"
+
+#include <pthread.h>
 
 #include <stdatomic.h>
 #include <stdlib.h>

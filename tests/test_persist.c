@@ -14,6 +14,7 @@
  * was the only case asked for).
  */
 #include "testutil.h"
+#include "internal.h"
 #include "io_backend.h"
 
 #include <dirent.h>
@@ -204,7 +205,7 @@ static void assert_same(pkv_session *a, pkv_session *b, uint64_t seed, const cha
     for (uint32_t l = 0; l < L; l++) {
         ck_assert_msg(pkv_session_len(a, l) == pkv_session_len(b, l), "%s: layer %u length",
                       what, l);
-        const pkvi_layer *la = &a->layers[l], *lb = &b->layers[l];
+        const pkvi_btable *la = &a->layers[l], *lb = &b->layers[l];
         ck_assert_uint_eq(la->n_pages, lb->n_pages);
         for (uint64_t i = 0; i < la->n_pages; i++) {
             uint64_t rows = i + 1 < la->n_pages ? bt : la->len - i * bt;

@@ -107,7 +107,7 @@ static void note_alive(soak *S)
 /* Spilled pages of `layer` from page `first` on (what a decode or append reads back). */
 static uint64_t spilled_in(const pkv_session *s, uint32_t layer, uint64_t first)
 {
-    const pkvi_layer *L = &s->layers[layer];
+    const pkvi_btable *L = &s->layers[layer];
     uint64_t n = 0;
     for (uint64_t i = first; i < L->n_pages; i++)
         n += L->pages[i]->data == NULL;
@@ -119,7 +119,7 @@ static uint64_t spilled_alone(const soak *S, const pkv_session *s, uint64_t keep
 {
     uint64_t n = 0;
     for (uint32_t l = 0; l < S->cfg.n_layers; l++) {
-        const pkvi_layer *L = &s->layers[l];
+        const pkvi_btable *L = &s->layers[l];
         const uint64_t kept = keep < L->len ? keep : L->len;
         for (uint64_t i = soak_pages_of(S, kept); i < L->n_pages; i++)
             n += !L->pages[i]->data && L->pages[i]->refs == 1;
@@ -451,7 +451,7 @@ static bool op_batch(soak *S, uint32_t a)
         const uint64_t p = dup ? 0 : soak_pages_of(S, sl->h[layer].len);
         if (dup || (!over && pages + p > S->o.budget_pages))
             continue;
-        const pkvi_layer *L = &sl->s->layers[layer];
+        const pkvi_btable *L = &sl->s->layers[layer];
         for (uint64_t i = 0; i < L->n_pages; i++)
             S->pg[np++] = L->pages[i];
         ids[n] = b;

@@ -17,7 +17,8 @@
  * one-tile software pipeline are walk.h's (shared with avx512.c); software prefetch
  * and `#pragma GCC unroll` as in avx512.c.
  */
-#include "internal.h"
+#include "kernels/kernels.h"
+#include "dtype.h"
 
 #include <immintrin.h>
 #include <stdbool.h>

@@ -32,7 +32,8 @@
  * loops; `#pragma GCC unroll` makes -O2 builds unroll them too, so the arrays live in
  * registers (without it gcc -O2 runs this file 3.5x slower than -O3).
  */
-#include "internal.h"
+#include "kernels/kernels.h"
+#include "dtype.h"
 
 #include <immintrin.h>
 #include <stdbool.h>

@@ -13,7 +13,8 @@
  *   - No global state: the CPU is asked on every call (once per engine creation).
  *     PKV_FORCE_ISA is read here, at engine creation, never later.
  */
-#include "internal.h"
+#include "kernels/kernels.h"
+#include "dtype.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -14,7 +14,8 @@
  * Never allocates, locks or fails; rows past `last_tokens` of the last page are never
  * read.
  */
-#include "internal.h"
+#include "kernels/kernels.h"
+#include "dtype.h"
 
 #include <math.h>
 

@@ -1,0 +1,96 @@
+/*
+ * engine.h - the engine (engine.c): the resolved configuration, the geometry every
+ * module derives from it, and what the engine owns - kernels, worker threads, the
+ * page pool, the spill file, the list of live sessions - with the one lock.
+ *
+ * Locking: e->lock (a plain mutex) guards the pool, every page descriptor's refs /
+ * data / slot, the spill file, every block table's structure (entries, counts, pins)
+ * and the session list with its LRU clock. A session's owner thread reads its own
+ * tables without it: only the owner changes them (under the lock), and the spiller
+ * moves pages only of tables with pins == 0. Without a spill file pages never move,
+ * so decode takes no lock at all.
+ *
+ * Invariants (pkvi_engine_check, session.c):
+ *   E1  pool.in_use   == descriptors with data != NULL
+ *   E2  pool.spilled  == descriptors with data == NULL
+ *   E3  for every page P: entries naming P over all tables == P->refs
+ *   E4  (pool.in_use + pool.n_free) * page_bytes <= mem_budget (when set)
+ *   and B1-B5 of btable.h for every table.
+ */
+#ifndef PAGEDKV_ENGINE_H
+#define PAGEDKV_ENGINE_H
+
+#include "btable.h"
+#include "kernels/kernels.h"
+#include "pool.h"
+#include "spill.h"
+#include "threads.h"
+
+#include <pthread.h>
+
+/* Default tokens per page. See docs/design.md "Choosing block_tokens". */
+#define PKVI_DEFAULT_BLOCK_TOKENS 16u
+/* Largest n_kv_heads: keeps the thread pool's task counts (a batch's sessions or a
+ * prefill tile's queries, times groups: at most 256 * 65536 = 2^24) within 32 bits. */
+#define PKVI_MAX_KV_HEADS 65536u
+/* At most this many split-K chunks per group and decode: bounds the partial-state
+ * scratch (PKVI_MAX_CHUNKS * h * (d + 2) floats per session) and the merge work. */
+#define PKVI_MAX_CHUNKS 64u
+/* Below this many K/V bytes in a whole decode call (times queries for prefill) the
+ * calling thread works alone (decode.c, through the engine's split_awake and
+ * split_asleep). Measured on the 2-core VM (llama3-8b layer, f16): with the worker
+ * awake (threads.c polls for a while after each run), 2 threads tie with 1 at 1 MiB
+ * (36 vs 32 us) and win from 4 MiB on (118 vs 130 us). A call that must wake a
+ * sleeping worker pays 60-90 us more. Calls 1 ms apart, 2 threads (waking the worker)
+ * against 1 at 1 / 4 / 8 / 16 MiB, two runs: 105 / 222 / 333 / 540 us against 67 /
+ * 211 / 324 / 605, and 157 / 289 / 450 / 677 against 78 / 207 / 515 / 924. So a cold
+ * call splits from 8 MiB (docs/design.md has the figures of the final rule). */
+#define PKVI_SPLIT_AWAKE_BYTES (1ull << 20)
+#define PKVI_SPLIT_ASLEEP_BYTES (8ull << 20)
+
+struct pkv_engine {
+    pkv_config cfg;              /* resolved: block_tokens, scale, n_threads set */
+    char *spill_dir;             /* owned copy of cfg.spill_dir, or NULL */
+    uint32_t hg;                 /* query heads per group, h / g */
+    size_t dsize;                /* bytes per stored value */
+    uint64_t row_bytes;          /* one K (or V) row of one group: d * dsize */
+    uint64_t page_bytes;         /* 2 * g * bt * d * dsize */
+    uint32_t chunk_pages;        /* split-K chunk, fixed (independent of threads) */
+    pkvi_kparams kp;             /* kernel geometry */
+    const pkvi_kernels *kern;    /* chosen once at creation */
+    pkvi_threads *threads;       /* workers (n_threads - 1 of them) */
+    double split_awake;          /* K/V bytes (x queries) from which a call uses the */
+    double split_asleep;         /* workers, awake / asleep; tests set 0 to force them */
+
+    pthread_mutex_t lock;        /* see the file comment */
+    pkvi_pool pool;              /* lock */
+    pkvi_spill *spill;           /* NULL without spill_dir; lock */
+    uint64_t clock;              /* LRU clock; lock */
+    pkv_session *sessions;       /* doubly linked list of live sessions; lock */
+    uint64_t n_sessions;         /* lock */
+
+    /* Test hook (tests/ only; NULL otherwise): called by an append after its pages
+     * are reserved and the lock is dropped, just before it writes the rows - where a
+     * descheduled writer once let another session's rollback share its page. */
+    void (*hook_before_write)(void *ctx);
+    void *hook_ctx;
+};
+
+/* Validate cfg (SPEC §2 rules); on success *out is cfg with defaults resolved. */
+PKVI_HIDDEN pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out);
+
+/* Split-K chunks of a layer of n_pages pages: min(PKVI_MAX_CHUNKS, ceil(n_pages /
+ * chunk_pages)). decode.c splits by it and session.c sizes the partial states by it. */
+static inline uint32_t pkvi_split_chunks(const pkv_engine *e, uint64_t n_pages)
+{
+    uint64_t c = (n_pages + e->chunk_pages - 1) / e->chunk_pages;
+    return (uint32_t)(c > PKVI_MAX_CHUNKS ? PKVI_MAX_CHUNKS : c);
+}
+
+/* Where released pages go (btable.h). */
+static inline pkvi_pages pkvi_engine_pages(pkv_engine *e)
+{
+    return (pkvi_pages){&e->pool, e->spill};
+}
+
+#endif /* PAGEDKV_ENGINE_H */

@@ -1,0 +1,89 @@
+/*
+ * kernels/kernels.h - the decode kernel's contract: the geometry of one call, the
+ * heads and softmax states it folds into, the kernel signature, and the table of
+ * kernels per ISA chosen once per engine (dispatch.c).
+ *
+ * Owns nothing at run time. A kernel never allocates, locks, logs or fails; ref.c is
+ * the specification every SIMD file (avx2.c, avx512.c) is tested against.
+ */
+#ifndef PAGEDKV_KERNELS_H
+#define PAGEDKV_KERNELS_H
+
+#include "util.h"
+
+/* Largest n_heads / n_kv_heads (bounds the kernels' stack scratch). */
+#define PKVI_MAX_GROUP_HEADS 256u
+/* Largest head_dim (bounds per-head stack buffers). */
+#define PKVI_MAX_HEAD_DIM 4096u
+/* Software prefetch of the next page in the SIMD kernels (1 on, 0 off); a -D on the
+ * compiler command line overrides it for A/B measurements. */
+#ifndef PKVI_PF
+#define PKVI_PF 1
+#endif
+/* Tokens scored per softmax tile inside a kernel (stack scratch of
+ * PKVI_TILE * heads-per-group floats). */
+#define PKVI_TILE 16u
+
+/* Geometry one kernel call needs. All byte figures are for one page. */
+typedef struct {
+    uint32_t head_dim;      /* d */
+    uint32_t block_tokens;  /* bt: positions per page */
+    uint32_t hg;            /* query heads per group in a call: h / g, or a multiple of
+                             * it when pkv_prefill stacks queries (<= MAX_GROUP_HEADS) */
+    pkv_dtype dtype;        /* storage type of the page */
+    float scale;            /* softmax scale applied to q.k */
+    size_t group_stride;    /* bytes between consecutive groups in a page: 2*bt*d*size */
+    size_t v_offset;        /* bytes from a group's K rows to its V rows: bt*d*size */
+} pkvi_kparams;
+
+/* The query heads and running softmax states a kernel call works on: those of group
+ * `group0` at the pointers, those of the i-th group after it at i strides further. */
+typedef struct {
+    const float *q;         /* [hg][d] query heads (unscaled) */
+    float *m;               /* [hg]    running max of scale*q.k   (-INFINITY when empty) */
+    float *l;               /* [hg]    running sum of exp(s - m)  (0 when empty) */
+    float *acc;             /* [hg][d] running sum of exp(s - m) * v (0 when empty) */
+    size_t q_stride;        /* floats from one group's q to the next group's */
+    size_t st_stride;       /* floats from one group's m (and l, acc) to the next's */
+} pkvi_heads;
+
+/*
+ * The decode kernel: fold `n_pages` pages (all full but the last, which holds
+ * `last_tokens` in 1..bt positions) of the KV groups group0 .. group0 + n_groups - 1
+ * into the running softmax states of each group's hg query heads (x).
+ *
+ * Score of a position: s = (q . k) * scale, dot accumulated in f32. Positions are
+ * folded in order in tiles of at most PKVI_TILE tokens (a tile never spans pages):
+ * per tile, m' = max(m, max s); rescale l and acc by exp(m - m'); add exp(s - m').
+ *
+ * Memory is walked page by page, and inside a page group by group, so a call over all
+ * groups reads each page front to back (the page is group-major): the order the
+ * hardware prefetcher follows. The arithmetic is page-local and head-local: the state
+ * of a head after a page depends only on its state before, its q and the page - not
+ * on n_groups, on how calls split the pages, or on how many heads share a call
+ * (hg). pkv_prefill relies on the last: it passes several queries' heads as one
+ * larger group. tests/test_kernels.c checks all three bitwise.
+ * Never allocates, locks or fails. Variants may reassociate sums (documented bound in
+ * docs/numerics.md); each variant is deterministic.
+ */
+typedef void (*pkvi_attend_fn)(const pkvi_kparams *p, const void *const *pages,
+                               uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
+                               uint32_t n_groups, const pkvi_heads *x);
+
+typedef struct {
+    const char *isa;                 /* "scalar", "avx2", "avx512" */
+    pkvi_attend_fn attend;
+    /* store n floats as dtype t (round-to-nearest-even), load them back */
+    void (*store_row)(pkv_dtype t, void *dst, const float *src, uint32_t n);
+} pkvi_kernels;
+
+PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_scalar;
+PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx2;    /* may be unavailable */
+PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512;  /* may be unavailable */
+/* Best kernels the CPU and OS support (cpuid + XGETBV), honouring PKV_FORCE_ISA
+ * (scalar|avx2|avx512; a forced ISA the host lacks gives PKV_EINVAL). */
+PKVI_HIDDEN pkv_status pkvi_kernels_select(const pkvi_kernels **out);
+/* Whether the host can run `isa` ("scalar" always). */
+PKVI_HIDDEN bool pkvi_isa_supported(const char *isa);
+
+#endif /* PAGEDKV_KERNELS_H */

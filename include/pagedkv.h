@@ -162,12 +162,11 @@ PKV_API pkv_status pkv_engine_stats(const pkv_engine *e, pkv_stats *out);
 /* Append n tokens (K, V [n][g][d]) to `layer` and write each one's causal attention
  * output (Q, out [n][h][d]): bitwise identical to n calls of append + decode, but
  * faster: the queries of one page are attended together, so each cached row is read
- * once per page of queries. Allocates a scratch buffer for the call (PKV_ENOMEM if it
- * cannot; nothing is appended then). On any failure the layer is rolled back to what
- * it was before the call: its length, and a tail page shared with a fork that the call
- * had copied is shared again (unless its other holders let go of it meanwhile, or it
- * sits in the spill file: then the layer keeps an identical private copy). Rows of
- * `out` may have been written. */
+ * once per page of queries. Everything the call needs (a scratch buffer, the layer's
+ * pages back from the spill file, every new page and the copy of a shared tail page)
+ * is taken before any row is written, so a failed call changes nothing: PKV_EINVAL,
+ * PKV_ENOMEM (scratch, budget), PKV_EIO (spilled pages could not be read back); `out`
+ * is untouched then. */
 PKV_API pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *q,
                                const float *k, const float *v, float *out);
 /* Decode one query per session (q, out [n][h][d]) on the engine's threads: bitwise
@@ -195,21 +194,25 @@ PKV_API pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session
 PKV_API pkv_status pkv_kv_cache_bytes(uint64_t layers, uint64_t n_kv_heads,
                                       uint64_t head_dim, uint64_t seq_len, uint64_t batch,
                                       uint64_t bytes_per_value, uint64_t *out);
-/* Dense reference (the oracle), accumulating in double: causal attention over T tokens,
- * Q [T][h][d], K,V [T][g][d], out [T][h][d]; scale 0 means 1/sqrt(d).
+/* Dense reference (the oracle), accumulating in double: causal attention over
+ * T = n_tokens tokens, q [T][h][d], k, v [T][g][d], out [T][h][d]; scale 0 means
+ * 1/sqrt(d).
  * PKV_EINVAL for NULL, zero sizes, h % g != 0, a negative or non-finite scale,
  * overflowing sizes; PKV_ENOMEM. out is untouched on failure. */
-PKV_API pkv_status pkv_causal_attention(uint32_t T, uint32_t n_heads, uint32_t n_kv_heads,
-                                        uint32_t head_dim, float scale, const float *Q,
-                                        const float *K, const float *V, float *out);
-/* The textbook layer (SPEC §1) with projections: X [T][d_model], Wq [d_model][h*d],
- * Wk, Wv [d_model][g*d], Wo [h*d][d_model], d = d_model / h; out is [T][d_model].
+PKV_API pkv_status pkv_causal_attention(uint32_t n_tokens, uint32_t n_heads,
+                                        uint32_t n_kv_heads, uint32_t head_dim, float scale,
+                                        const float *q, const float *k, const float *v,
+                                        float *out);
+/* The textbook layer (SPEC §1) with projections: x [T][d_model] (T = n_tokens),
+ * wq [d_model][h*d], wk, wv [d_model][g*d], wo [h*d][d_model], d = d_model / h; out is
+ * [T][d_model]. (Parameter names are lower-case throughout this header, so a user's
+ * single-letter macros such as -DT=1 or -DK=2 cannot collide with them.)
  * Projections and heads are computed in double; out is rounded once at the end.
  * PKV_EINVAL for d_model % h != 0, h % g != 0, NULL, zero sizes, overflowing sizes;
  * PKV_ENOMEM. out is untouched on failure. */
-PKV_API pkv_status pkv_mha_forward(uint32_t T, uint32_t d_model, uint32_t n_heads,
-                                   uint32_t n_kv_heads, const float *X, const float *Wq,
-                                   const float *Wk, const float *Wv, const float *Wo,
+PKV_API pkv_status pkv_mha_forward(uint32_t n_tokens, uint32_t d_model, uint32_t n_heads,
+                                   uint32_t n_kv_heads, const float *x, const float *wq,
+                                   const float *wk, const float *wv, const float *wo,
                                    float *out);
 
 /* ---- Additions beyond SPEC §2 ----------------------------------------------------- */

@@ -505,7 +505,8 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
 
 pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out)
 {
-    if (e == NULL || path == NULL || out == NULL)
+    /* "" is EINVAL, as pkv_session_save says: the same bad input, the same status */
+    if (e == NULL || path == NULL || *path == '\0' || out == NULL)
         return PKV_EINVAL;
     pkvi_io *io = NULL;
     pkv_status st = pkvi_io_open(false, &io);
@@ -800,7 +801,7 @@ static pkv_dtype code_dtype(uint32_t code)
 pkv_status pkv_session_file_check(const char *path, pkv_file_info *info,
                                   uint64_t *layer_len, uint32_t max_layers)
 {
-    if (path == NULL || info == NULL)
+    if (path == NULL || *path == '\0' || info == NULL)
         return PKV_EINVAL;
     pkvi_io *io = NULL;
     pkv_status st = pkvi_io_open(false, &io);

@@ -5,7 +5,7 @@
  *
  * Does not own sessions' contents (session.c) or decode (decode.c).
  */
-#include "engine.h"
+#include "engine_state.h"
 #include "session.h"
 #include "pkv_config.h"
 

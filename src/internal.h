@@ -6,7 +6,7 @@
  * concerns it uses, so the include graph is the module map of docs/design.md:
  *
  *   util.h  dtype.h  kernels/kernels.h  threads.h  io.h        (leaves)
- *   pool.h  <- spill.h <- btable.h <- engine.h <- session.h     (the page stack)
+ *   pool.h  <- spill.h <- btable.h <- engine_state.h <- session.h     (the page stack)
  *   decode.h                                                    (the pipeline)
  */
 #ifndef PAGEDKV_INTERNAL_H
@@ -20,7 +20,7 @@
 #include "pool.h"
 #include "spill.h"
 #include "btable.h"
-#include "engine.h"
+#include "engine_state.h"
 #include "session.h"
 #include "decode.h"
 

@@ -25,7 +25,7 @@
 #ifndef PAGEDKV_SESSION_H
 #define PAGEDKV_SESSION_H
 
-#include "engine.h"
+#include "engine_state.h"
 
 struct pkv_session {
     pkv_engine *e;

@@ -1,6 +1,6 @@
 /*
- * engine.h - the engine (engine.c): the resolved configuration, the geometry every
- * module derives from it, and what the engine owns - kernels, worker threads, the
+ * engine_state.h - the engine as every module sees it (engine.c creates it): the
+ * resolved configuration, the geometry every module derives from it, and what it owns - kernels, worker threads, the
  * page pool, the spill file, the list of live sessions - with the one lock.
  *
  * Locking: e->lock (a plain mutex) guards the pool, every page descriptor's refs /
@@ -17,8 +17,8 @@
  *   E4  (pool.in_use + pool.n_free) * page_bytes <= mem_budget (when set)
  *   and B1-B5 of btable.h for every table.
  */
-#ifndef PAGEDKV_ENGINE_H
-#define PAGEDKV_ENGINE_H
+#ifndef PAGEDKV_ENGINE_STATE_H
+#define PAGEDKV_ENGINE_STATE_H
 
 #include "btable.h"
 #include "kernels/kernels.h"
@@ -93,4 +93,4 @@ static inline pkvi_pages pkvi_engine_pages(pkv_engine *e)
     return (pkvi_pages){&e->pool, e->spill};
 }
 
-#endif /* PAGEDKV_ENGINE_H */
+#endif /* PAGEDKV_ENGINE_STATE_H */

@@ -127,7 +127,11 @@ PKV_API pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k,
 /* Single-query attention of q ([n_heads][head_dim]) over every cached token of `layer`;
  * out is [n_heads][head_dim]. Never allocates for a resident session.
  * PKV_EINVAL (NULL, bad layer), PKV_ESTATE (layer empty), PKV_EIO/PKV_ENOMEM (spilled
- * pages could not be brought back; nothing changed). */
+ * pages could not be brought back; nothing changed).
+ * Decode holds every page of the layer in memory at once. With a spill_dir, appends
+ * may grow one layer past mem_budget (the rest spills); such a layer cannot be
+ * decoded: every pkv_decode of it is PKV_ENOMEM until it is truncated back within the
+ * budget. Keep ceil(len / block_tokens) * page_bytes of every layer <= mem_budget. */
 PKV_API pkv_status pkv_decode(pkv_session *s, uint32_t layer, const float *q, float *out);
 /* Cached positions of `layer`; 0 for NULL or a bad layer. */
 PKV_API uint64_t pkv_session_len(const pkv_session *s, uint32_t layer);

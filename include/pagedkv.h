@@ -232,6 +232,38 @@ PKV_API float pkv_dtype_round(pkv_dtype t, float x);
  * n_threads). spill_dir points into the engine. PKV_EINVAL for NULL. */
 PKV_API pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out);
 
+/* ---- Attention variants of real models (SPEC §8) ----------------------------------- */
+
+/* One layer's attention variant. Zero-initialise it: all zeros is full causal. */
+typedef struct {
+    uint32_t window;          /* 0: full causal; else a decode at position t attends to
+                                 positions j with t - window < j <= t */
+    uint32_t sink_tokens;     /* with a window: positions j < sink_tokens are attended too */
+    uint32_t rollback_tokens; /* with a window: positions kept beyond the window so that
+                                 pkv_session_truncate can go back this many tokens */
+    float    softcap;         /* 0: none; else every score s becomes softcap*tanh(s/softcap) */
+    const float *sink_logits; /* NULL, or [n_heads]: one learned logit per query head that
+                                 joins that head's softmax denominator (gpt-oss); copied */
+} pkv_layer_config;
+
+/* The dense oracle of every variant, in double: q [T][h][head_dim], k [T][g][head_dim],
+ * v [T][g][head_dim_v], out [T][h][head_dim_v] (T = n_tokens); lc NULL = full causal;
+ * head_dim_v 0 = head_dim; scale 0 = 1/sqrt(head_dim). For head i at position t:
+ *   s_j = scale * q_i . k_j, then s_j = c * tanh(s_j / c) when softcap c > 0;
+ *   attended A = { j <= t : j > t - window } u { j < sink_tokens } (all j <= t when
+ *   window == 0); with a sink logit sigma_i (else sigma_i = -inf):
+ *   out_i = sum_A e^(s_j - m) v_j / (sum_A e^(s_j - m) + e^(sigma_i - m)),
+ *   m = max(sigma_i, max_A s_j).
+ * pkv_causal_attention is this with lc NULL and head_dim_v = head_dim.
+ * PKV_EINVAL for NULL arrays, zero sizes, h % g != 0, a bad scale, sink_tokens or
+ * rollback_tokens without a window, a negative or non-finite softcap, a non-finite
+ * sink logit, overflowing sizes; PKV_ENOMEM. out is untouched on failure. */
+PKV_API pkv_status pkv_attention_reference(uint32_t n_tokens, uint32_t n_heads,
+                                           uint32_t n_kv_heads, uint32_t head_dim,
+                                           uint32_t head_dim_v, float scale,
+                                           const pkv_layer_config *lc, const float *q,
+                                           const float *k, const float *v, float *out);
+
 /* ---- Introspection (what `pagedkv inspect` and `pagedkv soak` are built on) ------- */
 
 /* What a session file says about itself, as far as it could be read and checked. */

@@ -3,7 +3,8 @@
  * paged result is checked against), the textbook multi-head attention layer with
  * projections, and the KV-cache size formula.
  *
- * Owns: pkv_causal_attention, pkv_mha_forward, pkv_kv_cache_bytes.
+ * Owns: pkv_attention_reference (every variant of SPEC §8) and its special case
+ * pkv_causal_attention, pkv_mha_forward, pkv_kv_cache_bytes.
  * Does not own: anything paged, any engine state, the kernels. Nothing here is fast
  * and nothing here is meant to be; it is written to be obviously right.
  *
@@ -61,47 +62,62 @@ static bool bytes_of(uint64_t a, uint64_t b, uint64_t c, uint64_t elem, size_t *
 }
 
 /*
- * Causal attention on double arrays, the single implementation both public entries
- * use. Q [T][h][d], K, V [T][g][d], out [T][h][d] (row strides given in elements so
- * that mha can use its concatenated-head layout directly, which is the same thing).
- * w is scratch for T scores. sc is the softmax scale (already resolved).
+ * Attention on double arrays, the single implementation every public entry uses.
+ * Q [T][h][dk], K [T][g][dk], V [T][g][dv], out [T][h][dv]. w is scratch for T
+ * scores. sc is the softmax scale (already resolved). lc NULL is plain causal
+ * attention; else SPEC §8, in this order for head i at position t:
+ *     s_j = sc * q_i . k_j;  s_j = c * tanh(s_j / c) when softcap c > 0
+ *     A   = { j <= t : j > t - window } u { j < sink_tokens }   (all j <= t if window 0)
+ *     m   = max(sigma_i, max_{j in A} s_j)         (sigma_i = -inf without sink logits)
+ *     out = sum_A e^(s_j - m) v_j / (sum_A e^(s_j - m) + e^(sigma_i - m))
  */
-static void attend(uint32_t T, uint32_t h, uint32_t g, uint32_t d, double sc,
-                   const double *Q, const double *K, const double *V, double *out,
-                   double *w)
+static void attend(uint32_t T, uint32_t h, uint32_t g, uint32_t dk, uint32_t dv, double sc,
+                   const pkv_layer_config *lc, const double *Q, const double *K,
+                   const double *V, double *out, double *w)
 {
-    const size_t q_row = (size_t)h * d;  /* elements per position of Q and out */
-    const size_t kv_row = (size_t)g * d; /* elements per position of K and V */
-
+    const double cap = lc ? (double)lc->softcap : 0.0;
+    const uint64_t window = lc ? lc->window : 0, sinks = lc && lc->window ? lc->sink_tokens : 0;
     for (uint32_t t = 0; t < T; t++) {
+        /* first position of the window; positions below it are attended only as sinks */
+        const uint64_t lo = window && t + 1 > window ? t + 1 - window : 0;
         for (uint32_t i = 0; i < h; i++) {
             const uint32_t grp = group_of(i, h, g);
-            const double *q = Q + t * q_row + (size_t)i * d;
-            double *o = out + t * q_row + (size_t)i * d;
+            const double *q = Q + ((size_t)t * h + i) * dk;
+            double *o = out + ((size_t)t * h + i) * dv;
+            const double sigma = lc && lc->sink_logits ? (double)lc->sink_logits[i] : -INFINITY;
 
-            /* scores over positions 0..t (causal) and their maximum */
-            double mx = -INFINITY;
+            /* scores over the attended positions and their maximum */
+            double mx = sigma;
             for (uint32_t j = 0; j <= t; j++) {
-                const double *k = K + j * kv_row + (size_t)grp * d;
+                if (j < lo && j >= sinks) {
+                    w[j] = -INFINITY; /* outside the window and not a sink */
+                    continue;
+                }
+                const double *k = K + ((size_t)j * g + grp) * dk;
                 double s = 0.0;
-                for (uint32_t c = 0; c < d; c++)
+                for (uint32_t c = 0; c < dk; c++)
                     s += q[c] * k[c];
-                w[j] = s * sc;
-                if (w[j] > mx)
-                    mx = w[j];
+                s *= sc;
+                if (cap > 0.0)
+                    s = cap * tanh(s / cap);
+                w[j] = s;
+                if (s > mx)
+                    mx = s;
             }
-            /* max-subtracted exponentials: the largest weight is exp(0) = 1 */
-            double sum = 0.0;
+            /* max-subtracted exponentials: the largest term is exp(0) = 1 */
+            double sum = sigma > -INFINITY ? exp(sigma - mx) : 0.0;
             for (uint32_t j = 0; j <= t; j++) {
-                w[j] = exp(w[j] - mx);
+                w[j] = w[j] == -INFINITY ? 0.0 : exp(w[j] - mx);
                 sum += w[j];
             }
-            for (uint32_t c = 0; c < d; c++)
+            for (uint32_t c = 0; c < dv; c++)
                 o[c] = 0.0;
             for (uint32_t j = 0; j <= t; j++) {
-                const double *v = V + j * kv_row + (size_t)grp * d;
+                if (w[j] == 0.0)
+                    continue;
+                const double *v = V + ((size_t)j * g + grp) * dv;
                 const double p = w[j] / sum;
-                for (uint32_t c = 0; c < d; c++)
+                for (uint32_t c = 0; c < dv; c++)
                     o[c] += p * v[c];
             }
         }
@@ -114,45 +130,63 @@ static void widen(double *dst, const float *src, size_t n)
         dst[i] = (double)src[i];
 }
 
-pkv_status pkv_causal_attention(uint32_t T, uint32_t n_heads, uint32_t n_kv_heads,
-                                uint32_t head_dim, float scale, const float *Q,
-                                const float *K, const float *V, float *out)
+/* A layer config the oracle (and, later, the engine) accepts: SPEC §8's rules. */
+static bool layer_config_ok(const pkv_layer_config *lc, uint32_t n_heads)
 {
-    if (!Q || !K || !V || !out)
+    if (!lc)
+        return true;
+    if (lc->window == 0 && (lc->sink_tokens || lc->rollback_tokens))
+        return false;
+    if (!isfinite(lc->softcap) || lc->softcap < 0.0f)
+        return false;
+    for (uint32_t i = 0; lc->sink_logits && i < n_heads; i++)
+        if (!isfinite(lc->sink_logits[i]))
+            return false;
+    return true;
+}
+
+pkv_status pkv_attention_reference(uint32_t n_tokens, uint32_t n_heads, uint32_t n_kv_heads,
+                                   uint32_t head_dim, uint32_t head_dim_v, float scale,
+                                   const pkv_layer_config *lc, const float *q,
+                                   const float *k, const float *v, float *out)
+{
+    const uint32_t T = n_tokens, dv = head_dim_v ? head_dim_v : head_dim;
+    if (!q || !k || !v || !out)
         return PKV_EINVAL;
     if (T == 0 || n_heads == 0 || n_kv_heads == 0 || head_dim == 0)
         return PKV_EINVAL;
     if (n_heads % n_kv_heads != 0)
         return PKV_EINVAL;
     /* -0.0f compares equal to 0 and therefore also means "the default" */
-    if (!isfinite(scale) || scale < 0.0f)
+    if (!isfinite(scale) || scale < 0.0f || !layer_config_ok(lc, n_heads))
         return PKV_EINVAL;
 
-    size_t q_bytes, kv_bytes, w_bytes;
+    size_t q_bytes, k_bytes, v_bytes, o_bytes, w_bytes;
     if (!bytes_of(T, n_heads, head_dim, sizeof(double), &q_bytes) ||
-        !bytes_of(T, n_kv_heads, head_dim, sizeof(double), &kv_bytes) ||
+        !bytes_of(T, n_kv_heads, head_dim, sizeof(double), &k_bytes) ||
+        !bytes_of(T, n_kv_heads, dv, sizeof(double), &v_bytes) ||
+        !bytes_of(T, n_heads, dv, sizeof(double), &o_bytes) ||
         !bytes_of(T, 1, 1, sizeof(double), &w_bytes))
         return PKV_EINVAL;
-    const size_t q_n = q_bytes / sizeof(double), kv_n = kv_bytes / sizeof(double);
 
-    /* Exact double copies keep one attention routine for both entries (mha works in
+    /* Exact double copies keep one attention routine for every entry (mha works in
      * double); the oracle trades memory for having a single, readable code path.
-     * Allocated one after the other, largest first (h >= g), so an impossible size
+     * Allocated one after the other, queries first (h >= g), so an impossible size
      * fails before anything else large has been obtained. */
     double *Qd = NULL, *Od = NULL, *Kd = NULL, *Vd = NULL, *w = NULL;
     pkv_status st = PKV_ENOMEM;
-    if (!(Qd = malloc(q_bytes)) || !(Od = malloc(q_bytes)) || !(Kd = malloc(kv_bytes)) ||
-        !(Vd = malloc(kv_bytes)) || !(w = malloc(w_bytes)))
+    if (!(Qd = malloc(q_bytes)) || !(Od = malloc(o_bytes)) || !(Kd = malloc(k_bytes)) ||
+        !(Vd = malloc(v_bytes)) || !(w = malloc(w_bytes)))
         goto done;
 
-    widen(Qd, Q, q_n);
-    widen(Kd, K, kv_n);
-    widen(Vd, V, kv_n);
+    widen(Qd, q, q_bytes / sizeof(double));
+    widen(Kd, k, k_bytes / sizeof(double));
+    widen(Vd, v, v_bytes / sizeof(double));
     const double sc = scale == 0.0f ? 1.0 / sqrt((double)head_dim) : (double)scale;
-    attend(T, n_heads, n_kv_heads, head_dim, sc, Qd, Kd, Vd, Od, w);
+    attend(T, n_heads, n_kv_heads, head_dim, dv, sc, lc, Qd, Kd, Vd, Od, w);
     /* out is written only now, after everything that can fail and after every input
-     * has been copied, so out may even alias Q, K or V */
-    for (size_t i = 0; i < q_n; i++)
+     * has been copied, so out may even alias q, k or v */
+    for (size_t i = 0; i < o_bytes / sizeof(double); i++)
         out[i] = (float)Od[i];
     st = PKV_OK;
 done:
@@ -162,6 +196,14 @@ done:
     free(Od);
     free(w);
     return st;
+}
+
+pkv_status pkv_causal_attention(uint32_t n_tokens, uint32_t n_heads, uint32_t n_kv_heads,
+                                uint32_t head_dim, float scale, const float *q,
+                                const float *k, const float *v, float *out)
+{
+    return pkv_attention_reference(n_tokens, n_heads, n_kv_heads, head_dim, head_dim, scale,
+                                   NULL, q, k, v, out);
 }
 
 /* C [n][m] = A [n][k] * B [k][m], accumulated in double (A float here, double in
@@ -236,7 +278,7 @@ pkv_status pkv_mha_forward(uint32_t T, uint32_t d_model, uint32_t n_heads,
     matmul_fd(T, d_model, kv_w, X, Wv, Vd);
     /* Per-head attention written into [T][h][d] is exactly the concatenation of the
      * heads along the feature axis, so Ad is already "concat(heads)". */
-    attend(T, n_heads, n_kv_heads, d, 1.0 / sqrt((double)d), Qd, Kd, Vd, Ad, w);
+    attend(T, n_heads, n_kv_heads, d, d, 1.0 / sqrt((double)d), NULL, Qd, Kd, Vd, Ad, w);
     matmul_dd(T, d_model, d_model, Ad, Wo, Od);
     for (size_t i = 0; i < q_n; i++)
         out[i] = (float)Od[i];

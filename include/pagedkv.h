@@ -53,7 +53,7 @@ extern "C" {
 #endif
 
 #define PKV_VERSION_MAJOR 0
-#define PKV_VERSION_MINOR 1
+#define PKV_VERSION_MINOR 2
 #define PKV_VERSION_PATCH 0
 
 /* Status of every fallible call. */
@@ -76,6 +76,18 @@ PKV_API const char *pkv_status_str(pkv_status s);
  * the storage type with round-to-nearest-even when appended. */
 typedef enum { PKV_F32 = 0, PKV_F16, PKV_BF16 } pkv_dtype;
 
+/* One layer's attention variant. Zero-initialise it: all zeros is full causal. */
+typedef struct {
+    uint32_t window;          /* 0: full causal; else a decode at position t attends to
+                                 positions j with t - window < j <= t */
+    uint32_t sink_tokens;     /* with a window: positions j < sink_tokens are attended too */
+    uint32_t rollback_tokens; /* with a window: positions kept beyond the window so that
+                                 pkv_session_truncate can go back this many tokens */
+    float    softcap;         /* 0: none; else every score s becomes softcap*tanh(s/softcap) */
+    const float *sink_logits; /* NULL, or [n_heads]: one learned logit per query head that
+                                 joins that head's softmax denominator (gpt-oss); copied */
+} pkv_layer_config;
+
 typedef struct {
     uint32_t n_layers, n_heads, n_kv_heads, head_dim;
     uint32_t block_tokens;     /* tokens per page; 0 = library default (16) */
@@ -85,6 +97,10 @@ typedef struct {
     const char *spill_dir;     /* where offloaded pages go; NULL = no spilling.
                                   Copied by pkv_engine_create. */
     uint32_t n_threads;        /* 0 = number of online CPUs */
+    /* SPEC §8 (appended in soname 1) */
+    uint32_t head_dim_v;       /* width of V rows and of out; 0 = head_dim */
+    const pkv_layer_config *layer_cfg; /* NULL: every layer full causal; else
+                                  [n_layers], copied by pkv_engine_create */
 } pkv_config;
 
 /* All-zero geometry, PKV_F32, defaults elsewhere. Callers start here and set the
@@ -234,17 +250,6 @@ PKV_API pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out);
 
 /* ---- Attention variants of real models (SPEC §8) ----------------------------------- */
 
-/* One layer's attention variant. Zero-initialise it: all zeros is full causal. */
-typedef struct {
-    uint32_t window;          /* 0: full causal; else a decode at position t attends to
-                                 positions j with t - window < j <= t */
-    uint32_t sink_tokens;     /* with a window: positions j < sink_tokens are attended too */
-    uint32_t rollback_tokens; /* with a window: positions kept beyond the window so that
-                                 pkv_session_truncate can go back this many tokens */
-    float    softcap;         /* 0: none; else every score s becomes softcap*tanh(s/softcap) */
-    const float *sink_logits; /* NULL, or [n_heads]: one learned logit per query head that
-                                 joins that head's softmax denominator (gpt-oss); copied */
-} pkv_layer_config;
 
 /* The dense oracle of every variant, in double: q [T][h][head_dim], k [T][g][head_dim],
  * v [T][g][head_dim_v], out [T][h][head_dim_v] (T = n_tokens); lc NULL = full causal;

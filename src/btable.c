@@ -68,22 +68,49 @@ void pkvi_btable_truncate(pkvi_btable *t, pkvi_pages ps, uint64_t bt, uint64_t n
         return;
     const uint64_t keep = (n + bt - 1) / bt;
     for (uint64_t i = keep; i < t->n_pages; i++) {
+        if (!t->pages[i])
+            continue; /* released (the hole) */
         t->n_spilled -= t->pages[i]->data == NULL;
         page_unref(ps, t->pages[i]);
     }
     if (t->n_pages > keep)
         t->n_pages = keep;
+    if (t->hole_hi > keep)
+        t->hole_hi = keep;
+    if (t->hole_hi <= t->hole_lo)
+        t->hole_lo = t->hole_hi = 0;
     t->len = n;
+}
+
+void pkvi_btable_release(pkvi_btable *t, pkvi_pages ps, uint64_t keep_lo, uint64_t keep_hi)
+{
+    const uint64_t from = t->hole_hi > keep_lo ? t->hole_hi : keep_lo;
+    if (keep_hi > t->n_pages)
+        keep_hi = t->n_pages;
+    if (keep_hi <= from)
+        return;
+    for (uint64_t i = from; i < keep_hi; i++) {
+        t->n_spilled -= t->pages[i]->data == NULL;
+        page_unref(ps, t->pages[i]);
+        t->pages[i] = NULL;
+        t->data[i] = NULL;
+    }
+    if (t->hole_hi == t->hole_lo)
+        t->hole_lo = from;
+    t->hole_hi = keep_hi;
 }
 
 void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src)
 {
     for (uint64_t i = 0; i < src->n_pages; i++) {
         pkvi_page *pg = src->pages[i];
-        pg->refs++;
+        if (pg)
+            pg->refs++;
         dst->pages[i] = pg;
         dst->data[i] = src->data[i];
     }
+    dst->hole_lo = src->hole_lo;
+    dst->hole_hi = src->hole_hi;
     dst->n_pages = src->n_pages;
     dst->n_spilled = src->n_spilled;
     dst->len = src->len;
@@ -102,7 +129,7 @@ void pkvi_btable_free(pkvi_btable *t)
     free(t->data);
     t->pages = NULL;
     t->data = NULL;
-    t->cap = t->n_pages = t->len = t->n_spilled = 0;
+    t->cap = t->n_pages = t->len = t->n_spilled = t->hole_lo = t->hole_hi = 0;
 }
 
 bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
@@ -112,9 +139,17 @@ bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
     /* B1 reads len, which a writer updates outside the lock: only when quiescent. */
     if (quiescent && t->n_pages != (t->len + bt - 1) / bt)
         return false;
+    if (t->hole_lo > t->hole_hi || t->hole_hi > t->n_pages)
+        return false;
     uint64_t out = 0;
     for (uint64_t i = 0; i < t->n_pages; i++) {
         const pkvi_page *pg = t->pages[i];
+        const bool in_hole = i >= t->hole_lo && i < t->hole_hi;
+        if (in_hole) {
+            if (pg || t->data[i])
+                return false;
+            continue;
+        }
         if (!pg || pg->refs == 0 || t->data[i] != pg->data)
             return false;
         if (pg->refs > 1 && atomic_load_explicit(&pg->writing, memory_order_relaxed))
@@ -126,5 +161,6 @@ bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
 
 uint64_t pkvi_btable_overhead(const pkvi_btable *t)
 {
-    return t->cap * (sizeof(pkvi_page *) + sizeof(void *)) + t->n_pages * sizeof(pkvi_page);
+    return t->cap * (sizeof(pkvi_page *) + sizeof(void *)) +
+           pkvi_btable_held(t) * sizeof(pkvi_page);
 }

@@ -13,11 +13,16 @@
  *    +-----------+ +-----------+       +-----------+
  *    position p lives in pages[p / bt], row p % bt.
  *
+ * A windowed layer (SPEC §8) releases pages nothing will read again: entries
+ * [hole_lo, hole_hi) are then NULL (hole_lo = the layer's sink pages), and positions
+ * keep their indices, so position p still lives in pages[p / bt].
+ *
  * Invariants (pkvi_btable_check; B1 between calls, the rest always, under the lock):
  *   B1  n_pages == ceil(len / bt)            (a reservation may push pages ahead of
  *                                             the rows it writes: then n_pages > that)
- *   B2  data[i] == pages[i]->data for i < n_pages      (NULL while spilled)
- *   B3  n_spilled == #{ i < n_pages : pages[i]->data == NULL }
+ *   B2  data[i] == pages[i]->data for i < n_pages      (NULL while spilled); pages[i]
+ *       == NULL exactly for hole_lo <= i < hole_hi
+ *   B3  n_spilled == #{ i < n_pages : pages[i] && pages[i]->data == NULL }
  *   B4  a page sits at the same index i in every table that holds it (sharing is
  *       index-preserving: fork, and later the prefix cache)
  *   B5  a page with refs > 1 is never written; a page gains a holder only through
@@ -38,6 +43,7 @@ typedef struct {
     pkvi_page **pages;       /* [cap] descriptors, one reference each */
     const void **data;       /* [cap] pages[i]->data (B2): what decode walks */
     uint64_t n_spilled;      /* entries whose page is in the spill file (B3) */
+    uint64_t hole_lo, hole_hi; /* released entries [hole_lo, hole_hi); empty: equal */
     uint32_t pins;           /* calls reading or writing this table's pages right now
                                 (spill engines only): the spiller leaves them alone */
 } pkvi_btable;
@@ -60,6 +66,15 @@ PKVI_HIDDEN void pkvi_btable_replace(pkvi_btable *t, pkvi_pages ps, uint64_t i,
 /* Keep positions [0, n): entries past ceil(n / bt) are dropped. */
 PKVI_HIDDEN void pkvi_btable_truncate(pkvi_btable *t, pkvi_pages ps, uint64_t bt,
                                       uint64_t n);
+/* Release entries [max(hole_hi, keep_lo), keep_hi) (a windowed layer's pages that
+ * nothing reads again; keep_lo = its sink pages): the hole grows to end at keep_hi. */
+PKVI_HIDDEN void pkvi_btable_release(pkvi_btable *t, pkvi_pages ps, uint64_t keep_lo,
+                                     uint64_t keep_hi);
+/* Entries that name a page: n_pages less the hole. */
+static inline uint64_t pkvi_btable_held(const pkvi_btable *t)
+{
+    return t->n_pages - (t->hole_hi - t->hole_lo);
+}
 /* dst (empty, capacity reserved) names every page of src: one more reference each. */
 PKVI_HIDDEN void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src);
 /* Entry i's page moved between memory and the spill file: refresh data[i] and

@@ -73,13 +73,16 @@ static void states_clear(float *st, uint32_t ng, size_t sf, uint32_t H, uint32_t
 /*
  * out[j][d] for heads j0 .. j0 + nh of a group: merge chunk states 0..C-1 in order.
  * The group's state of chunk c is at st + c * chunk_stride, holding H heads. Decode
- * and prefill both merge through here, so their results agree to the bit.
+ * and prefill both merge through here, so their results agree to the bit. A learned
+ * sink logit sigma[j - j0] (SPEC §8; sigma NULL: none) is the state (sigma, 1, 0)
+ * folded first: it joins the denominator and adds nothing to the sum.
  */
 static void merge_heads(const float *st, size_t chunk_stride, uint32_t C, uint32_t H,
-                        uint32_t j0, uint32_t nh, uint32_t d, float *out)
+                        uint32_t j0, uint32_t nh, uint32_t d, const float *sigma,
+                        float *out)
 {
     for (uint32_t j = j0; j < j0 + nh; j++) {
-        float M = -INFINITY, Lsum = 0.0f;
+        float M = sigma ? sigma[j - j0] : -INFINITY, Lsum = sigma ? 1.0f : 0.0f;
         float *o = out + (size_t)(j - j0) * d;
         memset(o, 0, (size_t)d * sizeof(float));
         for (uint32_t c = 0; c < C; c++) {
@@ -157,15 +160,26 @@ static void block_groups(uint32_t g, uint32_t b, uint32_t nb, uint32_t *g0, uint
 
 /* ---- the pipeline ------------------------------------------------------------------ */
 
-/* nq queries of one session at the layer's last nq positions, all in its last page. */
+/* Attended positions [p0, p1), split into C chunks over its pages. */
+typedef struct {
+    uint64_t p0, p1;
+    uint32_t C;
+} run;
+
+/* nq queries of one session at the layer's last nq positions, all in its last page.
+ * What they attend is one run [0, len) - or, on a windowed layer (then nq == 1), the
+ * sink run [0, min(sinks, lo)) and the window run [lo, len), lo = len - window. */
 typedef struct {
     const pkvi_btable *t;             /* the layer (pinned on spill engines) */
+    const pkv_layer_config *lc;       /* its variant */
     uint64_t len;                     /* positions the last query sees */
     uint64_t P;                       /* pages: ceil(len / bt) */
     uint32_t nq, H, C;                /* queries, heads per group (nq * hg), chunks */
-    const float *qg;                  /* [g][H][d] the queries, by group */
+    run runs[2];                      /* in position order; their C add up to C */
+    uint32_t n_runs;
+    const float *qg;                  /* [g][H][dk] the queries, by group */
     float *st;                        /* [C][g] state blocks of H heads */
-    float *out;                       /* [nq][h][d] */
+    float *out;                       /* [nq][h][dv] */
 } qset;
 
 typedef struct {
@@ -193,46 +207,72 @@ static void chunk_task(void *ctx, uint32_t task)
     const pkv_engine *e = j->e;
     const uint32_t i = set_of(j->base, task);
     const qset *Q = &j->sets[i];
-    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, hg = e->hg, H = Q->H;
-    const uint64_t bt = e->cfg.block_tokens, P = Q->P;
+    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, dv = e->cfg.head_dim_v;
+    const uint32_t hg = e->hg, H = Q->H;
+    const uint64_t bt = e->cfg.block_tokens;
     /* task layout inside a set: chunk-major, group-block-minor */
     const uint32_t t = task - j->base[i];
     const uint32_t chunk = pkvi_chunk_order(t / j->blocks, Q->C, j->regions);
     uint32_t g0, ng;
     block_groups(g, t % j->blocks, j->blocks, &g0, &ng);
+    /* the run the chunk belongs to, and its pages [first, end) */
+    uint32_t r = 0, k = chunk;
+    while (k >= Q->runs[r].C)
+        k -= Q->runs[r++].C;
+    const run *R = &Q->runs[r];
+    const uint64_t r_first = R->p0 / bt, r_end = (R->p1 + bt - 1) / bt;
     uint64_t first, end;
-    chunk_range(P, Q->C, chunk, &first, &end);
+    chunk_range(r_end - r_first, R->C, k, &first, &end);
+    first += r_first;
+    end += r_first;
+    const uint32_t row0 = first == r_first ? (uint32_t)(R->p0 % bt) : 0;
+    const uint32_t last = end == r_end ? (uint32_t)(R->p1 - (r_end - 1) * bt) : (uint32_t)bt;
     const void *const *data = pkvi_btable_data(Q->t);
 
-    const size_t sf = state_floats(H, d);
+    const size_t sf = state_floats(H, dv);
     float *st = Q->st + ((size_t)chunk * g + g0) * sf;
-    states_clear(st, ng, sf, H, d);
+    states_clear(st, ng, sf, H, dv);
     pkvi_kparams kp = e->kp;
     kp.hg = H;
+    kp.softcap = Q->lc->softcap;
     const pkvi_heads x = {
         .q = Q->qg + (size_t)g0 * H * d, .m = st, .l = st + H, .acc = st + 2 * (size_t)H,
         .q_stride = (size_t)H * d, .st_stride = sf,
     };
     if (Q->nq == 1) { /* a decode: the last page is one more page of the walk */
-        const uint32_t last = end == P ? (uint32_t)(Q->len - (P - 1) * bt) : (uint32_t)bt;
-        e->kern->attend(&kp, data + first, (uint32_t)(end - first), last, g0, ng, &x);
+        if (row0) { /* a window starting inside its first page: that page alone, its
+                     * rows from row0 on (K and V bases moved by row0 rows) */
+            pkvi_kparams k1 = kp;
+            k1.v_offset = (size_t)(bt - row0) * e->row_bytes + (size_t)row0 * e->row_bytes_v;
+            const void *one = (const char *)data[first] + (size_t)row0 * e->row_bytes;
+            e->kern->attend(&k1, &one, 1, (end == first + 1 ? last : (uint32_t)bt) - row0, g0,
+                            ng, &x);
+            first++;
+        }
+        if (end > first)
+            e->kern->attend(&kp, data + first, (uint32_t)(end - first), last, g0, ng, &x);
         return;
     }
+    /* several queries (never windowed): all but the last page for all of them at once */
+    const uint64_t P = Q->P;
     const uint64_t full_end = end == P ? P - 1 : end;
     if (full_end > first)
         e->kern->attend(&kp, data + first, (uint32_t)(full_end - first), (uint32_t)bt, g0,
                         ng, &x);
-    if (end == P) /* the last page: each query up to and including its own position */
+    if (end == P) { /* the last page: each query up to and including its own position */
+        pkvi_kparams k1 = kp;
+        k1.hg = hg;
         for (uint32_t q = 0; q < Q->nq; q++) {
             const uint64_t pos = Q->len - Q->nq + q;
             const pkvi_heads xq = {
                 .q = x.q + (size_t)q * hg * d, .m = x.m + (size_t)q * hg,
-                .l = x.l + (size_t)q * hg, .acc = x.acc + (size_t)q * hg * d,
+                .l = x.l + (size_t)q * hg, .acc = x.acc + (size_t)q * hg * dv,
                 .q_stride = x.q_stride, .st_stride = sf,
             };
-            e->kern->attend(&e->kp, data + P - 1, 1, (uint32_t)(pos - (P - 1) * bt + 1), g0,
+            e->kern->attend(&k1, data + P - 1, 1, (uint32_t)(pos - (P - 1) * bt + 1), g0,
                             ng, &xq);
         }
+    }
 }
 
 /* Merge the chunk states of one (set, query, group) in chunk order into out. */
@@ -240,13 +280,14 @@ static void merge_task(void *ctx, uint32_t task)
 {
     const pipeline *j = ctx;
     const pkv_engine *e = j->e;
-    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, hg = e->hg;
+    const uint32_t g = e->cfg.n_kv_heads, dv = e->cfg.head_dim_v, hg = e->hg;
     const uint32_t i = set_of(j->mbase, task);
     const qset *Q = &j->sets[i];
     const uint32_t t = task - j->mbase[i], q = t / g, group = t % g;
-    const size_t sf = state_floats(Q->H, d);
-    merge_heads(Q->st + (size_t)group * sf, g * sf, Q->C, Q->H, q * hg, hg, d,
-                Q->out + (size_t)q * e->cfg.n_heads * d + (size_t)group * hg * d);
+    const size_t sf = state_floats(Q->H, dv);
+    const float *sigma = Q->lc->sink_logits ? Q->lc->sink_logits + (size_t)group * hg : NULL;
+    merge_heads(Q->st + (size_t)group * sf, g * sf, Q->C, Q->H, q * hg, hg, dv, sigma,
+                Q->out + (size_t)q * e->cfg.n_heads * dv + (size_t)group * hg * dv);
 }
 
 /* Run n <= BATCH_MAX query sets (their layers resident and pinned) to their outputs. */
@@ -261,8 +302,11 @@ static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
     uint64_t chunks = 0;
     for (uint32_t i = 0; i < n; i++) {
         chunks += sets[i].C;
-        bytes += (double)sets[i].len * 2.0 * e->cfg.n_kv_heads * (double)e->row_bytes *
-                 sets[i].nq;
+        uint64_t attended = 0;
+        for (uint32_t r = 0; r < sets[i].n_runs; r++)
+            attended += sets[i].runs[r].p1 - sets[i].runs[r].p0;
+        bytes += (double)attended * e->cfg.n_kv_heads *
+                 (double)(e->row_bytes + e->row_bytes_v) * sets[i].nq;
     }
     const bool parallel = go_parallel(e, bytes);
     j.blocks = group_blocks(e, parallel, chunks);
@@ -278,13 +322,34 @@ static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
     pkvi_threads_call_done(e->threads);
 }
 
-/* The set of the last nq positions of t (all in its last page). */
-static qset last_queries(const pkv_engine *e, const pkvi_btable *t, uint32_t nq,
-                         const float *qg, float *st, float *out)
+/* Chunks of a run of positions [p0, p1): by its page count alone. */
+static run make_run(const pkv_engine *e, uint64_t p0, uint64_t p1)
 {
-    const uint64_t bt = e->cfg.block_tokens, P = (t->len + bt - 1) / bt;
-    return (qset){.t = t, .len = t->len, .P = P, .nq = nq, .H = nq * e->hg,
-                  .C = pkvi_split_chunks(e, P), .qg = qg, .st = st, .out = out};
+    const uint64_t bt = e->cfg.block_tokens;
+    return (run){p0, p1, pkvi_split_chunks(e, (p1 + bt - 1) / bt - p0 / bt)};
+}
+
+/* The set of the last nq positions of `layer` (all in its last page; nq == 1 on a
+ * windowed layer). */
+static qset last_queries(const pkv_engine *e, const pkvi_btable *t, uint32_t layer,
+                         uint32_t nq, const float *qg, float *st, float *out)
+{
+    const uint64_t bt = e->cfg.block_tokens, len = t->len, P = (len + bt - 1) / bt;
+    const pkv_layer_config *lc = &e->layers[layer];
+    qset Q = {.t = t, .lc = lc, .len = len, .P = P, .nq = nq, .H = nq * e->hg,
+              .qg = qg, .st = st, .out = out};
+    if (lc->window) {
+        const uint64_t lo = len > lc->window ? len - lc->window : 0;
+        const uint64_t sink_end = lc->sink_tokens < lo ? lc->sink_tokens : lo;
+        if (sink_end)
+            Q.runs[Q.n_runs++] = make_run(e, 0, sink_end);
+        Q.runs[Q.n_runs++] = make_run(e, lo, len);
+    } else {
+        Q.runs[Q.n_runs++] = make_run(e, 0, len);
+    }
+    for (uint32_t r = 0; r < Q.n_runs; r++)
+        Q.C += Q.runs[r].C;
+    return Q;
 }
 
 /* ---- decode and batch ---------------------------------------------------------------- */
@@ -338,6 +403,7 @@ static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
             return PKV_ESTATE;
 
     const size_t qd = (size_t)e->cfg.n_heads * e->cfg.head_dim;
+    const size_t od = (size_t)e->cfg.n_heads * e->cfg.head_dim_v;
     qset sets[BATCH_MAX];
     for (uint32_t i0 = 0; i0 < n; i0 += BATCH_MAX) {
         const uint32_t nb = n - i0 < BATCH_MAX ? n - i0 : BATCH_MAX;
@@ -351,8 +417,8 @@ static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
         if (st == PKV_OK) {
             for (uint32_t i = 0; i < nb; i++) {
                 pkv_session *s = sessions[i0 + i];
-                sets[i] = last_queries(e, &s->layers[layer], 1, q + (i0 + i) * qd,
-                                       s->partials, out + (i0 + i) * qd);
+                sets[i] = last_queries(e, &s->layers[layer], layer, 1, q + (i0 + i) * qd,
+                                       s->partials, out + (i0 + i) * od);
             }
             run_sets(e, nb, sets);
         }
@@ -382,9 +448,11 @@ pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
 /* ---- prefill --------------------------------------------------------------------------- */
 
 /* Most queries in one set: a page's positions, and no more than the kernels' head
- * limit allows. */
-static uint32_t tile_max(const pkv_engine *e)
+ * limit allows; one on a windowed layer (each query's window starts elsewhere). */
+static uint32_t tile_max(const pkv_engine *e, uint32_t layer)
 {
+    if (e->layers[layer].window)
+        return 1;
     const uint32_t by_heads = PKVI_MAX_GROUP_HEADS / e->hg;
     return by_heads < e->cfg.block_tokens ? by_heads : e->cfg.block_tokens;
 }
@@ -402,19 +470,21 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     pkv_engine *e = s->e;
     PKVI_BOUNDARY_CHECK(e);
     const pkvi_btable *t = &s->layers[layer];
-    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, hg = e->hg;
+    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, dv = e->cfg.head_dim_v;
+    const uint32_t hg = e->hg;
     const uint64_t bt = e->cfg.block_tokens;
-    const size_t qd = (size_t)e->cfg.n_heads * d, kd = (size_t)g * d;
-    const uint32_t tmax = tile_max(e);
+    const size_t qd = (size_t)e->cfg.n_heads * d, kd = (size_t)g * d, vd = (size_t)g * dv;
+    const size_t od = (size_t)e->cfg.n_heads * dv;
+    const uint32_t tmax = tile_max(e, layer);
     uint64_t end_len;
     if (!pkvi_add(t->len, n, &end_len) || end_len > UINT64_MAX - bt)
         return PKV_EINVAL;
 
     /* scratch: the queries by group [g][tmax * hg][d], then [C][g] state blocks */
-    const uint64_t C = pkvi_split_chunks(e, (end_len + bt - 1) / bt);
+    const uint64_t C = pkvi_split_chunks(e, (end_len + bt - 1) / bt) + e->sink_chunks_max;
     const uint64_t H = (uint64_t)tmax * hg;
     uint64_t qfloats, floats, bytes;
-    if (!pkvi_mul((uint64_t)g * H, d, &qfloats) || !pkvi_mul(C * g, H * (d + 2ull), &floats) ||
+    if (!pkvi_mul((uint64_t)g * H, d, &qfloats) || !pkvi_mul(C * g, H * (dv + 2ull), &floats) ||
         !pkvi_add(floats, qfloats, &floats) || !pkvi_mul(floats, sizeof(float), &bytes) ||
         bytes > SIZE_MAX - 63)
         return PKV_ENOMEM;
@@ -440,14 +510,14 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
         uint32_t nq = n - i < tmax ? n - i : tmax;
         if (nq > room)
             nq = (uint32_t)room;
-        pkvi_session_write(s, &r, nq, k + i * kd, v + i * kd);
+        pkvi_session_write(s, &r, nq, k + i * kd, v + i * vd);
         /* regroup: head hh of group gr of query j goes to qg[gr][j * hg + hh] */
         for (uint32_t gr = 0; gr < g; gr++)
             for (uint32_t j = 0; j < nq; j++)
                 memcpy(qg + ((size_t)gr * nq * hg + (size_t)j * hg) * d,
                        q + (size_t)(i + j) * qd + (size_t)gr * hg * d,
                        (size_t)hg * d * sizeof(float));
-        const qset set = last_queries(e, t, nq, qg, states, out + i * qd);
+        const qset set = last_queries(e, t, layer, nq, qg, states, out + i * od);
         run_sets(e, 1, &set);
         i += nq;
     }

@@ -7,6 +7,7 @@
  */
 #include "engine_state.h"
 #include "session.h"
+#include "reference.h"
 #include "pkv_config.h"
 
 #include <errno.h>
@@ -82,11 +83,18 @@ pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out)
         c.n_threads = online_cpus();
     if (c.n_threads > 1024)
         return PKV_EINVAL;
-    /* page bytes = 2 * g * bt * d * size, checked */
+    if (c.head_dim_v == 0)
+        c.head_dim_v = c.head_dim;
+    if (c.head_dim_v > PKVI_MAX_HEAD_DIM)
+        return PKV_EINVAL;
+    for (uint32_t l = 0; c.layer_cfg && l < c.n_layers; l++)
+        if (!pkvi_layer_config_ok(&c.layer_cfg[l], c.n_heads))
+            return PKV_EINVAL;
+    /* page bytes = g * bt * (dk + dv) * size, checked */
     uint64_t pb;
-    if (!pkvi_mul(2ull * c.n_kv_heads, c.block_tokens, &pb) ||
-        !pkvi_mul(pb, c.head_dim, &pb) || !pkvi_mul(pb, pkv_dtype_size(c.kv_dtype), &pb) ||
-        pb > PKVI_MAX_PAGE_BYTES)
+    if (!pkvi_mul(c.n_kv_heads, c.block_tokens, &pb) ||
+        !pkvi_mul(pb, (uint64_t)c.head_dim + c.head_dim_v, &pb) ||
+        !pkvi_mul(pb, pkv_dtype_size(c.kv_dtype), &pb) || pb > PKVI_MAX_PAGE_BYTES)
         return PKV_EINVAL;
     if (c.mem_budget && c.mem_budget < pb)
         return PKV_EINVAL;
@@ -115,18 +123,54 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     e->hg = c.n_heads / c.n_kv_heads;
     e->dsize = pkv_dtype_size(c.kv_dtype);
     e->row_bytes = (uint64_t)c.head_dim * e->dsize;
-    e->page_bytes = 2ull * c.n_kv_heads * c.block_tokens * e->row_bytes;
+    e->row_bytes_v = (uint64_t)c.head_dim_v * e->dsize;
+    e->page_bytes = (uint64_t)c.n_kv_heads * c.block_tokens * (e->row_bytes + e->row_bytes_v);
     e->chunk_pages = (CHUNK_TOKENS + c.block_tokens - 1) / c.block_tokens;
     e->split_awake = (double)PKVI_SPLIT_AWAKE_BYTES;
     e->split_asleep = (double)PKVI_SPLIT_ASLEEP_BYTES;
     e->kp.head_dim = c.head_dim;
+    e->kp.head_dim_v = c.head_dim_v;
     e->kp.block_tokens = c.block_tokens;
     e->kp.hg = e->hg;
     e->kp.dtype = c.kv_dtype;
     e->kp.scale = c.scale;
     e->kp.v_offset = (size_t)(c.block_tokens * e->row_bytes);
-    e->kp.group_stride = 2 * e->kp.v_offset;
+    e->kp.group_stride = (size_t)(c.block_tokens * (e->row_bytes + e->row_bytes_v));
     pthread_mutex_init(&e->lock, NULL);
+
+    /* per-layer variants: a copy of the array and of every sink-logit vector */
+    e->layers = calloc(c.n_layers, sizeof *e->layers);
+    if (!e->layers) {
+        st = PKV_ENOMEM;
+        goto fail;
+    }
+    for (uint32_t l = 0; c.layer_cfg && l < c.n_layers; l++) {
+        e->layers[l] = c.layer_cfg[l];
+        if (c.layer_cfg[l].sink_logits) {
+            float *copy = malloc((size_t)c.n_heads * sizeof *copy);
+            if (!copy) {
+                e->layers[l].sink_logits = NULL;
+                st = PKV_ENOMEM;
+                goto fail;
+            }
+            memcpy(copy, c.layer_cfg[l].sink_logits, (size_t)c.n_heads * sizeof *copy);
+            e->layers[l].sink_logits = copy;
+        }
+        e->variants |= c.layer_cfg[l].window || c.layer_cfg[l].softcap > 0.0f ||
+                       c.layer_cfg[l].sink_logits;
+    }
+    e->variants |= c.head_dim_v != c.head_dim;
+    for (uint32_t l = 0; l < c.n_layers; l++) {
+        const uint64_t sp = pkvi_sink_pages(e, &e->layers[l]);
+        const uint64_t ch = (sp + e->chunk_pages - 1) / e->chunk_pages;
+        if (ch > PKVI_MAX_CHUNKS) { /* sinks beyond 64 chunks' worth: absurd */
+            st = PKV_EINVAL;
+            goto fail;
+        }
+        if (ch > e->sink_chunks_max)
+            e->sink_chunks_max = (uint32_t)ch;
+    }
+    e->cfg.layer_cfg = c.layer_cfg ? e->layers : NULL;
 
     if (c.spill_dir) {
         e->spill_dir = strdup(c.spill_dir);
@@ -167,6 +211,9 @@ void pkv_engine_destroy(pkv_engine *e)
     pkvi_threads_destroy(e->threads);
     pkvi_pool_fini(&e->pool); /* a no-op on the zeroed pool of a failed create */
     pthread_mutex_destroy(&e->lock);
+    for (uint32_t l = 0; e->layers && l < e->cfg.n_layers; l++)
+        free((float *)e->layers[l].sink_logits);
+    free(e->layers);
     free(e->spill_dir);
     free(e);
 }

@@ -53,8 +53,13 @@ struct pkv_engine {
     char *spill_dir;             /* owned copy of cfg.spill_dir, or NULL */
     uint32_t hg;                 /* query heads per group, h / g */
     size_t dsize;                /* bytes per stored value */
-    uint64_t row_bytes;          /* one K (or V) row of one group: d * dsize */
-    uint64_t page_bytes;         /* 2 * g * bt * d * dsize */
+    uint64_t row_bytes;          /* one K row of one group: dk * dsize */
+    uint64_t row_bytes_v;        /* one V row of one group: dv * dsize */
+    uint64_t page_bytes;         /* g * bt * (dk + dv) * dsize */
+    pkv_layer_config *layers;    /* [n_layers] per-layer variants (zeros: full causal),
+                                    sink_logits owned; cfg.layer_cfg points here */
+    bool variants;               /* some layer is not plain causal, or dv != dk */
+    uint32_t sink_chunks_max;    /* most split-K chunks a layer's sink pages add */
     uint32_t chunk_pages;        /* split-K chunk, fixed (independent of threads) */
     pkvi_kparams kp;             /* kernel geometry */
     const pkvi_kernels *kern;    /* chosen once at creation */
@@ -85,6 +90,13 @@ static inline uint32_t pkvi_split_chunks(const pkv_engine *e, uint64_t n_pages)
 {
     uint64_t c = (n_pages + e->chunk_pages - 1) / e->chunk_pages;
     return (uint32_t)(c > PKVI_MAX_CHUNKS ? PKVI_MAX_CHUNKS : c);
+}
+
+/* Pages holding a windowed layer's sink positions (kept for ever); 0 without a window. */
+static inline uint64_t pkvi_sink_pages(const pkv_engine *e, const pkv_layer_config *lc)
+{
+    const uint64_t bt = e->cfg.block_tokens;
+    return lc->window ? ((uint64_t)lc->sink_tokens + bt - 1) / bt : 0;
 }
 
 /* Where released pages go (btable.h). */

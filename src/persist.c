@@ -441,6 +441,10 @@ pkv_status pkvi_sfile_verify(pkvi_io *io, const char *path, pkvi_sfile_info *inf
 /* A sound header of another engine is another format for this engine: EINVAL. */
 static pkv_status match_engine(reader *r, const pkv_engine *e)
 {
+    /* file format v1 has no field for SPEC §8's variants (windows, sinks, soft-caps,
+     * V widths): an engine with any of them is another format for now */
+    if (e->variants)
+        return fail(r, PKV_EINVAL, "engine has attention variants (SPEC 8), which file format v1 cannot hold");
     const pkvi_sfile_info *in = r->info;
     uint32_t code = 0;
     if (in->n_layers != e->cfg.n_layers || in->n_heads != e->cfg.n_heads ||
@@ -639,6 +643,11 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
         *why = w_why;
     if (s == NULL || path == NULL || *path == '\0' || io == NULL)
         return PKV_EINVAL;
+    if (s->e->variants) { /* see match_engine */
+        if (why)
+            *why = "engine has attention variants (SPEC 8), which file format v1 cannot hold";
+        return PKV_EINVAL;
+    }
     const pkv_engine *e = s->e;
     const pkv_config *c = &e->cfg;
     uint32_t L = c->n_layers, bt = c->block_tokens, code = 0;

@@ -34,7 +34,7 @@
  *     anywhere gives 0 / PKV_OK even when a partial product of the other factors would
  *     overflow; only a product that truly exceeds UINT64_MAX is PKV_ERANGE.
  */
-#include "util.h"
+#include "reference.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -130,8 +130,7 @@ static void widen(double *dst, const float *src, size_t n)
         dst[i] = (double)src[i];
 }
 
-/* A layer config the oracle (and, later, the engine) accepts: SPEC §8's rules. */
-static bool layer_config_ok(const pkv_layer_config *lc, uint32_t n_heads)
+bool pkvi_layer_config_ok(const pkv_layer_config *lc, uint32_t n_heads)
 {
     if (!lc)
         return true;
@@ -158,7 +157,7 @@ pkv_status pkv_attention_reference(uint32_t n_tokens, uint32_t n_heads, uint32_t
     if (n_heads % n_kv_heads != 0)
         return PKV_EINVAL;
     /* -0.0f compares equal to 0 and therefore also means "the default" */
-    if (!isfinite(scale) || scale < 0.0f || !layer_config_ok(lc, n_heads))
+    if (!isfinite(scale) || scale < 0.0f || !pkvi_layer_config_ok(lc, n_heads))
         return PKV_EINVAL;
 
     size_t q_bytes, k_bytes, v_bytes, o_bytes, w_bytes;

@@ -109,7 +109,8 @@ static pkv_status make_room(pkv_engine *e, uint64_t n)
                 continue;
             for (uint64_t i = 0; i < t->n_pages && nv < want; i++) {
                 pkvi_page *pg = t->pages[i];
-                if (!pg->data || pg->tally || (pg->refs > 1 && holder_pinned(e, l, i, pg)))
+                if (!pg || !pg->data || pg->tally ||
+                    (pg->refs > 1 && holder_pinned(e, l, i, pg)))
                     continue;
                 pg->tally = 1;
                 vic[nv] = (located){pg, t, l, i};
@@ -134,7 +135,7 @@ static pkv_status fault_in(pkv_engine *e, pkvi_btable *t, uint32_t layer, uint64
 {
     uint64_t n = 0;
     for (uint64_t i = from; i < t->n_pages; i++)
-        n += t->data[i] == NULL;
+        n += t->pages[i] && t->data[i] == NULL;
     if (n == 0)
         return PKV_OK;
     pkv_status st = make_room(e, n);
@@ -149,7 +150,7 @@ static pkv_status fault_in(pkv_engine *e, pkvi_btable *t, uint32_t layer, uint64
     }
     uint64_t k = 0;
     for (uint64_t i = from; i < t->n_pages; i++)
-        if (t->data[i] == NULL) {
+        if (t->pages[i] && t->data[i] == NULL) {
             idx[k] = i;
             pages[k++] = t->pages[i];
         }
@@ -189,21 +190,22 @@ static pkv_status take_pages(pkv_engine *e, uint64_t n, pkvi_page **out)
 
 /* ---- decode scratch ------------------------------------------------------------------ */
 
-/* Split-K partial states for layers of up to n_pages pages (decode.c's layout). */
+/* Split-K partial states for layers of up to n_pages pages (decode.c's layout; the
+ * sink pages of a windowed layer add chunks of their own). */
 static pkv_status reserve_partials(pkv_session *s, uint64_t n_pages)
 {
     pkv_engine *e = s->e;
-    const uint64_t chunks = pkvi_split_chunks(e, n_pages);
+    const uint64_t chunks = pkvi_split_chunks(e, n_pages) + e->sink_chunks_max;
     if (chunks <= s->partials_chunks)
         return PKV_OK;
     uint64_t want = s->partials_chunks ? s->partials_chunks * 2 : 1;
     if (want < chunks)
         want = chunks;
-    if (want > PKVI_MAX_CHUNKS)
-        want = PKVI_MAX_CHUNKS;
+    if (want > PKVI_MAX_CHUNKS + e->sink_chunks_max)
+        want = PKVI_MAX_CHUNKS + e->sink_chunks_max;
     uint64_t floats, bytes;
     if (!pkvi_mul(want, e->cfg.n_heads, &floats) ||
-        !pkvi_mul(floats, (uint64_t)e->cfg.head_dim + 2, &floats) ||
+        !pkvi_mul(floats, (uint64_t)e->cfg.head_dim_v + 2, &floats) ||
         !pkvi_mul(floats, sizeof(float), &bytes) || bytes > SIZE_MAX - 63)
         return PKV_ENOMEM;
     float *p = aligned_alloc(PKVI_PAGE_ALIGN, (size_t)((bytes + 63) & ~63ull));
@@ -318,17 +320,18 @@ void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
 {
     pkv_engine *e = s->e;
     pkvi_btable *t = &s->layers[r->layer];
-    const uint32_t d = e->cfg.head_dim, g = e->cfg.n_kv_heads;
+    const uint32_t d = e->cfg.head_dim, dv = e->cfg.head_dim_v, g = e->cfg.n_kv_heads;
     const uint64_t bt = e->cfg.block_tokens;
     if (e->hook_before_write)
         e->hook_before_write(e->hook_ctx);
-    for (uint64_t j = 0; j < n; j++, k += (size_t)g * d, v += (size_t)g * d) {
+    for (uint64_t j = 0; j < n; j++, k += (size_t)g * d, v += (size_t)g * dv) {
         char *page = t->pages[t->len / bt]->data;
         const uint64_t row = t->len % bt;
         for (uint32_t gi = 0; gi < g; gi++) {
-            char *kb = page + gi * e->kp.group_stride + row * e->row_bytes;
-            e->kern->store_row(e->cfg.kv_dtype, kb, k + (size_t)gi * d, d);
-            e->kern->store_row(e->cfg.kv_dtype, kb + e->kp.v_offset, v + (size_t)gi * d, d);
+            char *gb = page + gi * e->kp.group_stride;
+            e->kern->store_row(e->cfg.kv_dtype, gb + row * e->row_bytes, k + (size_t)gi * d, d);
+            e->kern->store_row(e->cfg.kv_dtype, gb + e->kp.v_offset + row * e->row_bytes_v,
+                               v + (size_t)gi * dv, dv);
         }
         t->len++;
     }
@@ -347,15 +350,33 @@ void pkvi_session_write_pages(pkv_session *s, const pkvi_reservation *r, const v
     }
 }
 
+/* The first page a windowed layer of length len must still hold (SPEC §8): a decode
+ * at len - 1, or at n - 1 after a truncate to n >= len - rollback, reads no earlier
+ * position than len - rollback - window (sinks aside). */
+static uint64_t window_keep_from(const pkv_engine *e, const pkv_layer_config *lc,
+                                 uint64_t len)
+{
+    const uint64_t span = (uint64_t)lc->window + lc->rollback_tokens;
+    return len > span ? (len - span) / e->cfg.block_tokens : 0;
+}
+
 void pkvi_session_finish(pkv_session *s, pkvi_reservation *r)
 {
     pkv_engine *e = s->e;
     pkvi_btable *t = &s->layers[r->layer];
+    const pkv_layer_config *lc = &e->layers[r->layer];
     for (uint64_t i = r->first_page; i < r->end_page; i++)
         atomic_store_explicit(&t->pages[i]->writing, 0, memory_order_relaxed);
-    if (r->pinned) {
+    /* a windowed layer gives back what nothing reads again: at most once a page */
+    const uint64_t sinks = pkvi_sink_pages(e, lc);
+    const uint64_t keep = lc->window ? window_keep_from(e, lc, t->len) : 0;
+    const bool trim = keep > (t->hole_hi > sinks ? t->hole_hi : sinks);
+    if (r->pinned || trim) {
         pthread_mutex_lock(&e->lock);
-        t->pins--;
+        if (trim)
+            pkvi_btable_release(t, pkvi_engine_pages(e), sinks, keep);
+        if (r->pinned)
+            t->pins--;
         pthread_mutex_unlock(&e->lock);
     }
 }
@@ -483,6 +504,17 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
             max_len = s->layers[l].len;
     if (n_tokens > max_len)
         return PKV_ERANGE;
+    /* a windowed layer goes back only as far as what a decode at n - 1 reads is held */
+    const uint64_t bt = e->cfg.block_tokens;
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+        const pkvi_btable *t = &s->layers[l];
+        const uint32_t w = e->layers[l].window;
+        if (!w || n_tokens >= t->len || n_tokens == 0 || t->hole_hi == t->hole_lo)
+            continue;
+        const uint64_t lo = n_tokens > w ? n_tokens - w : 0;
+        if (lo < t->hole_hi * bt && n_tokens > t->hole_lo * bt)
+            return PKV_ERANGE;
+    }
     pthread_mutex_lock(&e->lock);
     for (uint32_t l = 0; l < e->cfg.n_layers; l++)
         pkvi_btable_truncate(&s->layers[l], pkvi_engine_pages(e), e->cfg.block_tokens,
@@ -531,20 +563,29 @@ pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out)
     pkv_memory m;
     memset(&m, 0, sizeof m);
     const uint64_t pb = e->page_bytes;
-    const uint64_t token_bytes = 2ull * e->cfg.n_kv_heads * e->row_bytes;
+    const uint64_t token_bytes = (uint64_t)e->cfg.n_kv_heads * (e->row_bytes + e->row_bytes_v);
     m.bytes_overhead = sizeof *s + (uint64_t)e->cfg.n_layers * sizeof(pkvi_btable) +
                        s->partials_chunks * e->cfg.n_heads *
-                           ((uint64_t)e->cfg.head_dim + 2) * sizeof(float);
+                           ((uint64_t)e->cfg.head_dim_v + 2) * sizeof(float);
     pthread_mutex_lock(&e->lock);
     for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
         const pkvi_btable *t = &s->layers[l];
+        const pkv_layer_config *lc = &e->layers[l];
         m.tokens += t->len;
-        m.blocks += t->n_pages;
-        m.bytes_ideal += t->len * token_bytes;
+        m.blocks += pkvi_btable_held(t);
+        /* a windowed layer needs only what a decode (or one after a rollback) reads:
+         * its sinks and its last window + rollback positions */
+        uint64_t need = t->len;
+        if (lc->window) {
+            const uint64_t span = (uint64_t)lc->window + lc->rollback_tokens;
+            if (need > span + lc->sink_tokens)
+                need = span + lc->sink_tokens;
+        }
+        m.bytes_ideal += need * token_bytes;
         m.bytes_overhead += pkvi_btable_overhead(t);
         m.bytes_spilled += t->n_spilled * pb;
         for (uint64_t i = 0; i < t->n_pages; i++)
-            if (t->pages[i]->data && t->pages[i]->refs > 1)
+            if (t->pages[i] && t->pages[i]->data && t->pages[i]->refs > 1)
                 m.bytes_shared += pb;
     }
     m.bytes_resident = m.blocks * pb - m.bytes_spilled;
@@ -563,10 +604,10 @@ pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t firs
     uint64_t k = 0;
     pthread_mutex_lock(&e->lock);
     for (uint64_t i = first; i < t->n_pages && k < n; i++, k++) {
-        const pkvi_page *pg = t->pages[i];
+        const pkvi_page *pg = t->pages[i]; /* NULL: released by a window */
         out[k].id = (uint64_t)(uintptr_t)pg;
-        out[k].refs = pg->refs;
-        out[k].resident = pg->data != NULL;
+        out[k].refs = pg ? pg->refs : 0;
+        out[k].resident = pg && pg->data != NULL;
     }
     pthread_mutex_unlock(&e->lock);
     if (n_out)
@@ -582,7 +623,9 @@ pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t firs
         for (uint32_t l_ = 0; l_ < (e)->cfg.n_layers; l_++)                              \
             for (uint64_t i_ = 0; i_ < s_->layers[l_].n_pages; i_++) {                  \
                 pkvi_page *pg = s_->layers[l_].pages[i_];                                \
-                body                                                                     \
+                if (pg) {                                                                \
+                    body                                                                 \
+                }                                                                        \
             }
 
 bool pkvi_sessions_check(pkv_engine *e, bool quiescent)

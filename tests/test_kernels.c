@@ -76,6 +76,7 @@ static void layer_build(layer *L, pkvt_rng *r, uint32_t g, uint32_t hg, uint32_t
                         pkv_dtype dt, uint32_t n, float kv_range)
 {
     const size_t es = pkv_dtype_size(dt);
+    memset(&L->kp, 0, sizeof L->kp); /* fields this test does not set: dv = d, no softcap */
     L->kp.head_dim = d;
     L->kp.block_tokens = bt;
     L->kp.hg = hg;

@@ -91,6 +91,41 @@ AI __m256 exp8(__m256 x)
     return _mm256_mul_ps(_mm256_mul_ps(y, f1), f2);
 }
 
+/* ---- tanh (soft-capping) -----------------------------------------------------------
+ * Below |x| = 0.4 the odd Taylor series to x^13 (the next term is under 4e-9 of the
+ * result); above, sign(x) * (1 - 2 / (exp(2|x|) + 1)) with exp8 (the subtraction
+ * loses at most 1.5 bits there: 2 / (e^0.8 + 1) = 0.62). Within 4 ulp of tanh; the
+ * kernel test holds it against tanh in double. NaN stays NaN; +-inf gives +-1. */
+AI __m256 tanh8(__m256 x)
+{
+    const __m256 sgn = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 ax = _mm256_andnot_ps(sgn, x);
+    const __m256 e = exp8(_mm256_add_ps(ax, ax));
+    const __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f),
+                                                        _mm256_add_ps(e, one)));
+    const __m256 x2 = _mm256_mul_ps(ax, ax);
+    __m256 p = _mm256_set1_ps(3.5921280365e-3f);                   /*  21844/6081075 */
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-8.8632355299e-3f)); /* -1382/155925 */
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.1869488536e-2f));  /*  62/2835 */
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-5.3968253968e-2f)); /* -17/315 */
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(1.3333333333e-1f));  /*  2/15 */
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-3.3333333333e-1f)); /* -1/3 */
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(ax, x2), p, ax);
+    const __m256 r = _mm256_blendv_ps(big, small,
+                                      _mm256_cmp_ps(ax, _mm256_set1_ps(0.4f), _CMP_LT_OQ));
+    return _mm256_or_ps(r, _mm256_and_ps(x, sgn));
+}
+
+/* Scaled scores, soft-capped when cap > 0. */
+AI __m256 scores8(__m256 raw, __m256 sc, float cap)
+{
+    const __m256 x = _mm256_mul_ps(raw, sc);
+    if (cap <= 0.0f)
+        return x;
+    const __m256 c = _mm256_set1_ps(cap);
+    return _mm256_mul_ps(c, tanh8(_mm256_div_ps(x, c)));
+}
+
 /* ---- reductions ----------------------------------------------------------------------- */
 
 /* lane i of the result = sum of the 8 lanes of v[i]; fixed order */
@@ -245,8 +280,8 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
 }
 
 /* ---- softmax of one tile (as ref.c; l uses a fused multiply-add) ------------------- */
-AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float *s, float *m, float *l,
-                     float *alpha)
+AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, float *m,
+                     float *l, float *alpha)
 {
     const __m256 sc = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-__builtin_inff());
     const __m256 lo = _mm256_castsi256_ps(tail_mask(n < 8 ? n : 8));
@@ -254,8 +289,8 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float *s, float *m, f
     for (uint32_t h = 0; h < hg; h++) {
         float *sh = s + (size_t)h * PKVI_TILE;
         /* lanes past n are -inf (their scratch is never read as data) */
-        const __m256 s0 = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_load_ps(sh), sc), lo);
-        const __m256 s1 = n > 8 ? _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_load_ps(sh + 8), sc), hi)
+        const __m256 s0 = _mm256_blendv_ps(ninf, scores8(_mm256_load_ps(sh), sc, cap), lo);
+        const __m256 s1 = n > 8 ? _mm256_blendv_ps(ninf, scores8(_mm256_load_ps(sh + 8), sc, cap), hi)
                                 : ninf;
         const float mt = hmax8(_mm256_max_ps(s0, s1));
         const float mn = m[h] > mt || mt != mt ? m[h] : mt; /* fmaxf(m[h], mt) */

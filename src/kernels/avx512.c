@@ -292,19 +292,57 @@ AI __m512 red4(__m512 (*op)(__m512, __m512), __m512 v0, __m512 v1, __m512 v2, __
 AI __m512 vmax(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
 AI __m512 vadd(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
 
+/* tanh for soft-capping: the method and bound of avx2.c's tanh8, 16 lanes. */
+AI __m512 tanh16(__m512 x)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 ax = _mm512_abs_ps(x);
+    const __m512 e = exp16(_mm512_add_ps(ax, ax));
+    const __m512 big = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f),
+                                                        _mm512_add_ps(e, one)));
+    const __m512 x2 = _mm512_mul_ps(ax, ax);
+    __m512 p = _mm512_set1_ps(3.5921280365e-3f);
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-8.8632355299e-3f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.1869488536e-2f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-5.3968253968e-2f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.3333333333e-1f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-3.3333333333e-1f));
+    const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(ax, x2), p, ax);
+    const __mmask16 lt = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.4f), _CMP_LT_OQ);
+    const __m512 r = _mm512_mask_mov_ps(big, lt, small);
+    return _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_castps_si512(r),
+        _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
+}
+
+/* Scaled scores, soft-capped when cap > 0. */
+AI __m512 scores16(__m512 raw, __m512 sc, float cap)
+{
+    const __m512 x = _mm512_mul_ps(raw, sc);
+    if (cap <= 0.0f)
+        return x;
+    const __m512 c = _mm512_set1_ps(cap);
+    return _mm512_mul_ps(c, tanh16(_mm512_div_ps(x, c)));
+}
+
 /* Heads h0 .. h0+nh (nh <= 4) of a tile of n tokens: s[h][0..n) holds unscaled dots;
  * on return the weights exp(s*scale - m'), alpha[h] = exp(m - m'), m and l updated as
  * in ref.c (l = l * alpha + sum, fused here). */
-AI void softmax4(uint32_t nh, uint32_t n, float scale, float *s, float *m, float *l,
-                 float *alpha)
+AI void softmax4(uint32_t nh, uint32_t n, float scale, float cap, float *s, float *m,
+                 float *l, float *alpha)
 {
     const __mmask16 nk = (__mmask16)((1u << n) - 1u);
     const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-__builtin_inff());
     __m512 sv[4];
     #pragma GCC unroll 16
     for (uint32_t i = 0; i < 4; i++) /* missing heads and tokens score -inf */
-        sv[i] = i < nh ? _mm512_mask_mul_ps(ninf, nk, _mm512_maskz_loadu_ps(nk, s + i * PKVI_TILE), sc)
-                       : ninf;
+        sv[i] = i >= nh ? ninf
+                : cap > 0.0f
+                    ? _mm512_mask_mov_ps(ninf, nk,
+                                         scores16(_mm512_maskz_loadu_ps(nk, s + i * PKVI_TILE),
+                                                  sc, cap))
+                    : _mm512_mask_mul_ps(ninf, nk, _mm512_maskz_loadu_ps(nk, s + i * PKVI_TILE),
+                                         sc);
     const __mmask16 hk = (__mmask16)((1u << nh) - 1u);
     const __m512 mt = red4(vmax, sv[0], sv[1], sv[2], sv[3]);
     const __m512 mo = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps((__mmask8)hk, m));
@@ -326,12 +364,12 @@ AI void softmax4(uint32_t nh, uint32_t n, float scale, float *s, float *m, float
     _mm512_mask_storeu_ps(m, hk, mn);
 }
 
-AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float *s, float *m, float *l,
-                     float *alpha)
+AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, float *m,
+                     float *l, float *alpha)
 {
     for (uint32_t h = 0; h < hg; h += 4)
-        softmax4(hg - h < 4 ? hg - h : 4, n, scale, s + (size_t)h * PKVI_TILE, m + h, l + h,
-                 alpha + h);
+        softmax4(hg - h < 4 ? hg - h : 4, n, scale, cap, s + (size_t)h * PKVI_TILE, m + h,
+                 l + h, alpha + h);
 }
 
 #include "walk.h"

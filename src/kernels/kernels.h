@@ -24,25 +24,31 @@
  * PKVI_TILE * heads-per-group floats). */
 #define PKVI_TILE 16u
 
+/* dv of a call: head_dim_v, or head_dim when it is 0. */
+#define PKVI_DV(p) ((p)->head_dim_v ? (p)->head_dim_v : (p)->head_dim)
+
 /* Geometry one kernel call needs. All byte figures are for one page. */
 typedef struct {
-    uint32_t head_dim;      /* d */
+    uint32_t head_dim;      /* dk: width of q and of K rows */
+    uint32_t head_dim_v;    /* dv: width of V rows, acc and out; 0 means dk */
     uint32_t block_tokens;  /* bt: positions per page */
     uint32_t hg;            /* query heads per group in a call: h / g, or a multiple of
                              * it when pkv_prefill stacks queries (<= MAX_GROUP_HEADS) */
     pkv_dtype dtype;        /* storage type of the page */
     float scale;            /* softmax scale applied to q.k */
-    size_t group_stride;    /* bytes between consecutive groups in a page: 2*bt*d*size */
-    size_t v_offset;        /* bytes from a group's K rows to its V rows: bt*d*size */
+    float softcap;          /* 0: none; else a scaled score s becomes softcap*tanh(s/softcap) */
+    size_t group_stride;    /* bytes between consecutive groups in a page: bt*(dk+dv)*size */
+    size_t v_offset;        /* bytes from a group's K rows to its V rows: bt*dk*size, or
+                             * (bt-r)*dk*size + r*dv*size for a walk starting at row r */
 } pkvi_kparams;
 
 /* The query heads and running softmax states a kernel call works on: those of group
  * `group0` at the pointers, those of the i-th group after it at i strides further. */
 typedef struct {
-    const float *q;         /* [hg][d] query heads (unscaled) */
+    const float *q;         /* [hg][dk] query heads (unscaled) */
     float *m;               /* [hg]    running max of scale*q.k   (-INFINITY when empty) */
     float *l;               /* [hg]    running sum of exp(s - m)  (0 when empty) */
-    float *acc;             /* [hg][d] running sum of exp(s - m) * v (0 when empty) */
+    float *acc;             /* [hg][dv] running sum of exp(s - m) * v (0 when empty) */
     size_t q_stride;        /* floats from one group's q to the next group's */
     size_t st_stride;       /* floats from one group's m (and l, acc) to the next's */
 } pkvi_heads;
@@ -52,7 +58,8 @@ typedef struct {
  * `last_tokens` in 1..bt positions) of the KV groups group0 .. group0 + n_groups - 1
  * into the running softmax states of each group's hg query heads (x).
  *
- * Score of a position: s = (q . k) * scale, dot accumulated in f32. Positions are
+ * Score of a position: s = (q . k) * scale, dot accumulated in f32, then, with a
+ * softcap c > 0, s = c * tanh(s / c) (tanh within a few ulp: docs/numerics.md). Positions are
  * folded in order in tiles of at most PKVI_TILE tokens (a tile never spans pages):
  * per tile, m' = max(m, max s); rescale l and acc by exp(m - m'); add exp(s - m').
  *

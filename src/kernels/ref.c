@@ -4,11 +4,12 @@
  *
  * Per page, per tile of at most PKVI_TILE positions, for each of the hg query heads of
  * the group:
- *     s_t   = (q . k_t) * scale            dot in f32, in index order
+ *     s_t   = (q . k_t) * scale            dot in f32, in index order (q, k: dk wide)
+ *     s_t   = c * tanh(s_t / c)             when softcap c > 0
  *     m'    = max(m, max_t s_t)
  *     alpha = exp(m - m')                  (0 when the state was empty)
  *     l     = l * alpha + sum_t exp(s_t - m')
- *     acc   = acc * alpha + sum_t exp(s_t - m') * v_t     (t in order)
+ *     acc   = acc * alpha + sum_t exp(s_t - m') * v_t     (t in order; v, acc: dv wide)
  * K/V rows are widened to f32 once per row and reused for all hg heads (GQA: the row
  * is loaded once per group, not once per query head).
  * Never allocates, locks or fails; rows past `last_tokens` of the last page are never
@@ -24,8 +25,10 @@ static void fold_page(const pkvi_kparams *p, const char *kbase, uint32_t ntok,
                       const float *restrict q, float *restrict m, float *restrict l,
                       float *restrict acc)
 {
-    const uint32_t d = p->head_dim, hg = p->hg;
+    const uint32_t d = p->head_dim, dv = PKVI_DV(p), hg = p->hg;
     const size_t row = (size_t)d * pkv_dtype_size(p->dtype);
+    const size_t vrow = (size_t)dv * pkv_dtype_size(p->dtype);
+    const float cap = p->softcap;
     const char *vbase = kbase + p->v_offset;
     float s[PKVI_MAX_GROUP_HEADS * PKVI_TILE]; /* [hg][PKVI_TILE] scores, then weights */
     float r[PKVI_MAX_HEAD_DIM];                /* one K or V row widened to f32 */
@@ -40,7 +43,8 @@ static void fold_page(const pkvi_kparams *p, const char *kbase, uint32_t ntok,
                 float dot = 0.0f;
                 for (uint32_t c = 0; c < d; c++)
                     dot += qh[c] * r[c];
-                s[hh * PKVI_TILE + t] = dot * p->scale;
+                const float sc = dot * p->scale;
+                s[hh * PKVI_TILE + t] = cap > 0.0f ? cap * tanhf(sc / cap) : sc;
             }
         }
         for (uint32_t hh = 0; hh < hg; hh++) {
@@ -57,16 +61,16 @@ static void fold_page(const pkvi_kparams *p, const char *kbase, uint32_t ntok,
             }
             l[hh] = l[hh] * alpha + sum;
             m[hh] = mnew;
-            float *ah = acc + (size_t)hh * d;
-            for (uint32_t c = 0; c < d; c++)
+            float *ah = acc + (size_t)hh * dv;
+            for (uint32_t c = 0; c < dv; c++)
                 ah[c] *= alpha;
         }
         for (uint32_t t = 0; t < nt; t++) {
-            pkvi_load_row(p->dtype, r, vbase + (size_t)(t0 + t) * row, d);
+            pkvi_load_row(p->dtype, r, vbase + (size_t)(t0 + t) * vrow, dv);
             for (uint32_t hh = 0; hh < hg; hh++) {
                 const float w = s[hh * PKVI_TILE + t];
-                float *ah = acc + (size_t)hh * d;
-                for (uint32_t c = 0; c < d; c++)
+                float *ah = acc + (size_t)hh * dv;
+                for (uint32_t c = 0; c < dv; c++)
                     ah[c] += w * r[c];
             }
         }

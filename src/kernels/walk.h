@@ -10,8 +10,8 @@
  *                      unscaled dots of HB heads with n K rows into s [HB][PKVI_TILE]
  *   pv_heads(dt, vrow, d, n, w, alpha, acc, pf, HB)
  *                      acc = alpha * acc + weights w times n V rows, for HB heads
- *   softmax_tile(hg, n, scale, s, m, l, alpha)
- *                      the per-tile softmax step of ref.c for hg heads
+ *   softmax_tile(hg, n, scale, cap, s, m, l, alpha)
+ *                      the per-tile softmax step of ref.c for hg heads (cap: softcap)
  * so each file is compiled with its own -m flags (STYLE.md) and the code is written
  * once. Defines `attend`, a pkvi_attend_fn.
  */
@@ -52,7 +52,7 @@ AI void tile_qk(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, float 
 AI void tile_pv(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, const float *s,
                 const float *alpha)
 {
-    const uint32_t d = p->head_dim, hg = p->hg;
+    const uint32_t d = PKVI_DV(p), hg = p->hg;
     const char *pv = t->pfv;
     uint32_t h = 0;
     for (; h + 4 <= hg; h += 4, pv = NULL)
@@ -145,9 +145,10 @@ AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const
                     uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
                     uint32_t n_groups, const pkvi_heads *x)
 {
-    const size_t row = (size_t)p->head_dim * (dt == PKV_F32 ? 4u : 2u);
+    const size_t es = dt == PKV_F32 ? 4u : 2u;
+    const size_t row = (size_t)p->head_dim * es, vrow = (size_t)PKVI_DV(p) * es;
     /* prefetch distance in units: at least PF_AHEAD_BYTES of rows */
-    const size_t region = 2 * (size_t)p->block_tokens * row;
+    const size_t region = (size_t)p->block_tokens * (row + vrow);
     const uint64_t dist = region >= PF_AHEAD_BYTES ? 1u : (PF_AHEAD_BYTES + region - 1) / region;
     const uint64_t kick = (KICK_AHEAD_BYTES + region - 1) / region; /* the kick's, >= 1 */
     /* blocks under two lines are too small for a stream, and far too small to miss */
@@ -180,9 +181,9 @@ AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const
             for (uint32_t t0 = 0; t0 < ntok; t0 += PKVI_TILE) {
                 const tile t = {
                     .k = kbase + t0 * row,
-                    .v = kbase + p->v_offset + t0 * row,
+                    .v = kbase + p->v_offset + t0 * vrow,
                     .pfk = pfk ? pfk + t0 * row : NULL,
-                    .pfv = pfk ? pfk + p->v_offset + t0 * row : NULL,
+                    .pfv = pfk ? pfk + p->v_offset + t0 * vrow : NULL,
                     .q = x->q + i * x->q_stride,
                     .m = x->m + i * x->st_stride,
                     .l = x->l + i * x->st_stride,
@@ -195,7 +196,7 @@ AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const
                         prev.pfv = t.pfv;
                     tile_pv(dt, p, &prev, s[!cur], alpha[!cur]);
                 }
-                softmax_tile(p->hg, t.n, p->scale, s[cur], t.m, t.l, alpha[cur]);
+                softmax_tile(p->hg, t.n, p->scale, p->softcap, s[cur], t.m, t.l, alpha[cur]);
                 prev = t;
                 pending = true;
                 cur = !cur;

@@ -1,0 +1,15 @@
+/*
+ * reference.h - what the library itself uses of reference.c (the dense oracle of
+ * SPEC §1 and §8): the one definition of a valid layer config, shared by the oracle
+ * and pkv_engine_create so both reject exactly the same configs.
+ */
+#ifndef PAGEDKV_REFERENCE_H
+#define PAGEDKV_REFERENCE_H
+
+#include "util.h"
+
+/* SPEC §8: sink_tokens or rollback_tokens need a window; softcap >= 0 and finite;
+ * every sink logit (n_heads of them) finite. NULL is valid (full causal). */
+PKVI_HIDDEN bool pkvi_layer_config_ok(const pkv_layer_config *lc, uint32_t n_heads);
+
+#endif /* PAGEDKV_REFERENCE_H */

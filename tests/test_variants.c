@@ -6,6 +6,9 @@
  * for soft-capping and sink logits, plus its rejections.
  */
 #include "testutil.h"
+#include "internal.h"
+
+#include <stdio.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -182,6 +185,464 @@ START_TEST(bad_configs_are_rejected)
 }
 END_TEST
 
+
+/* ---- the engine against the oracle ----------------------------------------------- */
+
+typedef struct {
+    uint32_t h, g, d, dv, bt;
+} geo;
+
+typedef struct {
+    uint32_t window, sinks, rollback;
+    float softcap;
+    bool logits;
+} variant;
+
+static const geo geos[] = {
+    {4, 2, 8, 8, 4}, {6, 3, 5, 3, 1}, {2, 1, 17, 9, 16}, {8, 8, 16, 16, 2}, {4, 1, 12, 20, 3},
+};
+static const variant variants[] = {
+    {5, 0, 0, 0, false}, {3, 2, 0, 0, false},  {16, 0, 4, 0, false}, {7, 3, 5, 30, true},
+    {0, 0, 0, 20, false}, {0, 0, 0, 0, true}, {1, 1, 0, 0, false},   {33, 4, 2, 0, false},
+    {6, 9, 1, 0, true},
+};
+#define N_VARIANTS (sizeof variants / sizeof *variants)
+
+/* Three layers: the variant, a plain causal layer, the next variant (hybrid models). */
+static void layer_configs(size_t vi, uint32_t h, float *logits, pkv_layer_config lc[3])
+{
+    memset(lc, 0, 3 * sizeof *lc);
+    for (int l = 0; l < 3; l += 2) {
+        const variant *v = &variants[(vi + (size_t)l / 2) % N_VARIANTS];
+        lc[l].window = v->window;
+        lc[l].sink_tokens = v->sinks;
+        lc[l].rollback_tokens = v->rollback;
+        lc[l].softcap = v->softcap;
+        if (v->logits) {
+            for (uint32_t i = 0; i < h; i++)
+                logits[l * h + i] = 0.5f * (float)i - 1.0f;
+            lc[l].sink_logits = logits + l * h;
+        }
+    }
+}
+
+static pkv_engine *make_engine(const geo *G, pkv_dtype dt, const pkv_layer_config *lc,
+                               uint32_t threads)
+{
+    pkv_config c = pkv_config_default();
+    c.n_layers = 3;
+    c.n_heads = G->h;
+    c.n_kv_heads = G->g;
+    c.head_dim = G->d;
+    c.head_dim_v = G->dv;
+    c.block_tokens = G->bt;
+    c.kv_dtype = dt;
+    c.layer_cfg = lc;
+    c.n_threads = threads;
+    pkv_engine *e = NULL;
+    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
+    return e;
+}
+
+/* Pages a layer holds now (entries a window released read as id 0). */
+static uint64_t held_pages(const pkv_session *s, uint32_t layer)
+{
+    pkv_page_info info[512];
+    uint64_t n = 0, held = 0;
+    ck_assert_int_eq(pkv_session_pages(s, layer, 0, 512, info, &n), PKV_OK);
+    for (uint64_t i = 0; i < n; i++)
+        held += info[i].id != 0;
+    return held;
+}
+
+static uint64_t page_ceiling(const pkv_layer_config *lc, uint32_t bt)
+{
+    if (!lc->window)
+        return UINT64_MAX;
+    return (lc->sink_tokens + bt - 1) / bt + ((uint64_t)lc->window + lc->rollback_tokens + bt - 1) / bt + 1;
+}
+
+/* T tokens of random q/k/v; K, V as the cache stores them (rounded to dt). */
+typedef struct {
+    uint32_t T;
+    float *q, *k, *v, *kr, *vr;
+} tokens;
+
+static tokens make_tokens(pkvt_rng *r, const geo *G, pkv_dtype dt, uint32_t T)
+{
+    tokens t = {T, NULL, NULL, NULL, NULL, NULL};
+    const size_t nq = (size_t)T * G->h * G->d, nk = (size_t)T * G->g * G->d,
+                 nv = (size_t)T * G->g * G->dv;
+    t.q = pkvt_alloc(nq * sizeof(float));
+    t.k = pkvt_alloc(nk * sizeof(float));
+    t.v = pkvt_alloc(nv * sizeof(float));
+    t.kr = pkvt_alloc(nk * sizeof(float));
+    t.vr = pkvt_alloc(nv * sizeof(float));
+    pkvt_fill(r, t.q, nq, -1.5f, 1.5f);
+    pkvt_fill(r, t.k, nk, -1.5f, 1.5f);
+    pkvt_fill(r, t.v, nv, -1, 1);
+    for (size_t i = 0; i < nk; i++)
+        t.kr[i] = pkv_dtype_round(dt, t.k[i]);
+    for (size_t i = 0; i < nv; i++)
+        t.vr[i] = pkv_dtype_round(dt, t.v[i]);
+    return t;
+}
+
+static void free_tokens(tokens *t)
+{
+    free(t->q);
+    free(t->k);
+    free(t->v);
+    free(t->kr);
+    free(t->vr);
+}
+
+/* Every decode of every layer, token by token, within 1e-5 x max|V| of the oracle on
+ * the rounded rows, and the page ceiling of a windowed layer after every append. */
+START_TEST(engine_decode_matches_the_oracle)
+{
+    const pkv_dtype dts[] = {PKV_F32, PKV_F16, PKV_BF16};
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed + 7);
+    const uint32_t T = pkvt_quick() ? 41 : 75;
+    double worst = 0;
+    for (size_t gi = 0; gi < sizeof geos / sizeof *geos; gi++)
+        for (size_t vi = 0; vi < N_VARIANTS; vi += pkvt_quick() ? 2 : 1) {
+            const geo *G = &geos[gi];
+            const pkv_dtype dt = dts[(gi + vi) % 3];
+            float logits[3 * 8];
+            pkv_layer_config lc[3];
+            layer_configs(vi, G->h, logits, lc);
+            pkv_engine *e = make_engine(G, dt, lc, 1);
+            tokens tk = make_tokens(&r, G, dt, T);
+            const size_t qd = (size_t)G->h * G->d, kd = (size_t)G->g * G->d,
+                         vd = (size_t)G->g * G->dv, od = (size_t)G->h * G->dv;
+            float *ref = pkvt_alloc((size_t)T * od * sizeof *ref), out[8 * 20];
+            pkv_session *s;
+            ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+            for (uint32_t l = 0; l < 3; l++) {
+                ck_assert_int_eq(pkv_attention_reference(T, G->h, G->g, G->d, G->dv, 0, &lc[l],
+                                                         tk.q, tk.kr, tk.vr, ref),
+                                 PKV_OK);
+                const float vmax = pkvt_maxabs(tk.vr, (size_t)T * vd);
+                for (uint32_t t = 0; t < T; t++) {
+                    ck_assert_int_eq(pkv_append(s, l, tk.k + t * kd, tk.v + t * vd), PKV_OK);
+                    ck_assert_int_eq(pkv_decode(s, l, tk.q + t * qd, out), PKV_OK);
+                    for (size_t i = 0; i < od; i++) {
+                        const double diff = fabs((double)out[i] - (double)ref[t * od + i]);
+                        if (diff / vmax > worst)
+                            worst = diff / vmax;
+                        ck_assert_msg(diff <= 1e-5 * vmax,
+                                      "geo %zu variant %zu layer %u t %u: |%g - %g| (seed %llu)",
+                                      gi, vi, l, t, (double)out[i], (double)ref[t * od + i],
+                                      (unsigned long long)seed);
+                    }
+                    ck_assert_uint_le(held_pages(s, l), page_ceiling(&lc[l], G->bt));
+                    ck_assert_uint_eq(pkv_session_len(s, l), t + 1);
+                }
+            }
+            ck_assert(pkvi_engine_check(e));
+            pkv_session_destroy(s);
+            free(ref);
+            free_tokens(&tk);
+            pkv_engine_destroy(e);
+        }
+    fprintf(stderr, "engine variants: largest |diff| / max|V| %.3g\n", worst);
+}
+END_TEST
+
+/* Prefill in random pieces, batch decode and 3 threads give the token-by-token bits. */
+START_TEST(every_path_gives_the_same_bits)
+{
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed + 8);
+    const uint32_t T = 60;
+    for (size_t gi = 0; gi < sizeof geos / sizeof *geos; gi++)
+        for (size_t vi = 0; vi < N_VARIANTS; vi += 2) {
+            const geo *G = &geos[gi];
+            float logits[3 * 8];
+            pkv_layer_config lc[3];
+            layer_configs(vi + gi, G->h, logits, lc);
+            pkv_engine *e1 = make_engine(G, PKV_F16, lc, 1), *e3 = make_engine(G, PKV_F16, lc, 3);
+            e3->split_awake = e3->split_asleep = 0; /* always on the workers */
+            tokens tk = make_tokens(&r, G, PKV_F16, T);
+            const size_t qd = (size_t)G->h * G->d, kd = (size_t)G->g * G->d,
+                         vd = (size_t)G->g * G->dv, od = (size_t)G->h * G->dv;
+            float *a = pkvt_alloc((size_t)T * od * sizeof *a), *b = pkvt_alloc((size_t)T * od * sizeof *b);
+            float *c = pkvt_alloc((size_t)T * od * sizeof *c);
+            for (uint32_t l = 0; l < 3; l++) {
+                pkv_session *sa, *sb, *sc, *other;
+                ck_assert_int_eq(pkv_session_create(e1, &sa), PKV_OK);
+                ck_assert_int_eq(pkv_session_create(e1, &sb), PKV_OK);
+                ck_assert_int_eq(pkv_session_create(e3, &sc), PKV_OK);
+                ck_assert_int_eq(pkv_session_create(e3, &other), PKV_OK);
+                for (uint32_t t = 0; t < T; t++) {
+                    ck_assert_int_eq(pkv_append(sa, l, tk.k + t * kd, tk.v + t * vd), PKV_OK);
+                    ck_assert_int_eq(pkv_decode(sa, l, tk.q + t * qd, a + t * od), PKV_OK);
+                }
+                for (uint32_t t = 0; t < T;) {
+                    const uint32_t n = 1 + pkvt_below(&r, 13) < T - t ? 1 + pkvt_below(&r, 13) : T - t;
+                    ck_assert_int_eq(pkv_prefill(sb, l, n, tk.q + t * qd, tk.k + t * kd,
+                                                 tk.v + t * vd, b + t * od), PKV_OK);
+                    t += n;
+                }
+                ck_assert_msg(memcmp(a, b, (size_t)T * od * sizeof *a) == 0,
+                              "prefill != token by token: geo %zu variant %zu layer %u (seed %llu)",
+                              gi, vi, l, (unsigned long long)seed);
+                for (uint32_t t = 0; t < T; t++) {
+                    ck_assert_int_eq(pkv_append(sc, l, tk.k + t * kd, tk.v + t * vd), PKV_OK);
+                    ck_assert_int_eq(pkv_append(other, l, tk.k + t * kd, tk.v + t * vd), PKV_OK);
+                    pkv_session *pair[2] = {other, sc};
+                    float qq[2 * 8 * 17], oo[2 * 8 * 20];
+                    memcpy(qq, tk.q + t * qd, qd * sizeof *qq);
+                    memcpy(qq + qd, tk.q + t * qd, qd * sizeof *qq);
+                    ck_assert_int_eq(pkv_decode_batch(e3, l, 2, pair, qq, oo), PKV_OK);
+                    memcpy(c + t * od, oo + od, od * sizeof *c);
+                    ck_assert(memcmp(oo, oo + od, od * sizeof *oo) == 0);
+                }
+                ck_assert_msg(memcmp(a, c, (size_t)T * od * sizeof *a) == 0,
+                              "3 threads + batch != 1 thread: geo %zu variant %zu layer %u", gi,
+                              vi, l);
+                pkv_session_destroy(sa);
+                pkv_session_destroy(sb);
+                pkv_session_destroy(sc);
+                pkv_session_destroy(other);
+            }
+            free(a);
+            free(b);
+            free(c);
+            free_tokens(&tk);
+            pkv_engine_destroy(e1);
+            pkv_engine_destroy(e3);
+        }
+}
+END_TEST
+
+/* Forks of a windowed layer copy on write; truncate goes back within rollback and no
+ * further (PKV_ERANGE, nothing changed). */
+START_TEST(windowed_fork_and_truncate)
+{
+    const geo G = {4, 2, 8, 8, 4};
+    pkv_layer_config lc[3];
+    memset(lc, 0, sizeof lc);
+    lc[0].window = 6;
+    lc[0].sink_tokens = 2;
+    lc[0].rollback_tokens = 5;
+    lc[2] = lc[0];
+    pkv_engine *e = make_engine(&G, PKV_F32, lc, 1);
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 9);
+    const uint32_t T = 50;
+    tokens tk = make_tokens(&r, &G, PKV_F32, T);
+    tokens alt = make_tokens(&r, &G, PKV_F32, T);
+    const size_t qd = 32, kd = 16, od = 32;
+    pkv_session *s, *f;
+    ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+    for (uint32_t t = 0; t < 30; t++)
+        for (uint32_t l = 0; l < 3; l++)
+            ck_assert_int_eq(pkv_append(s, l, tk.k + t * kd, tk.v + t * kd), PKV_OK);
+    ck_assert_int_eq(pkv_session_fork(s, &f), PKV_OK);
+    /* the fork goes on with other rows; s must not see them */
+    float got[32], want_s[32], *ref = pkvt_alloc((size_t)T * od * sizeof *ref);
+    float *K = pkvt_alloc((size_t)T * kd * sizeof *K), *V = pkvt_alloc((size_t)T * kd * sizeof *V);
+    for (uint32_t t = 30; t < 40; t++)
+        ck_assert_int_eq(pkv_append(f, 0, alt.k + t * kd, alt.v + t * kd), PKV_OK);
+    ck_assert_int_eq(pkv_decode(s, 0, tk.q + 29 * qd, got), PKV_OK);
+    ck_assert_int_eq(pkv_attention_reference(30, 4, 2, 8, 8, 0, &lc[0], tk.q, tk.k, tk.v, ref), PKV_OK);
+    memcpy(want_s, ref + 29 * od, sizeof want_s);
+    for (int i = 0; i < 32; i++)
+        ck_assert(fabsf(got[i] - want_s[i]) <= 1e-5f);
+    memcpy(K, tk.k, 30 * kd * sizeof *K);
+    memcpy(V, tk.v, 30 * kd * sizeof *V);
+    memcpy(K + 30 * kd, alt.k + 30 * kd, 10 * kd * sizeof *K);
+    memcpy(V + 30 * kd, alt.v + 30 * kd, 10 * kd * sizeof *V);
+    float *Q = pkvt_alloc((size_t)T * qd * sizeof *Q);
+    memcpy(Q, tk.q, (size_t)T * qd * sizeof *Q);
+    ck_assert_int_eq(pkv_decode(f, 0, Q + 39 * qd, got), PKV_OK);
+    ck_assert_int_eq(pkv_attention_reference(40, 4, 2, 8, 8, 0, &lc[0], Q, K, V, ref), PKV_OK);
+    for (int i = 0; i < 32; i++)
+        ck_assert(fabsf(got[i] - ref[39 * od + i]) <= 1e-5f);
+    ck_assert(pkvi_engine_check(e));
+    /* s: 30 positions, window 6 + rollback 5: back to 25 is allowed, to 16 is not */
+    float before[32], after[32];
+    ck_assert_int_eq(pkv_decode(s, 2, tk.q + 29 * qd, before), PKV_OK);
+    ck_assert_int_eq(pkv_session_truncate(s, 16), PKV_ERANGE);
+    ck_assert_uint_eq(pkv_session_len(s, 0), 30);
+    ck_assert_int_eq(pkv_decode(s, 2, tk.q + 29 * qd, after), PKV_OK);
+    ck_assert_mem_eq(before, after, sizeof before);
+    ck_assert_int_eq(pkv_session_truncate(s, 25), PKV_OK);
+    ck_assert_uint_eq(pkv_session_len(s, 0), 25);
+    ck_assert_int_eq(pkv_decode(s, 0, tk.q + 24 * qd, got), PKV_OK);
+    ck_assert_int_eq(pkv_attention_reference(25, 4, 2, 8, 8, 0, &lc[0], tk.q, tk.k, tk.v, ref), PKV_OK);
+    for (int i = 0; i < 32; i++)
+        ck_assert(fabsf(got[i] - ref[24 * od + i]) <= 1e-5f);
+    /* and it grows again: new rows after the truncate */
+    for (uint32_t t = 25; t < 45; t++)
+        ck_assert_int_eq(pkv_append(s, 0, tk.k + t * kd, tk.v + t * kd), PKV_OK);
+    ck_assert_int_eq(pkv_decode(s, 0, tk.q + 44 * qd, got), PKV_OK);
+    ck_assert_int_eq(pkv_attention_reference(45, 4, 2, 8, 8, 0, &lc[0], tk.q, tk.k, tk.v, ref), PKV_OK);
+    for (int i = 0; i < 32; i++)
+        ck_assert(fabsf(got[i] - ref[44 * od + i]) <= 1e-5f);
+    ck_assert_uint_le(held_pages(s, 0), page_ceiling(&lc[0], 4));
+    ck_assert_int_eq(pkv_session_truncate(s, 0), PKV_OK); /* nothing needed: always fine */
+    ck_assert(pkvi_engine_check(e));
+    pkv_session_destroy(f);
+    pkv_session_destroy(s);
+    free(ref);
+    free(K);
+    free(V);
+    free(Q);
+    free_tokens(&tk);
+    free_tokens(&alt);
+    pkv_engine_destroy(e);
+}
+END_TEST
+
+START_TEST(engine_rejects_bad_variants)
+{
+    pkv_config c = pkv_config_default();
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 8;
+    pkv_layer_config lc[2];
+    pkv_engine *e = (pkv_engine *)0x1;
+    const float nan = NAN;
+    const float logits[4] = {0, 1, nan, 2};
+    for (int k = 0; k < 5; k++) {
+        memset(lc, 0, sizeof lc);
+        switch (k) {
+        case 0: lc[1].sink_tokens = 4; break;          /* sinks without a window */
+        case 1: lc[0].rollback_tokens = 1; break;      /* rollback without a window */
+        case 2: lc[1].softcap = -3; break;
+        case 3: lc[0].softcap = INFINITY; break;
+        case 4: lc[1].sink_logits = logits; break;     /* a NaN logit */
+        }
+        c.layer_cfg = lc;
+        ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL);
+        ck_assert_ptr_eq(e, (pkv_engine *)0x1);
+    }
+    c.layer_cfg = NULL;
+    c.head_dim_v = 5000;
+    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL);
+    ck_assert_ptr_eq(e, (pkv_engine *)0x1);
+    /* the config is copied: the caller's arrays may go away */
+    c.head_dim_v = 3;
+    float mine[4] = {1, 2, 3, 4};
+    memset(lc, 0, sizeof lc);
+    lc[0].window = 4;
+    lc[0].sink_logits = mine;
+    c.layer_cfg = lc;
+    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
+    memset(lc, 0, sizeof lc);
+    mine[0] = 99;
+    pkv_config back;
+    ck_assert_int_eq(pkv_engine_config(e, &back), PKV_OK);
+    ck_assert_uint_eq(back.head_dim_v, 3);
+    ck_assert_uint_eq(back.layer_cfg[0].window, 4);
+    ck_assert(back.layer_cfg[0].sink_logits[0] == 1.0f);
+    pkv_stats st;
+    ck_assert_int_eq(pkv_engine_stats(e, &st), PKV_OK);
+    ck_assert_uint_eq(st.page_bytes, 2ull * 16 * (8 + 3) * 4); /* g * bt * (dk + dv) * 4 */
+    pkv_engine_destroy(e);
+}
+END_TEST
+
+/*
+ * MLA (DeepSeek) served as MQA over the latent: naive MLA decompresses per-head K and V
+ * from the latent c_t (rank r) and adds a shared RoPE key kr_t; absorbed, the cache
+ * holds [c_t ; kr_t] (head_dim = r + dr) and V = c_t (head_dim_v = r), each query is
+ * q'_i = [W_UK_i^T q_nope_i ; q_rope_i], scale = 1/sqrt(dn + dr), and head i's output
+ * is W_UV_i times pagedkv's out_i. Both on the same numbers, in double vs through the
+ * engine in f32.
+ */
+START_TEST(mla_absorbed_equals_naive)
+{
+    enum { H = 4, R = 12, DR = 4, DN = 6, DVH = 5, T = 37 };
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 11);
+    float c[T][R], kr[T][DR], qn[T][H][DN], qr[T][H][DR], wuk[H][R][DN], wuv[H][R][DVH];
+    pkvt_fill(&r, &c[0][0], sizeof c / sizeof(float), -1, 1);
+    pkvt_fill(&r, &kr[0][0], sizeof kr / sizeof(float), -1, 1);
+    pkvt_fill(&r, &qn[0][0][0], sizeof qn / sizeof(float), -1, 1);
+    pkvt_fill(&r, &qr[0][0][0], sizeof qr / sizeof(float), -1, 1);
+    pkvt_fill(&r, &wuk[0][0][0], sizeof wuk / sizeof(float), -0.5f, 0.5f);
+    pkvt_fill(&r, &wuv[0][0][0], sizeof wuv / sizeof(float), -0.5f, 0.5f);
+    const double scale = 1.0 / sqrt((double)(DN + DR));
+
+    pkv_config cfg = pkv_config_default();
+    cfg.n_layers = 1;
+    cfg.n_heads = H;
+    cfg.n_kv_heads = 1;
+    cfg.head_dim = R + DR;
+    cfg.head_dim_v = R;
+    cfg.block_tokens = 8;
+    cfg.scale = (float)scale;
+    pkv_engine *e;
+    ck_assert_int_eq(pkv_engine_create(&cfg, &e), PKV_OK);
+    pkv_session *s;
+    ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        float krow[R + DR], q[H][R + DR], out[H][R];
+        memcpy(krow, c[t], sizeof c[t]);
+        memcpy(krow + R, kr[t], sizeof kr[t]);
+        ck_assert_int_eq(pkv_append(s, 0, krow, c[t]), PKV_OK);
+        for (int i = 0; i < H; i++) { /* absorb W_UK into the query */
+            for (int a = 0; a < R; a++) {
+                double x = 0;
+                for (int b = 0; b < DN; b++)
+                    x += (double)wuk[i][a][b] * qn[t][i][b];
+                q[i][a] = (float)x;
+            }
+            memcpy(&q[i][R], qr[t][i], sizeof qr[t][i]);
+        }
+        ck_assert_int_eq(pkv_decode(s, 0, &q[0][0], &out[0][0]), PKV_OK);
+        for (int i = 0; i < H; i++) {
+            /* naive: per-head K = [W_UK_i^T c_j ; kr_j], V = W_UV_i^T c_j, in double */
+            double sc[T], m = -INFINITY, den = 0, o[DVH] = {0};
+            for (int j = 0; j <= t; j++) {
+                double dot = 0;
+                for (int b = 0; b < DN; b++) {
+                    double kn = 0;
+                    for (int a = 0; a < R; a++)
+                        kn += (double)wuk[i][a][b] * c[j][a];
+                    dot += (double)qn[t][i][b] * kn;
+                }
+                for (int b = 0; b < DR; b++)
+                    dot += (double)qr[t][i][b] * kr[j][b];
+                sc[j] = dot * scale;
+                m = sc[j] > m ? sc[j] : m;
+            }
+            for (int j = 0; j <= t; j++) {
+                const double w = exp(sc[j] - m);
+                den += w;
+                for (int b = 0; b < DVH; b++) {
+                    double v = 0;
+                    for (int a = 0; a < R; a++)
+                        v += (double)wuv[i][a][b] * c[j][a];
+                    o[b] += w * v;
+                }
+            }
+            for (int b = 0; b < DVH; b++) { /* absorbed: W_UV_i^T out_i */
+                double y = 0;
+                for (int a = 0; a < R; a++)
+                    y += (double)wuv[i][a][b] * out[i][a];
+                const double diff = fabs(y - o[b] / den);
+                worst = diff > worst ? diff : worst;
+                ck_assert_msg(diff <= 2e-5, "t %d head %d col %d: %g vs %g", t, i, b, y,
+                              o[b] / den);
+            }
+        }
+    }
+    fprintf(stderr, "mla: absorbed vs naive, largest |diff| %.3g\n", worst);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("variants");
@@ -191,5 +652,13 @@ int main(void)
     tcase_add_test(tc, softcap_and_sink_logit_closed_forms);
     tcase_add_test(tc, bad_configs_are_rejected);
     suite_add_tcase(s, tc);
+    TCase *te = tcase_create("engine");
+    tcase_set_timeout(te, 240);
+    tcase_add_test(te, engine_decode_matches_the_oracle);
+    tcase_add_test(te, every_path_gives_the_same_bits);
+    tcase_add_test(te, windowed_fork_and_truncate);
+    tcase_add_test(te, engine_rejects_bad_variants);
+    tcase_add_test(te, mla_absorbed_equals_naive);
+    suite_add_tcase(s, te);
     return pkvt_run(s);
 }

@@ -383,7 +383,7 @@ START_TEST(every_path_gives_the_same_bits)
                     ck_assert_int_eq(pkv_decode(sa, l, tk.q + t * qd, a + t * od), PKV_OK);
                 }
                 for (uint32_t t = 0; t < T;) {
-                    const uint32_t n = 1 + pkvt_below(&r, 13) < T - t ? 1 + pkvt_below(&r, 13) : T - t;
+                    const uint32_t want = 1 + pkvt_below(&r, 13), n = want < T - t ? want : T - t;
                     ck_assert_int_eq(pkv_prefill(sb, l, n, tk.q + t * qd, tk.k + t * kd,
                                                  tk.v + t * vd, b + t * od), PKV_OK);
                     t += n;

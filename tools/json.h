@@ -14,7 +14,9 @@
  *   - Every field is written with its key, or NULL inside an array; a ',' goes before
  *     every field but the first of its object or array: `first` is true right after
  *     an open bracket and false after any field or close.
- *   - A writer starts as {f, true}: its first field is the document's top value.
+ *   - A writer starts as {f, true} (compact: `,` and `:`) or {f, true, true} (spaced:
+ *     `, ` and `: `, the style of `generate` and `soak`): its first field is the
+ *     document's top value.
  */
 #ifndef PKV_TOOLS_JSON_H
 #define PKV_TOOLS_JSON_H
@@ -27,7 +29,11 @@
 typedef struct {
     FILE *f;
     bool first;   /* no field yet in the innermost open object or array */
+    bool spaced;  /* ", " and ": " instead of "," and ":" */
 } json_writer;
+
+/* The JSON string literal of the n bytes at p (quotes included) to f. */
+void json_escape(FILE *f, const char *p, size_t n);
 
 /* The separator and `"key":` (nothing but the separator when key is NULL); the caller
  * writes the value. */
@@ -38,6 +44,16 @@ void json_close(json_writer *w, char c);
 /* A number (%.6g; null if not finite) and a string (escaped; null if v is NULL). */
 void json_num(json_writer *w, const char *key, double v);
 void json_str(json_writer *w, const char *key, const char *v);
+/* true / false; an integer, exact; a number in the caller's printf format (e.g.
+ * "%.3f"; null if not finite). */
+void json_bool(json_writer *w, const char *key, bool v);
+void json_u64(json_writer *w, const char *key, uint64_t v);
+void json_fmt(json_writer *w, const char *key, const char *fmt, double v);
+/* The separator and key, then the opening quote of a string the caller writes in
+ * pieces with json_str_part, then json_str_end. */
+void json_str_begin(json_writer *w, const char *key);
+void json_str_part(json_writer *w, const char *p, size_t n);
+void json_str_end(json_writer *w);
 
 /* Integer fields, exact. */
 typedef struct { const char *k; uint64_t v; } json_u64_field;

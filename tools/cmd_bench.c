@@ -42,6 +42,7 @@
 
 #include "bench_probe.h"
 #include "cli.h"
+#include "opt.h"
 #include "json.h"
 
 static const char *const CMD = "bench";
@@ -84,7 +85,8 @@ static void usage(FILE *f)
 "                       mqa,mha,d64,d256); one layer of each is measured\n"
 "  --ctx LIST           context lengths (default 4096,32768,131072; k/m suffixes)\n"
 "  --dtype LIST         f16,bf16,f32 (default all three)\n"
-"  --threads LIST       thread counts (default 1 and the number of online CPUs)\n"
+"  --threads LIST       thread counts (default 1 and the number of online CPUs;\n"
+"                       0 = all online CPUs)\n"
 "  --reps N             rounds per figure (default 7; scalar and naive use <= %u,\n"
 "                       fewer once they have taken %.0f s)\n"
 "  --block-tokens N     tokens per page (default: the library's)\n"
@@ -96,15 +98,16 @@ static void usage(FILE *f)
 "  --scalar-max-ctx N   skip the scalar reference above this context (default 32768:\n"
 "                       its ratio is flat in the context and 128k costs ~20 s; 0 = no limit)\n"
 "  --force              run even when the largest context's buffers (below) exceed\n"
-"                       the machine's physical memory\n"
+"                       the memory available now (MemAvailable)\n"
 "  --json               one JSON object on stdout instead of the table\n"
 "  --help               this text\n"
 "\n"
 "Before allocating anything, bench adds up the most it will hold at once: the\n"
 "bandwidth buffer, the K/V of the largest context (every dtype's session is built\n"
 "and destroyed in turn; the largest counts) and, for the naive kernel, its f32 copy\n"
-"and scores. Above physical memory it refuses (exit 2) unless --force: bench has\n"
-"no budget and no spill.\n"
+"and scores. Above the memory available now (MemAvailable in /proc/meminfo, what a\n"
+"shared machine's other programs leave) it refuses (exit 2) unless --force: bench\n"
+"has no budget and no spill.\n"
 "\n"
 "spill mode (SPEC §5: spill and restore next to the disk's own speed):\n"
 "  --spill              instead of decode: two sessions of --spill-mib MiB each on an\n"
@@ -187,32 +190,49 @@ static int add_dtype(const char *item, void *ctx)
     return cli_parse_dtype(item, &o->dtypes[o->n_dtypes++]);
 }
 
-static int add_threads(const char *item, void *ctx)
-{
-    opts *o = ctx;
-    uint32_t v;
-    if (!cli_parse_u32(item, &v) || v == 0 || v > BENCH_MAX_THREADS)
-        return 0;
-    o->threads[o->n_threads++] = v;
-    return 1;
-}
-
 static uint32_t online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1u : n > (long)BENCH_MAX_THREADS ? BENCH_MAX_THREADS : (uint32_t)n;
 }
 
-/* Options with a value: lists go through each_item, numbers are uint64 in [lo, hi]. */
-typedef struct {
-    const char *name;
-    int (*item)(const char *item, void *ctx); /* a list, or NULL for a number */
-    uint32_t *count;                          /* the list's length, reset first */
-    uint64_t *num;
-    uint64_t lo, hi;
-} value_opt;
+/* A thread count; 0 means all online CPUs, as everywhere in pagedkv. */
+static int add_threads(const char *item, void *ctx)
+{
+    opts *o = ctx;
+    uint32_t v;
+    if (!cli_parse_u32(item, &v) || v > BENCH_MAX_THREADS)
+        return 0;
+    o->threads[o->n_threads++] = v ? v : online_cpus();
+    return 1;
+}
 
-/* -1 to run; CLI_OK after --help; CLI_USAGE on a bad argument (message printed). */
+/* The list options (OPT_CALL): a repeated option replaces the earlier list. */
+static bool list_presets(const char *v, void *dst)
+{
+    ((opts *)dst)->n_presets = 0;
+    return each_item(v, add_preset, dst);
+}
+
+static bool list_ctx(const char *v, void *dst)
+{
+    ((opts *)dst)->n_ctx = 0;
+    return each_item(v, add_ctx, dst);
+}
+
+static bool list_dtypes(const char *v, void *dst)
+{
+    ((opts *)dst)->n_dtypes = 0;
+    return each_item(v, add_dtype, dst);
+}
+
+static bool list_threads(const char *v, void *dst)
+{
+    ((opts *)dst)->n_threads = 0;
+    return each_item(v, add_threads, dst);
+}
+
+/* CLI_OK to run; CLI_HELP after --help; CLI_USAGE on a bad argument (message printed). */
 static int parse(int argc, char **argv, opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -221,53 +241,33 @@ static int parse(int argc, char **argv, opts *o)
     o->scalar_max_ctx = 32768;
     o->naive_max_bytes = 4ull << 30;
     o->scalar = o->naive = true;
-    const value_opt vals[] = {
-        {"--model-preset", add_preset, &o->n_presets, NULL, 0, 0},
-        {"--preset", add_preset, &o->n_presets, NULL, 0, 0},
-        {"--ctx", add_ctx, &o->n_ctx, NULL, 0, 0},
-        {"--dtype", add_dtype, &o->n_dtypes, NULL, 0, 0},
-        {"--threads", add_threads, &o->n_threads, NULL, 0, 0},
-        {"--reps", NULL, NULL, &reps, 1, 1000},
-        {"--block-tokens", NULL, NULL, &bt, 0, UINT32_MAX},
-        {"--prefill", NULL, NULL, &prefill, 0, 1u << 20},
-        {"--bw-mib", NULL, NULL, &o->bw_mib, 1, 1u << 20},
-        {"--scalar-max-ctx", NULL, NULL, &o->scalar_max_ctx, 0, UINT64_MAX},
+    const cli_opt opts_[] = {
+        {.name = "model-preset", .kind = OPT_CALL, .dst = o, .call = list_presets,
+         .what = "a comma-separated list of presets (see pagedkv mem --help) or 'all'"},
+        {.name = "preset", .kind = OPT_CALL, .dst = o, .call = list_presets,
+         .what = "a comma-separated list of presets (see pagedkv mem --help) or 'all'"},
+        {.name = "ctx", .kind = OPT_CALL, .dst = o, .call = list_ctx,
+         .what = "a comma-separated list of up to 16 context lengths in 1..2^32"},
+        {.name = "dtype", .kind = OPT_CALL, .dst = o, .call = list_dtypes,
+         .what = "a comma-separated list of f32, f16, bf16"},
+        {.name = "threads", .kind = OPT_CALL, .dst = o, .call = list_threads,
+         .what = "a comma-separated list of thread counts in 0..256 (0 = all CPUs; "
+                 "bench's limit)"},
+        {.name = "reps", .kind = OPT_U64, .dst = &reps, .lo = 1, .hi = 1000},
+        {.name = "block-tokens", .kind = OPT_U64, .dst = &bt, .lo = 0, .hi = UINT32_MAX},
+        {.name = "prefill", .kind = OPT_U64, .dst = &prefill, .lo = 0, .hi = 1u << 20},
+        {.name = "bw-mib", .kind = OPT_U64, .dst = &o->bw_mib, .lo = 1, .hi = 1u << 20},
+        {.name = "scalar-max-ctx", .kind = OPT_U64, .dst = &o->scalar_max_ctx, .lo = 0,
+         .hi = UINT64_MAX},
+        {.name = "no-scalar", .kind = OPT_CLEAR, .dst = &o->scalar},
+        {.name = "no-naive", .kind = OPT_CLEAR, .dst = &o->naive},
+        {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
+        {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return CLI_OK;
-        }
-        if (strcmp(a, "--force") == 0) {
-            o->force = true;
-            continue;
-        }
-        if (strcmp(a, "--json") == 0 || strcmp(a, "--no-scalar") == 0 ||
-            strcmp(a, "--no-naive") == 0) {
-            o->json |= a[2] == 'j';
-            o->scalar &= strcmp(a, "--no-scalar") != 0;
-            o->naive &= strcmp(a, "--no-naive") != 0;
-            continue;
-        }
-        const value_opt *vo = NULL;
-        for (size_t k = 0; k < sizeof vals / sizeof vals[0] && !vo; k++)
-            if (strcmp(a, vals[k].name) == 0)
-                vo = &vals[k];
-        if (!vo)
-            return cli_usage_error(CMD, "unknown option '%s'", a);
-        const char *v = cli_value(CMD, argc, argv, &i);
-        if (!v)
-            return CLI_USAGE;
-        if (vo->item) {
-            *vo->count = 0;
-            if (!each_item(v, vo->item, o))
-                return cli_usage_error(CMD, "bad %s list '%s'", a, v);
-        } else if (!cli_parse_u64(v, vo->num) || *vo->num < vo->lo || *vo->num > vo->hi) {
-            return cli_usage_error(CMD, "bad %s '%s' (%llu..%llu)", a, v,
-                                   (unsigned long long)vo->lo, (unsigned long long)vo->hi);
-        }
-    }
+    int rc = cli_parse(CMD, argc, argv, opts_, sizeof opts_ / sizeof opts_[0], usage, NULL,
+                       0, NULL);
+    if (rc != CLI_OK)
+        return rc;
     o->reps = (uint32_t)reps;
     o->block_tokens = (uint32_t)bt;
     o->prefill_tokens = (uint32_t)prefill;
@@ -286,7 +286,17 @@ static int parse(int argc, char **argv, opts *o)
         if (online_cpus() > 1)
             o->threads[o->n_threads++] = online_cpus();
     }
-    return -1;
+    /* the engine's limits, for every preset and dtype (the thread counts are within
+     * bench's own 256) */
+    for (uint32_t pi = 0; pi < o->n_presets; pi++)
+        for (uint32_t di = 0; di < o->n_dtypes; di++) {
+            const cli_preset *p = o->presets[pi];
+            const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
+                                            o->block_tokens, o->dtypes[di], 1);
+            if (cli_check_limits(CMD, &c, NULL) != CLI_OK)
+                return CLI_USAGE;
+        }
+    return CLI_OK;
 }
 
 /* The most bench holds at once, in bytes (UINT64_MAX on overflow): the bandwidth
@@ -640,7 +650,7 @@ done:
 static void print_json(const bench *b)
 {
     const opts *o = b->o;
-    json_writer w = {stdout, true}, *W = &w;
+    json_writer w = {stdout, true, false}, *W = &w;
     json_open(W, NULL, '{');
     json_str(W, "tool", "pagedkv bench");
     json_str(W, "version", pkv_version());
@@ -769,27 +779,17 @@ static int spill_mode(int argc, char **argv)
         spill |= strcmp(argv[i], "--spill") == 0;
     if (!spill)
         return -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--spill") == 0) {
-            continue;
-        } else if (strcmp(a, "--json") == 0) {
-            json = true;
-        } else if (strcmp(a, "--spill-dir") == 0) {
-            if (!(dir = cli_value(CMD, argc, argv, &i)))
-                return CLI_USAGE;
-        } else if (strcmp(a, "--spill-mib") == 0 || strcmp(a, "--reps") == 0) {
-            const char *v = cli_value(CMD, argc, argv, &i);
-            uint64_t x;
-            if (!v)
-                return CLI_USAGE;
-            if (!cli_parse_u64(v, &x) || x == 0 || x > (a[2] == 'r' ? 1000u : 1u << 20))
-                return cli_usage_error(CMD, "bad value '%s' for %s", v, a);
-            *(a[2] == 'r' ? &reps : &mib) = x;
-        } else {
-            return cli_usage_error(CMD, "option '%s' does not go with --spill", a);
-        }
-    }
+    const cli_opt opts_[] = {
+        {.name = "spill", .kind = OPT_FLAG, .dst = &spill},
+        {.name = "json", .kind = OPT_FLAG, .dst = &json},
+        {.name = "spill-dir", .kind = OPT_STRING, .dst = &dir},
+        {.name = "spill-mib", .kind = OPT_U64, .dst = &mib, .lo = 1, .hi = 1u << 20},
+        {.name = "reps", .kind = OPT_U64, .dst = &reps, .lo = 1, .hi = 1000},
+    };
+    int rc = cli_parse(CMD, argc, argv, opts_, sizeof opts_ / sizeof opts_[0], usage, NULL,
+                       0, NULL);
+    if (rc != CLI_OK)
+        return rc == CLI_HELP ? CLI_OK : rc;
     if (cli_check_dir(CMD, "--spill-dir", dir) != CLI_OK)
         return CLI_USAGE;
     return bench_spill(dir, mib, (int)reps, json);
@@ -802,11 +802,12 @@ int cmd_bench(int argc, char **argv)
         return sm;
     opts o;
     int rc = parse(argc, argv, &o);
-    if (rc >= 0)
-        return rc;
+    if (rc != CLI_OK)
+        return rc == CLI_HELP ? CLI_OK : rc;
     if (cli_memory_guard(CMD, "the largest context",
-                         peak_bytes(&o), cli_phys_mem_bytes(),
-                         "the machine's physical memory", o.force) != CLI_OK)
+                         peak_bytes(&o), cli_avail_mem_bytes(),
+                         "the available part (MemAvailable) of the machine's physical memory",
+                         o.force) != CLI_OK)
         return CLI_USAGE;
     rc = CLI_OK;
     bench *b = calloc(1, sizeof *b);

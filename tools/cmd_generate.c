@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "opt.h"
 #include "generate.h"
 #include "llama.h"
 #include "tokenizer.h"
@@ -78,7 +79,7 @@ static void usage(FILE *f)
         "Text goes to stdout; tokens/s and per-session cache memory to stderr.\n");
 }
 
-static int parse_opts(int argc, char **argv, gen_opts *o, bool *help)
+static int parse_opts(int argc, char **argv, gen_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->prompt = "";
@@ -87,68 +88,31 @@ static int parse_opts(int argc, char **argv, gen_opts *o, bool *help)
     o->topp = 0.9;
     o->seed = 42;
     o->sessions = 1;
-    *help = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VALUE() do { if (!(v = cli_value(CMD, argc, argv, &i))) return CLI_USAGE; } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            *help = true;
-            return CLI_OK;
-        } else if (!strcmp(a, "--model")) {
-            VALUE(); o->model_path = v;
-        } else if (!strcmp(a, "--tokenizer")) {
-            VALUE(); o->tok_path = v;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--steps")) {
-            VALUE();
-            if (!cli_parse_u32(v, &o->steps) || o->steps == 0)
-                return cli_usage_error(CMD, "-n needs a positive integer, not '%s'", v);
-        } else if (!strcmp(a, "-i") || !strcmp(a, "--prompt")) {
-            VALUE(); o->prompt = v;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--temperature")) {
-            VALUE();
-            if (!cli_parse_double(v, &o->temperature) || o->temperature < 0 ||
-                o->temperature > 1e6)
-                return cli_usage_error(CMD, "-t needs a temperature >= 0, not '%s'", v);
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--top-p")) {
-            VALUE();
-            if (!cli_parse_double(v, &o->topp) || o->topp < 0 || o->topp > 1)
-                return cli_usage_error(CMD, "-p needs a value in [0, 1], not '%s'", v);
-        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
-            VALUE();
-            if (!cli_parse_u64(v, &o->seed))
-                return cli_usage_error(CMD, "-s needs an unsigned integer, not '%s'", v);
-        } else if (!strcmp(a, "--dtype")) {
-            VALUE();
-            if (!cli_parse_dtype(v, &o->dtype))
-                return cli_usage_error(CMD, "unknown dtype '%s' (f32, f16, bf16)", v);
-            o->dtype_set = true;
-        } else if (!strcmp(a, "--block-tokens")) {
-            VALUE();
-            if (!cli_parse_u32(v, &o->block_tokens) || o->block_tokens == 0)
-                return cli_usage_error(CMD, "--block-tokens needs a positive integer, "
-                                            "not '%s'", v);
-        } else if (!strcmp(a, "--sessions")) {
-            VALUE();
-            if (!cli_parse_u32(v, &o->sessions) || o->sessions == 0 ||
-                o->sessions > MAX_SESSIONS)
-                return cli_usage_error(CMD, "--sessions needs 1..%u, not '%s'",
-                                       MAX_SESSIONS, v);
-        } else if (!strcmp(a, "--threads")) {
-            VALUE();
-            if (!cli_parse_u32(v, &o->threads) || o->threads > 1024)
-                return cli_usage_error(CMD, "--threads needs 0..1024, not '%s'", v);
-        } else if (!strcmp(a, "--check")) {
-            o->check = true;
-        } else if (!strcmp(a, "--check-e2e")) {
-            o->check_e2e = true;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else {
-            return cli_usage_error(CMD, "unknown option '%s'", a);
-        }
-#undef VALUE
-    }
-    return CLI_OK;
+    const cli_opt opts[] = {
+        {.name = "model", .kind = OPT_STRING, .dst = &o->model_path},
+        {.name = "tokenizer", .kind = OPT_STRING, .dst = &o->tok_path},
+        {.name = "steps", .short_name = 'n', .kind = OPT_U32, .dst = &o->steps, .lo = 1,
+         .hi = UINT32_MAX},
+        {.name = "prompt", .short_name = 'i', .kind = OPT_STRING, .dst = &o->prompt},
+        {.name = "temperature", .short_name = 't', .kind = OPT_DOUBLE, .dst = &o->temperature,
+         .dlo = 0, .dhi = 1e6},
+        {.name = "top-p", .short_name = 'p', .kind = OPT_DOUBLE, .dst = &o->topp, .dlo = 0,
+         .dhi = 1},
+        {.name = "seed", .short_name = 's', .kind = OPT_U64, .dst = &o->seed, .lo = 0,
+         .hi = UINT64_MAX},
+        {.name = "dtype", .kind = OPT_DTYPE, .dst = &o->dtype, .seen = &o->dtype_set},
+        {.name = "block-tokens", .kind = OPT_U32, .dst = &o->block_tokens, .lo = 1,
+         .hi = UINT32_MAX},
+        {.name = "sessions", .kind = OPT_U32, .dst = &o->sessions, .lo = 1,
+         .hi = MAX_SESSIONS},
+        {.name = "threads", .kind = OPT_U32, .dst = &o->threads, .lo = 0,
+         .hi = CLI_MAX_THREADS, .note = "0 = all CPUs; the engine's limit"},
+        {.name = "check", .kind = OPT_FLAG, .dst = &o->check},
+        {.name = "check-e2e", .kind = OPT_FLAG, .dst = &o->check_e2e},
+        {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
+    };
+    return cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
+                     NULL);
 }
 
 /* ---- allocation ---------------------------------------------------------------- */
@@ -284,6 +248,9 @@ static int gen_setup(gen *g)
     cfg.block_tokens = o->block_tokens;
     cfg.kv_dtype = o->dtype_set ? o->dtype : (o->model_path ? PKV_F32 : PKV_F16);
     cfg.n_threads = o->threads;
+    if (cli_check_limits(CMD, &cfg, o->model_path ? o->model_path : "the synthetic model") !=
+        CLI_OK)
+        return CLI_USAGE;
     st = pkv_engine_create(&cfg, &g->eng);
     if (st == PKV_EINVAL)
         return cli_usage_error(CMD, "the engine rejects this configuration (block "
@@ -641,14 +608,9 @@ static int gen_e2e(gen *g)
 int cmd_generate(int argc, char **argv)
 {
     gen_opts o;
-    bool help;
-    int rc = parse_opts(argc, argv, &o, &help);
+    int rc = parse_opts(argc, argv, &o);
     if (rc != CLI_OK)
-        return rc;
-    if (help) {
-        usage(stdout);
-        return CLI_OK;
-    }
+        return rc == CLI_HELP ? CLI_OK : rc;
     gen *g = calloc(1, sizeof *g);
     if (!g)
         return cli_fail(CMD, "out of memory");

@@ -108,7 +108,7 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
                        const pkv_memory *mem, const pkv_stats *es, double elapsed)
 {
     const stress_opts *o = &r->o;
-    json_writer w = {stdout, true}, *W = &w;
+    json_writer w = {stdout, true, false}, *W = &w;
     double tok = (double)r->done * o->sessions, rows = tok * o->layers;
     json_open(W, NULL, '{');
     json_str(W, "command", "stress");

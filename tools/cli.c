@@ -371,20 +371,6 @@ const char *cli_bytes(uint64_t b, char *buf)
     return buf;
 }
 
-void cli_json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
 pkv_config cli_config(uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32_t head_dim,
                       uint32_t block_tokens, pkv_dtype dtype, uint32_t threads)
 {

@@ -1,6 +1,7 @@
 /*
- * cli.h - shared pieces of the `pagedkv` command: subcommand entry points, argument
- * parsing, model presets, timing and JSON helpers.
+ * cli.h - shared pieces of the `pagedkv` command: subcommand entry points, strict value
+ * parsers, checks against the engine's limits, model presets, memory guards, timing.
+ * The option parser is opt.h's, the JSON writer json.h's.
  *
  * Exit codes of every subcommand: 0 success, 1 a runtime failure (the library or the
  * system said no), 2 a usage error (message on stderr, then a hint to run --help).
@@ -115,7 +116,5 @@ uint64_t cli_peak_rss_bytes(void);     /* getrusage ru_maxrss */
 uint64_t cli_rss_bytes(void);          /* resident now (/proc/self/statm); 0 if unreadable */
 /* Human-readable bytes ("1.00 GiB") into buf (>= 32 bytes); returns buf. */
 const char *cli_bytes(uint64_t b, char *buf);
-/* JSON string literal of s (escaped) to f. */
-void cli_json_str(FILE *f, const char *s);
 
 #endif

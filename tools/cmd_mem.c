@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "json.h"
 #include "opt.h"
 
 static const char *const CMD = "mem";
@@ -385,49 +386,44 @@ static void print_text(const mem_opts *o, const mem_figures *f, const mem_measur
 
 static void print_json(const mem_opts *o, const mem_figures *f, const mem_measured *r)
 {
-    printf("{\"preset\":");
-    if (o->preset)
-        cli_json_str(stdout, o->preset);
-    else
-        printf("null");
-    printf(",\"layers\":%u,\"heads\":%u,\"kv_heads\":%u,\"head_dim\":%u", o->layers,
-           o->heads, o->kv_heads, o->head_dim);
-    printf(",\"ctx\":%" PRIu64 ",\"batch\":%" PRIu64 ",\"dtype\":", o->ctx, o->batch);
-    cli_json_str(stdout, pkv_dtype_name(o->dtype));
-    printf(",\"bytes_per_value\":%" PRIu64 ",\"block_tokens\":%u", f->bytes_per_value,
-           f->block_tokens);
-    printf(",\"formula_bytes\":%" PRIu64 ",\"paged_bytes\":%" PRIu64
-           ",\"page_bytes\":%" PRIu64, f->formula, f->paged, f->page_bytes);
-    printf(",\"pages_per_layer\":%" PRIu64 ",\"pages_per_session\":%" PRIu64
-           ",\"waste_bytes\":%" PRIu64 ",\"block_table_bytes_est\":",
-           f->pages_per_layer, f->pages_per_session, f->waste);
+    json_writer w = {stdout, true, false}, *W = &w;
+    json_open(W, NULL, '{');
+    json_str(W, "preset", o->preset);
+    JSON_U64S(W, {"layers", o->layers}, {"heads", o->heads}, {"kv_heads", o->kv_heads},
+              {"head_dim", o->head_dim}, {"ctx", o->ctx}, {"batch", o->batch});
+    json_str(W, "dtype", pkv_dtype_name(o->dtype));
+    JSON_U64S(W, {"bytes_per_value", f->bytes_per_value}, {"block_tokens", f->block_tokens},
+              {"formula_bytes", f->formula}, {"paged_bytes", f->paged},
+              {"page_bytes", f->page_bytes}, {"pages_per_layer", f->pages_per_layer},
+              {"pages_per_session", f->pages_per_session}, {"waste_bytes", f->waste});
     if (f->table_ok)
-        printf("%" PRIu64, f->table_est);
+        json_u64(W, "block_table_bytes_est", f->table_est);
     else
-        printf("null");
-    if (f->mha_ok)
-        printf(",\"mha_formula_bytes\":%" PRIu64 ",\"gqa_saving_bytes\":%" PRIu64,
-               f->mha, f->saving);
-    else
-        printf(",\"mha_formula_bytes\":null,\"gqa_saving_bytes\":null");
-    printf(",\"gqa_ratio\":%u,\"attention\":", o->heads / o->kv_heads);
-    if (attention_kind(o))
-        cli_json_str(stdout, attention_kind(o));
-    else
-        printf("null");
-    printf(",\"measured\":");
-    if (!r) {
-        printf("null}\n");
-        return;
+        json_str(W, "block_table_bytes_est", NULL);
+    if (f->mha_ok) {
+        JSON_U64S(W, {"mha_formula_bytes", f->mha}, {"gqa_saving_bytes", f->saving});
+    } else {
+        json_str(W, "mha_formula_bytes", NULL);
+        json_str(W, "gqa_saving_bytes", NULL);
     }
-    printf("{\"tokens\":%" PRIu64 ",\"blocks\":%" PRIu64 ",\"bytes_resident\":%" PRIu64
-           ",\"bytes_ideal\":%" PRIu64 ",\"bytes_overhead\":%" PRIu64,
-           r->m.tokens, r->m.blocks, r->m.bytes_resident, r->m.bytes_ideal,
-           r->m.bytes_overhead);
-    printf(",\"engine_pages_in_use\":%" PRIu64 ",\"engine_bytes_allocator\":%" PRIu64
-           ",\"peak_rss_bytes\":%" PRIu64 ",\"seconds\":%.6f,\"matches\":%s}}\n",
-           r->st.pages_in_use, r->st.bytes_allocator, r->peak_rss, r->seconds,
-           r->matches ? "true" : "false");
+    json_u64(W, "gqa_ratio", o->heads / o->kv_heads);
+    json_str(W, "attention", attention_kind(o));
+    if (!r) {
+        json_str(W, "measured", NULL);
+    } else {
+        json_open(W, "measured", '{');
+        JSON_U64S(W, {"tokens", r->m.tokens}, {"blocks", r->m.blocks},
+                  {"bytes_resident", r->m.bytes_resident}, {"bytes_ideal", r->m.bytes_ideal},
+                  {"bytes_overhead", r->m.bytes_overhead},
+                  {"engine_pages_in_use", r->st.pages_in_use},
+                  {"engine_bytes_allocator", r->st.bytes_allocator},
+                  {"peak_rss_bytes", r->peak_rss});
+        json_fmt(W, "seconds", "%.6f", r->seconds);
+        json_bool(W, "matches", r->matches);
+        json_close(W, '}');
+    }
+    json_close(W, '}');
+    fputc('\n', stdout);
 }
 
 int cmd_mem(int argc, char **argv)

@@ -41,6 +41,11 @@
  * differences of about that dtype's machine epsilon eps (2^-10, 2^-7) are
  * legitimate: stories260K shows up to ~1 eps x max|logit|, hence 4 eps. */
 #define E2E_REL 1e-3
+/* --check warns of its cost above this many multiply-adds (the double-precision
+ * oracle ran 1.3e9 a second on the 2-core development VM: synthetic -n 256, 1.15e10
+ * in 8.9 s), and reports progress every CHECK_PROGRESS_SECS of checking. */
+#define CHECK_WARN_OPS 1e9
+#define CHECK_PROGRESS_SECS 5.0
 
 static void usage(FILE *f)
 {
@@ -198,6 +203,27 @@ static int gen_setup(gen *g)
     g->P = g->n_prompt < g->steps ? g->n_prompt : g->steps;
     g->gen_cap = g->steps - g->P + 1;
     g->N = o->sessions;
+    /* -n counts positions, prompt included (BOS is one): say when that leaves the
+     * prompt cut short or no room for more than the one token sampled after it */
+    if (g->n_prompt > g->steps)
+        fprintf(stderr, "pagedkv generate: warning: -n %u cuts the prompt short: %u of its "
+                        "%u positions (BOS included) run and nothing is generated; -n counts "
+                        "positions, prompt included\n", g->steps, g->steps, g->n_prompt);
+    else if (g->n_prompt == g->steps)
+        fprintf(stderr, "pagedkv generate: warning: the prompt takes all -n %u positions (BOS "
+                        "included): one token is sampled after it and none is run; -n counts "
+                        "positions, prompt included\n", g->steps);
+    if (o->check) {
+        /* dense causal attention at every step: sum over T of T^2 * h * d * 2, i.e.
+         * about n^3 / 3 * 2 * h * d per layer and session */
+        const double n = g->steps, cost = n * n * n / 3.0 * 2.0 * c->n_heads * c->head_size *
+                                           c->n_layers * o->sessions;
+        if (cost > CHECK_WARN_OPS)
+            fprintf(stderr, "pagedkv generate: warning: --check recomputes every step's "
+                            "attention densely, O(n^3): about %.1f G multiply-adds for -n %u; "
+                            "progress every %.0f s\n", cost / 1e9, g->steps,
+                    CHECK_PROGRESS_SECS);
+    }
 
     const uint32_t N = g->N, S = g->steps, V = c->vocab_size, L = c->n_layers;
     uint32_t rows = g->P > N ? g->P : N;
@@ -395,7 +421,14 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
                             out + (size_t)r * c->dim);
         }
     }
-    g->check_secs += cli_now() - t0;
+    const double now = cli_now();
+    g->check_secs += now - t0;
+    if (g->check_secs - g->check_shown >= CHECK_PROGRESS_SECS) {
+        g->check_shown = g->check_secs;
+        fprintf(stderr, "pagedkv generate: --check: position %u of %u, %.0f s checking so "
+                        "far\n", g->mode == MODE_PREFILL ? n : g->cur_pos + 1, g->steps,
+                g->check_secs);
+    }
     return st;
 }
 

@@ -2,11 +2,12 @@
  * cmd_generate.c - `pagedkv generate`: a tiny Llama generating token by token with
  * pagedkv as its only KV cache (the main job of the project; docs/generate.md).
  *
- * Owns: option parsing, the generation loop (prompt through pkv_prefill, one
- * pkv_append per layer and token, pkv_decode / pkv_decode_batch for the query), the
- * N forked continuations, the --check and --check-e2e verifiers, the generated text
+ * Owns: option parsing, the generation loop (the prompt in one forward of all its
+ * rows, then one forward per step of the sessions still generating), the N forked
+ * continuations, the --check and --check-e2e verifiers, the generated text
  * on stdout (without --json). Does not own: the report (generate_report.c, from the
- * gen of generate.h), the model math (llama.c), the tokenizer (tokenizer.c), the cache.
+ * gen of generate.h), the model math (llama/llama.c), the attention through the cache
+ * (llama/llama_kv.c), the tokenizer (llama/tokenizer.c), the cache.
  *
  * Invariants:
  *   - Positions are token indices: tok[s][p] is the token forwarded at position p, and
@@ -28,6 +29,7 @@
 #include "opt.h"
 #include "generate.h"
 #include "llama.h"
+#include "llama_kv.h"
 #include "tokenizer.h"
 
 #define CMD "generate"
@@ -266,14 +268,10 @@ static int gen_setup(gen *g)
     for (uint32_t s = 0; s < N; s++)
         llama_rng_init(&g->rng[s], o->seed ^ ((uint64_t)s * 0x9e3779b97f4a7c15ull));
 
-    pkv_config cfg = pkv_config_default();
-    cfg.n_layers = L;
-    cfg.n_heads = c->n_heads;
-    cfg.n_kv_heads = c->n_kv_heads;
-    cfg.head_dim = c->head_size;
-    cfg.block_tokens = o->block_tokens;
-    cfg.kv_dtype = o->dtype_set ? o->dtype : (o->model_path ? PKV_F32 : PKV_F16);
-    cfg.n_threads = o->threads;
+    const pkv_config cfg = llama_kv_config(c, o->block_tokens,
+                                           o->dtype_set ? o->dtype
+                                                        : o->model_path ? PKV_F32 : PKV_F16,
+                                           o->threads);
     if (cli_check_limits(CMD, &cfg, o->model_path ? o->model_path : "the synthetic model") !=
         CLI_OK)
         return CLI_USAGE;
@@ -286,6 +284,7 @@ static int gen_setup(gen *g)
     st = pkv_session_create(g->eng, &g->sess[0]);
     if (st != PKV_OK)
         return cli_fail(CMD, "cannot create a session: %s", pkv_status_str(st));
+    g->kv = llama_kv_init(g->eng, c, g->act_sess);
     return CLI_OK;
 }
 
@@ -384,25 +383,17 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
             snprintf(g->err, sizeof g->err, "dense recompute: %s", pkv_status_str(st));
         return st;
     }
-    if (g->mode == MODE_PREFILL) {
-        st = pkv_prefill(g->sess[0], layer, n, q, k, v, out);
-        if (st != PKV_OK) {
-            snprintf(g->err, sizeof g->err, "pkv_prefill (layer %u, %u tokens): %s", layer,
-                     n, pkv_status_str(st));
-            return st;
-        }
-    } else {
-        for (uint32_t r = 0; r < n && st == PKV_OK; r++)
-            st = pkv_append(g->act_sess[r], layer, k + (size_t)r * c->kv_dim,
-                            v + (size_t)r * c->kv_dim);
-        if (st == PKV_OK)
-            st = n == 1 ? pkv_decode(g->act_sess[0], layer, q, out)
-                        : pkv_decode_batch(g->eng, layer, n, g->act_sess, q, out);
-        if (st != PKV_OK) {
-            snprintf(g->err, sizeof g->err, "append/decode (layer %u, position %u): %s",
+    /* the cache: tools/llama/llama_kv.c, as a generator of one's own would call it */
+    g->kv.prefill = g->mode == MODE_PREFILL;
+    st = llama_kv_attn(&g->kv, layer, n, q, k, v, out);
+    if (st != PKV_OK) {
+        if (g->kv.prefill)
+            snprintf(g->err, sizeof g->err, "%s (layer %u, %u tokens): %s", g->kv.failed,
+                     layer, n, pkv_status_str(st));
+        else
+            snprintf(g->err, sizeof g->err, "%s (layer %u, position %u): %s", g->kv.failed,
                      layer, g->cur_pos, pkv_status_str(st));
-            return st;
-        }
+        return st;
     }
     if (!g->o->check)
         return PKV_OK;
@@ -489,6 +480,7 @@ static int gen_run(gen *g)
     for (uint32_t r = 0; r < P; r++)
         g->row_pos[r] = r;
     g->mode = MODE_PREFILL;
+    g->act_sess[0] = g->sess[0];   /* the prompt's rows all go to session 0 */
     double t0 = cli_now();
     bool sample_first = g->n_prompt <= g->steps;
     st = llama_forward(&g->model, &g->st, P, g->prompt, g->row_pos, attn_cb, g,

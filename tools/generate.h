@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "llama.h"
+#include "llama_kv.h"
 #include "pagedkv.h"
 #include "tokenizer.h"
 
@@ -47,6 +48,7 @@ typedef struct {
     tokenizer tk;
     bool have_tok;
     pkv_engine *eng;
+    llama_kv kv;                    /* the model's attention on eng (rows: act_sess) */
     uint32_t N, steps, n_prompt, P; /* P: prompt positions prefilled (<= steps) */
     uint32_t *prompt;               /* [n_prompt] encoded prompt, BOS first */
     pkv_session **sess;             /* [N] */

@@ -152,8 +152,24 @@ START_TEST(help_and_mistakes)
         {{"bench", "--ctx", "4k,,8k"}, "--ctx: '4k,,8k' is not a comma-separated list"},
         {{"bench", "--dtype=f8"}, "--dtype: 'f8' is not a comma-separated list"},
         {{"stress", "--dtype", "f8"}, "--dtype: 'f8' is not f32, f16 or bf16"},
+        {{"mem", "--model-preset", "gpt-9"}, "'gpt-9' is not a preset: one of "},
     };
     expect_usage(rows, sizeof rows / sizeof rows[0]);
+    /* the list in that message is the table's: every preset mem --help shows */
+    proc h, e;
+    run(&h, (const char *[]){"mem", "--help", NULL});
+    run(&e, (const char *[]){"stress", "--model-preset", "gpt-9", NULL});
+    const char *t = strstr(h.out, "presets (layers/heads/kv-heads/head-dim):\n");
+    ck_assert(t != NULL);
+    size_t n = 0;
+    char name[32];
+    for (t = strchr(t, '\n') + 1; sscanf(t, " %31s %*u/%*u/%*u/%*u", name) == 1 &&
+                                   strchr(t, '/') < strchr(t, '\n');
+         t = strchr(t, '\n') + 1, n++)
+        ck_assert_msg(has(e.err, name), "preset %s is not in the message: %s", name, e.err);
+    ck_assert_uint_ge(n, 8);
+    proc_free(&h);
+    proc_free(&e);
 }
 END_TEST
 

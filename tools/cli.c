@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+/* In step with CLI_PRESET_NAMES (cli.h): the messages list the names from there. */
 static const cli_preset presets[] = {
     /* name          layers heads kv  d */
     {"llama3-8b",     32,   32,   8, 128},
@@ -36,6 +37,14 @@ const cli_preset *cli_preset_find(const char *name)
         if (strcmp(presets[i].name, name) == 0)
             return &presets[i];
     return NULL;
+}
+
+bool cli_opt_preset(const char *value, void *dst)
+{
+    if (!cli_preset_find(value))
+        return false;
+    *(const char **)dst = value;
+    return true;
 }
 
 int cli_parse_u64(const char *s, uint64_t *out)

@@ -36,6 +36,11 @@ typedef struct {
 } cli_preset;
 const cli_preset *cli_preset_find(const char *name);   /* NULL if unknown */
 const cli_preset *cli_presets(uint32_t *n);             /* the table */
+/* The table's names, for messages ("one of ..."); cli.c keeps the two in step. */
+#define CLI_PRESET_NAMES "llama3-8b, llama3-70b, mistral-7b, llama2-7b, mqa, mha, d64, d256"
+/* An OPT_CALL check (opt.h) of a --model-preset value: a preset's name is stored in
+ * *(const char **)dst; false for an unknown name. */
+bool cli_opt_preset(const char *value, void *dst);
 
 /* pkv_config_default() with a geometry, a page size (0 = the library's), a storage
  * dtype and a thread count (0 = online CPUs): what every command's engine starts from.

@@ -221,9 +221,9 @@ static int parse(int argc, char **argv, bench_opts *o)
     o->scalar = o->naive = true;
     const cli_opt opts_[] = {
         {.name = "model-preset", .kind = OPT_CALL, .dst = o, .call = list_presets,
-         .what = "a comma-separated list of presets (see pagedkv mem --help) or 'all'"},
+         .what = "a comma-separated list of presets (" CLI_PRESET_NAMES ") or 'all'"},
         {.name = "preset", .kind = OPT_CALL, .dst = o, .call = list_presets,
-         .what = "a comma-separated list of presets (see pagedkv mem --help) or 'all'"},
+         .what = "a comma-separated list of presets (" CLI_PRESET_NAMES ") or 'all'"},
         {.name = "ctx", .kind = OPT_CALL, .dst = o, .call = list_ctx,
          .what = "a comma-separated list of up to 16 context lengths in 1..2^32"},
         {.name = "dtype", .kind = OPT_CALL, .dst = o, .call = list_dtypes,

@@ -83,7 +83,8 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
                        .kv_heads = 8, .head_dim = 128, .dtype = PKV_F16, .seed = 1,
                        .points = 64, .reps = 3};
     const cli_opt opts[] = {
-        {.name = "model-preset", .kind = OPT_STRING, .dst = &o->preset},
+        {.name = "model-preset", .kind = OPT_CALL, .dst = &o->preset,
+         .call = cli_opt_preset, .what = "a preset: one of " CLI_PRESET_NAMES},
         {.name = "layers", .kind = OPT_U32, .dst = &o->layers, .lo = 1, .hi = UINT32_MAX,
          .seen = &set_l},
         {.name = "heads", .kind = OPT_U32, .dst = &o->heads, .lo = 1, .hi = UINT32_MAX,

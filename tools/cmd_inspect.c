@@ -60,8 +60,11 @@ static void print_text(const char *path, const pkv_file_info *in, const uint64_t
                        pkv_status st)
 {
     char b1[32], b2[32];
-    printf("file        %s (%llu bytes, %s)\n", path, (unsigned long long)in->file_bytes,
-           cli_bytes(in->file_bytes, b1));
+    if (st == PKV_EIO && in->file_bytes == 0)   /* not opened: no size to tell */
+        printf("file        %s\n", path);
+    else
+        printf("file        %s (%llu bytes, %s)\n", path, (unsigned long long)in->file_bytes,
+               cli_bytes(in->file_bytes, b1));
     if (in->header_sound) {
         printf("format      pagedkv session file, version %u\n", in->version);
         printf("geometry    %u layers, %u heads, %u kv heads, head dim %u\n", in->n_layers,

@@ -101,6 +101,8 @@ static int bad_option(const char *cmd, int c, char **argv, const cli_opt *opts, 
     if (o && !takes_value(o))   /* --flag=value */
         return cli_usage_error(cmd, "option '%s' takes no value",
                                shown(o, false, nm, sizeof nm));
+    if (at == 'h' && strncmp(arg, "--", 2) == 0)   /* --help=value */
+        return cli_usage_error(cmd, "option '--help' takes no value");
     if (at > 0 && at < 256)
         return cli_usage_error(cmd, "unknown option '-%c'", at);
     /* a long option: unknown, or a prefix of several names */
@@ -171,7 +173,7 @@ int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, size_
             return CLI_USAGE;
     }
     for (int i = optind; i < argc; i++) {
-        if (count >= max_operands && max_operands == 0)
+        if (max_operands == 0)
             return cli_usage_error(cmd, "unexpected argument '%s'", argv[i]);
         if (count < max_operands)
             operands[count] = argv[i];

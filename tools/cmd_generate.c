@@ -196,10 +196,9 @@ static int gen_setup(gen *g)
     }
     g->n_prompt = (uint32_t)np;
     g->steps = o->steps;
-    if (g->steps > c->seq_len) {
-        if (!o->json)
-            fprintf(stderr, "pagedkv generate: -n %u exceeds the model's seq_len; using "
-                            "%u\n", g->steps, c->seq_len);
+    if (g->steps > c->seq_len) {   /* a note on stderr, as the warnings below */
+        fprintf(stderr, "pagedkv generate: -n %u exceeds the model's seq_len; using %u\n",
+                g->steps, c->seq_len);
         g->steps = c->seq_len;
     }
     g->P = g->n_prompt < g->steps ? g->n_prompt : g->steps;

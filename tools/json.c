@@ -10,19 +10,54 @@
 #include <math.h>
 #include <string.h>
 
-/* The bytes of a string literal, without the quotes. */
-static void escape_bytes(FILE *f, const char *p, size_t n)
+/* Length of the valid UTF-8 sequence at p[0..n) (p[0] >= 0x80), or 0 when it is not
+ * one: overlong forms, surrogates and code points past U+10FFFF are not (RFC 3629). */
+static size_t utf8_len(const unsigned char *p, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char ch = (unsigned char)p[i];
+    size_t len;
+    uint32_t cp, min;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf)
+        len = 2, cp = p[0] & 0x1fu, min = 0x80;
+    else if (p[0] >= 0xe0 && p[0] <= 0xef)
+        len = 3, cp = p[0] & 0x0fu, min = 0x800;
+    else if (p[0] >= 0xf0 && p[0] <= 0xf4)
+        len = 4, cp = p[0] & 0x07u, min = 0x10000;
+    else
+        return 0;
+    if (len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3fu);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+/* The bytes of a string literal, without the quotes. JSON text is Unicode: a byte
+ * that starts no valid UTF-8 sequence is written as U+FFFD, so the document stays
+ * valid whatever bytes (a model's sampled tokens) come in. */
+static void escape_bytes(FILE *f, const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        const unsigned char ch = p[i];
+        size_t len = 1;
         if (ch == '"' || ch == '\\')
             fprintf(f, "\\%c", ch);
         else if (ch == '\n')
             fputs("\\n", f);
         else if (ch < 0x20 || ch == 0x7f)
             fprintf(f, "\\u%04x", ch);
-        else
+        else if (ch < 0x80)
             fputc(ch, f);
+        else if ((len = utf8_len(p + i, n - i)) > 0)
+            fwrite(p + i, 1, len, f);
+        else
+            fputs("\\ufffd", f), len = 1;
+        i += len;
     }
 }
 

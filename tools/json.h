@@ -1,14 +1,15 @@
 /*
- * json.h - a small JSON writer for the `pagedkv` tools: compact output (no spaces, no
- * newlines) whose commas the writer places itself.
+ * json.h - the JSON writer of every `pagedkv` command: compact (`,` and `:`) or
+ * spaced (`, ` and `: `) output, one line, whose commas the writer places itself.
  *
  * Owns: the separators and the form of each value: numbers as %.6g (null when not
- * finite), integers exact (no double on the way), strings escaped by cli_json_str
- * (NULL written as null).
+ *   finite) or the caller's printf format (json_fmt), integers exact (no double on
+ *   the way), strings and byte runs escaped one way (json_escape: '"' and '\'
+ *   escaped, newline as \n, other control bytes and DEL as \u00XX, valid UTF-8 as
+ *   is, any other byte as \ufffd; a NULL string written as null).
  * Does not own: the stream (the caller's FILE, never closed or flushed here), the
- * document's shape (the caller opens and closes each object and array, and ends the
- * line), or output with spaces or other number formats (`soak`, `generate`, `mem`,
- * `inspect` and `bench --spill` write their own JSON).
+ *   document's shape (the caller opens and closes each object and array, and ends the
+ *   line).
  *
  * Invariants
  *   - Every field is written with its key, or NULL inside an array; a ',' goes before

@@ -10,10 +10,14 @@
  *     recompute produces (and the published anchor), the text is the expected English,
  *     greedy output is identical for every page size, thread count and session count
  *     in f32, --check passes for f32/f16/bf16, forks share exactly the prompt's full
- *     pages;
+ *     pages; UTF-8 in a prompt (byte-fallback tokens) comes back whole on stdout and in
+ *     the JSON text; a prompt cut short by -n is a warning, and why generation stopped
+ *     (BOS, -n, inside the prompt) is said in text and JSON;
+ *   - --check warns of its cost on a long run;
  *   - malformed checkpoints and tokenizers, and bad options, fail cleanly (exit 1 or 2
  *     with a message, never a signal).
- * Tests that need ../shared/models print "SKIP: ..." and pass when it is absent.
+ * Tests that need ../shared/models print "SKIP: ..." when it is absent, and the suite
+ * then exits 77 (skipped) if everything else passed.
  */
 #include "testutil.h"
 
@@ -636,6 +640,96 @@ START_TEST(stories_sampler_limits)
 }
 END_TEST
 
+/* ---- what the user is told ------------------------------------------------------ */
+
+/* Valid UTF-8 in a prompt comes back intact: characters without a piece of their own
+ * are spelled in byte-fallback tokens (<0xXX>, ids 3..258), and their bytes, printed
+ * in order, give the character back, on stdout and in the JSON text. */
+START_TEST(stories_utf8_roundtrip)
+{
+    if (!have_models("stories_utf8_roundtrip"))
+        return;
+    const char *prompt = "Le caf\xc3\xa9 \xc3\xa9tait tr\xc3\xa8s bon. \xe6\x97\xa5\xe6\x9c\xac "
+                         "\xe2\x9c\x93 \xf0\x9f\x98\x80!";
+    run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n",
+                            "80", "-i", prompt, "--json"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    uint32_t pt[128];
+    size_t np = json_ints(r.out, "prompt_tokens", 0, pt, 128);
+    size_t high_bytes = 0;   /* byte tokens of bytes >= 0x80: the case at stake */
+    for (size_t i = 0; i < np; i++)
+        high_bytes += pt[i] >= 3 + 0x80 && pt[i] <= 3 + 0xff;
+    ck_assert_msg(high_bytes >= 4, "the prompt used %zu high byte tokens: no test", high_bytes);
+    char want[256];
+    snprintf(want, sizeof want, "\"text\": \"%s", prompt);
+    ck_assert_msg(strstr(r.out, want) != NULL, "JSON text lost bytes: %s", r.out);
+    run_free(&r);
+    r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n", "80", "-i",
+                 prompt));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_msg(strncmp(r.out, prompt, strlen(prompt)) == 0, "stdout lost bytes: %s",
+                  r.out);
+    run_free(&r);
+}
+END_TEST
+
+/* A prompt that -n cuts short, or that takes all -n positions, says so on stderr; why
+ * generation stopped is said in text mode and is stop_reason in JSON. */
+START_TEST(stories_stop_reasons)
+{
+    if (!have_models("stories_stop_reasons"))
+        return;
+    static const struct { const char *n, *warn, *stopped, *reason; } rows[] = {
+        {"3", "-n 3 cuts the prompt short", "stopped: -n 3 ended inside the prompt", "prompt"},
+        {"5", "the prompt takes all -n 5 positions", "stopped: -n 5 positions reached",
+         "steps"},
+        {"40", NULL, "stopped: -n 40 positions reached", "steps"},
+        /* greedy, this story ends (BOS) after 341 tokens */
+        {"512", NULL, "stopped: the model emitted BOS (end of text) after 341 generated",
+         "bos"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+                                "-n", rows[i].n, "-i", "Once upon a time"));
+        ck_assert_msg(r.status == 0, "-n %s: exit %d: %s", rows[i].n, r.status, r.err);
+        if (rows[i].warn)
+            ck_assert_msg(strstr(r.err, rows[i].warn), "-n %s: no '%s': %s", rows[i].n,
+                          rows[i].warn, r.err);
+        else
+            ck_assert_msg(!strstr(r.err, "warning"), "-n %s: a warning: %s", rows[i].n, r.err);
+        ck_assert_msg(strstr(r.err, rows[i].stopped), "-n %s: no '%s': %s", rows[i].n,
+                      rows[i].stopped, r.err);
+        run_free(&r);
+        r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n",
+                     rows[i].n, "-i", "Once upon a time", "--json"));
+        char want[64];
+        snprintf(want, sizeof want, "\"stop_reason\": \"%s\"", rows[i].reason);
+        ck_assert_msg(r.status == 0 && strstr(r.out, want), "-n %s --json: %d, no %s: %s",
+                      rows[i].n, r.status, want, r.out);
+        const bool bos = strcmp(rows[i].reason, "bos") == 0;
+        ck_assert_msg(strstr(r.out, bos ? "\"stopped_on_bos\": true"
+                                        : "\"stopped_on_bos\": false"),
+                      "-n %s: stopped_on_bos disagrees: %s", rows[i].n, r.out);
+        run_free(&r);
+    }
+}
+END_TEST
+
+/* --check on a long run warns of its O(n^3) cost; a short one does not. */
+START_TEST(synthetic_check_cost)
+{
+    run_result r = run(ARGS("--check", "-n", "128"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_msg(strstr(r.err, "--check recomputes every step's attention densely, O(n^3)"),
+                  "-n 128 --check: no warning: %s", r.err);
+    run_free(&r);
+    r = run(ARGS("--check", "-n", "32"));
+    ck_assert_msg(r.status == 0 && !strstr(r.err, "warning"), "-n 32 --check: %d %s",
+                  r.status, r.err);
+    run_free(&r);
+}
+END_TEST
+
 /* ---- options --------------------------------------------------------------------- */
 
 START_TEST(options)
@@ -672,6 +766,7 @@ int main(void)
     tcase_add_loop_test(tc, synthetic_check_dtypes, 0, 3);
     tcase_add_test(tc, synthetic_seeded);
     tcase_add_test(tc, options);
+    tcase_add_test(tc, synthetic_check_cost);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("stories260K");
     tcase_set_timeout(tm, 240);
@@ -682,6 +777,13 @@ int main(void)
     tcase_add_loop_test(tm, stories_check_dtypes, 0, 3);
     tcase_add_test(tm, stories_forks_share_prompt);
     tcase_add_test(tm, malformed_files);
+    tcase_add_test(tm, stories_utf8_roundtrip);
+    tcase_add_test(tm, stories_stop_reasons);
     suite_add_tcase(s, tm);
-    return pkvt_run(s);
+    int rc = pkvt_run(s);
+    /* without ../shared/models the stories260K tests could not run: skipped (77),
+     * not passed, unless something else failed */
+    if (rc == EXIT_SUCCESS && !have_models("the stories260K tests"))
+        return 77;
+    return rc;
 }

@@ -14,6 +14,7 @@
  */
 #include "bench_probe.h"
 #include "cli.h"
+#include "json.h"
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -168,18 +169,27 @@ int bench_spill(const char *dir, uint64_t mib, int reps, bool json)
     }
     if (json) {
         /* the top-level keys of every `bench --json`, then the spill figures */
-        printf("{\"tool\": \"pagedkv bench\", \"version\": ");
-        cli_json_str(stdout, pkv_version());
-        printf(", \"spill_dir\": ");
-        cli_json_str(stdout, dir);
-        printf(", \"spill\": {\"mib_per_session\": %llu, \"reps\": %d, \"backends\": [",
-               (unsigned long long)mib, reps);
-        for (int i = 0; i < n; i++)
-            printf("%s{\"backend\": \"%s\", \"spill_restore_gbs\": %.3f, "
-                   "\"plain_seq_gbs\": %.3f, \"ratio\": %.3f}",
-                   i ? ", " : "", r[i].backend, r[i].spill_gbs, r[i].plain_gbs,
-                   r[i].spill_gbs / r[i].plain_gbs);
-        printf("]}}\n");
+        json_writer w = {stdout, true, true}, *W = &w;
+        json_open(W, NULL, '{');
+        json_str(W, "tool", "pagedkv bench");
+        json_str(W, "version", pkv_version());
+        json_str(W, "spill_dir", dir);
+        json_open(W, "spill", '{');
+        json_u64(W, "mib_per_session", mib);
+        json_u64(W, "reps", (uint64_t)reps);
+        json_open(W, "backends", '[');
+        for (int i = 0; i < n; i++) {
+            json_open(W, NULL, '{');
+            json_str(W, "backend", r[i].backend);
+            json_fmt(W, "spill_restore_gbs", "%.3f", r[i].spill_gbs);
+            json_fmt(W, "plain_seq_gbs", "%.3f", r[i].plain_gbs);
+            json_fmt(W, "ratio", "%.3f", r[i].spill_gbs / r[i].plain_gbs);
+            json_close(W, '}');
+        }
+        json_close(W, ']');
+        json_close(W, '}');
+        json_close(W, '}');
+        fputc('\n', stdout);
         return CLI_OK;
     }
     printf("spill + restore vs plain sequential write + read, %llu MiB a session, "

@@ -10,9 +10,35 @@
 # Environment: BUILD_DIR (default: build), MESON_ARGS (extra `meson setup` arguments).
 set -eu
 
+usage() {
+    echo "usage: tools/bootstrap.sh [run|test|build]"
+    echo "  run    install what is missing, build, run \`pagedkv generate\` (default)"
+    echo "  test   install what is missing, build, run the whole test suite"
+    echo "  build  install what is missing and build"
+}
+
+MODE=${1:-run}
+# The mode is checked before any work: a typo must not cost an apt-get and a build.
+case "$MODE" in
+run | test | build) ;;
+-h | --help)
+    usage
+    exit 0
+    ;;
+*)
+    echo "bootstrap: unknown mode '$MODE'" >&2
+    usage >&2
+    exit 2
+    ;;
+esac
+if [ $# -gt 1 ]; then
+    echo "bootstrap: one mode only ('$2' is extra)" >&2
+    usage >&2
+    exit 2
+fi
+
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-MODE=${1:-run}
 
 # Debian packages the build and the tests need (pkg-config names checked below).
 PKGS="meson ninja-build pkg-config gcc libc6-dev libjemalloc-dev liburing-dev check"
@@ -26,6 +52,7 @@ if [ -n "$missing" ]; then
     echo "bootstrap: installing:$missing" >&2
     if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
     $SUDO apt-get update -qq
+    # shellcheck disable=SC2086 # one word per package
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
 fi
 
@@ -42,10 +69,5 @@ run)
 test)
     meson test -C "$BUILD_DIR" --print-errorlogs --num-processes 2
     ;;
-build)
-    ;;
-*)
-    echo "usage: tools/bootstrap.sh [run|test|build]" >&2
-    exit 2
-    ;;
+build) ;;
 esac

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+/* In step with CLI_PRESET_NAMES (cli.h): the messages list the names from there. */
 static const cli_preset presets[] = {
     /* name          layers heads kv  d */
     {"llama3-8b",     32,   32,   8, 128},
@@ -36,6 +37,14 @@ const cli_preset *cli_preset_find(const char *name)
         if (strcmp(presets[i].name, name) == 0)
             return &presets[i];
     return NULL;
+}
+
+bool cli_opt_preset(const char *value, void *dst)
+{
+    if (!cli_preset_find(value))
+        return false;
+    *(const char **)dst = value;
+    return true;
 }
 
 int cli_parse_u64(const char *s, uint64_t *out)
@@ -120,16 +129,6 @@ int cli_fail(const char *cmd, const char *fmt, ...)
     vmsg(cmd, fmt, ap);
     va_end(ap);
     return CLI_FAIL;
-}
-
-const char *cli_value(const char *cmd, int argc, char **argv, int *i)
-{
-    if (*i + 1 >= argc) {
-        cli_usage_error(cmd, "option '%s' needs a value", argv[*i]);
-        return NULL;
-    }
-    *i += 1;
-    return argv[*i];
 }
 
 /* Why files cannot be created in dir (into buf), or NULL when they can. */
@@ -230,12 +229,70 @@ int cli_check_engine_memory(const char *cmd, const pkv_config *c, const char *bu
     return CLI_OK;
 }
 
-uint64_t cli_phys_mem_bytes(void)
+static uint64_t phys_mem_bytes(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || psz <= 0 || (uint64_t)pages > UINT64_MAX / (uint64_t)psz)
         return 0;
     return (uint64_t)pages * (uint64_t)psz;
+}
+
+uint64_t cli_avail_mem_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    if (f)
+        fclose(f);
+    if (found && kib <= UINT64_MAX / 1024)
+        return (uint64_t)kib * 1024u;
+    return phys_mem_bytes();
+}
+
+int cli_check_limits(const char *cmd, const pkv_config *c, const char *geometry_from)
+{
+    char from[300] = "";
+    if (geometry_from)
+        snprintf(from, sizeof from, " (the geometry of %s)", geometry_from);
+    const char *hd = geometry_from ? "head_dim" : "--head-dim";
+    const char *kv = geometry_from ? "n_kv_heads" : "--kv-heads";
+    const char *qh = geometry_from ? "n_heads" : "--heads";
+    if (c->n_threads > CLI_MAX_THREADS)
+        return cli_usage_error(cmd, "--threads %u is beyond the engine's limit of %u "
+                                    "(0 = all CPUs)", c->n_threads, CLI_MAX_THREADS);
+    if (c->head_dim > CLI_MAX_HEAD_DIM)
+        return cli_usage_error(cmd, "%s %u is beyond the engine's limit of %u%s", hd,
+                               c->head_dim, CLI_MAX_HEAD_DIM, from);
+    if (c->n_kv_heads > CLI_MAX_KV_HEADS)
+        return cli_usage_error(cmd, "%s %u is beyond the engine's limit of %u%s", kv,
+                               c->n_kv_heads, CLI_MAX_KV_HEADS, from);
+    if (c->n_kv_heads && c->n_heads % c->n_kv_heads == 0 &&
+        c->n_heads / c->n_kv_heads > CLI_MAX_GROUP_HEADS)
+        return cli_usage_error(cmd, "%s %u / %s %u = %u query heads per KV group, beyond "
+                                    "the engine's limit of %u%s", qh, c->n_heads, kv,
+                               c->n_kv_heads, c->n_heads / c->n_kv_heads,
+                               CLI_MAX_GROUP_HEADS, from);
+    /* page bytes = 2 * g * bt * d * size; the factors are < 2^32, so two products of
+     * two fit in 64 bits and the last is checked */
+    const uint64_t bt = c->block_tokens ? c->block_tokens : 16u;
+    const uint64_t a = 2ull * c->n_kv_heads * c->head_dim, b = bt * pkv_dtype_size(c->kv_dtype);
+    if (a && b && (a > UINT64_MAX / b || a * b > CLI_MAX_PAGE_BYTES)) {
+        char why[64];
+        if (a > UINT64_MAX / b)
+            snprintf(why, sizeof why, "more than 2^64 bytes");
+        else
+            snprintf(why, sizeof why, "%llu bytes", (unsigned long long)(a * b));
+        return cli_usage_error(cmd, "%s %u makes one page %s (2 x %u kv-heads x %llu "
+                                    "tokens x %u head-dim x %zu bytes), beyond the engine's "
+                                    "limit of 1 GiB per page%s",
+                               c->block_tokens ? "--block-tokens" : "the default block size",
+                               (unsigned)bt, why, c->n_kv_heads, (unsigned long long)bt,
+                               c->head_dim, pkv_dtype_size(c->kv_dtype), from);
+    }
+    return CLI_OK;
 }
 
 int cli_memory_guard(const char *cmd, const char *what, uint64_t need, uint64_t limit,
@@ -321,20 +378,6 @@ const char *cli_bytes(uint64_t b, char *buf)
     else
         snprintf(buf, 32, "%.2f %s", v, units[u]);
     return buf;
-}
-
-void cli_json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
 }
 
 pkv_config cli_config(uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32_t head_dim,

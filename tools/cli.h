@@ -1,6 +1,7 @@
 /*
- * cli.h - shared pieces of the `pagedkv` command: subcommand entry points, argument
- * parsing, model presets, timing and JSON helpers.
+ * cli.h - shared pieces of the `pagedkv` command: subcommand entry points, strict value
+ * parsers, checks against the engine's limits, model presets, memory guards, timing.
+ * The option parser is opt.h's, the JSON writer json.h's.
  *
  * Exit codes of every subcommand: 0 success, 1 a runtime failure (the library or the
  * system said no), 2 a usage error (message on stderr, then a hint to run --help).
@@ -35,6 +36,11 @@ typedef struct {
 } cli_preset;
 const cli_preset *cli_preset_find(const char *name);   /* NULL if unknown */
 const cli_preset *cli_presets(uint32_t *n);             /* the table */
+/* The table's names, for messages ("one of ..."); cli.c keeps the two in step. */
+#define CLI_PRESET_NAMES "llama3-8b, llama3-70b, mistral-7b, llama2-7b, mqa, mha, d64, d256"
+/* An OPT_CALL check (opt.h) of a --model-preset value: a preset's name is stored in
+ * *(const char **)dst; false for an unknown name. */
+bool cli_opt_preset(const char *value, void *dst);
 
 /* pkv_config_default() with a geometry, a page size (0 = the library's), a storage
  * dtype and a thread count (0 = online CPUs): what every command's engine starts from.
@@ -78,18 +84,29 @@ int cli_check_engine_memory(const char *cmd, const pkv_config *c, const char *bu
                             const char *dir_opt, bool dir_needs_budget,
                             uint64_t *page_bytes, uint32_t *block_tokens);
 
+/* The engine's limits (pkv_engine_create in pagedkv.h), checked before any work so
+ * that a value beyond one is a usage error that names the option and the limit, not
+ * a "cannot create the engine" after the fact. */
+#define CLI_MAX_HEAD_DIM 4096u
+#define CLI_MAX_KV_HEADS 65536u
+#define CLI_MAX_GROUP_HEADS 256u      /* n_heads / n_kv_heads */
+#define CLI_MAX_THREADS 1024u
+#define CLI_MAX_PAGE_BYTES (1ull << 30)
+/* c against those limits. geometry_from NULL: the geometry came from the --heads,
+ * --kv-heads and --head-dim options (the message names them); otherwise it names its
+ * source (e.g. the model file). --threads and --block-tokens are always options.
+ * CLI_OK, or CLI_USAGE after the message. */
+int cli_check_limits(const char *cmd, const pkv_config *c, const char *geometry_from);
+
 /* Memory guards, before allocating: a typo like `--ctx 1g` for `1k` must not run into
  * the OOM killer on a shared machine.
  * cli_phys_mem_bytes: sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE); 0 if unknown.
  * cli_memory_guard: CLI_OK when force, limit == 0 (unknown) or need <= limit; else
  *   CLI_USAGE after "WHAT needs NEED bytes (..), more than LIMIT_WHAT, LIMIT bytes (..);
  *   add --force to do it anyway" (WHAT and LIMIT_WHAT are the caller's words). */
-uint64_t cli_phys_mem_bytes(void);
+uint64_t cli_avail_mem_bytes(void);
 int cli_memory_guard(const char *cmd, const char *what, uint64_t need, uint64_t limit,
                      const char *limit_what, bool force);
-
-/* Option value: argv[*i + 1] (advancing *i), or a usage error message and NULL. */
-const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 
 /* Ctrl-C for long-running commands: cli_sigint_catch() installs a handler that only
  * sets a flag (and clears it); cli_interrupted() reads it; cli_sigint_restore() puts
@@ -104,7 +121,5 @@ uint64_t cli_peak_rss_bytes(void);     /* getrusage ru_maxrss */
 uint64_t cli_rss_bytes(void);          /* resident now (/proc/self/statm); 0 if unreadable */
 /* Human-readable bytes ("1.00 GiB") into buf (>= 32 bytes); returns buf. */
 const char *cli_bytes(uint64_t b, char *buf);
-/* JSON string literal of s (escaped) to f. */
-void cli_json_str(FILE *f, const char *s);
 
 #endif

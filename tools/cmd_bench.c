@@ -4,9 +4,9 @@
  * reference, all measured in the same run (SPEC §4, §6); plus prefill tokens/s next
  * to a peak FMA rate measured in the same run.
  *
- * Owns: the options, the measurement loops and the presentation; the probes they
- * time against (DRAM bandwidth, peak FMA, the naive decode) are bench_probe.c's.
- * Uses only the public API (include/pagedkv.h), cli.h and json.h (the --json writer);
+ * Owns: the options and the measurement loops; the probes they time against (DRAM
+ * bandwidth, peak FMA, the naive decode) are bench_probe.c's, the table and the JSON
+ * bench_report.c's (the results in between: bench.h). Uses only the public API;
  * the scalar reference is reached the public way, PKV_FORCE_ISA=scalar set around
  * pkv_engine_create.
  *
@@ -40,32 +40,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bench_probe.h"
+#include "bench.h"
 #include "cli.h"
-#include "json.h"
+#include "opt.h"
 
 static const char *const CMD = "bench";
-
-#define MAX_LIST 16
-/* naive and scalar measurements repeat at most this often, and stop repeating once
- * they have taken SLOW_BUDGET seconds (at least one run): they are 10-100x slower
- * than ours and would dominate the run time at long contexts. */
-#define SLOW_REPS 3u
-#define SLOW_BUDGET 1.0
-
-typedef struct {
-    const cli_preset *presets[MAX_LIST];
-    uint32_t n_presets;
-    uint64_t ctx[MAX_LIST];
-    uint32_t n_ctx;
-    pkv_dtype dtypes[MAX_LIST];
-    uint32_t n_dtypes;
-    uint32_t threads[MAX_LIST];
-    uint32_t n_threads;
-    uint32_t reps, block_tokens, prefill_tokens;
-    uint64_t bw_mib, scalar_max_ctx, naive_max_bytes;
-    bool json, scalar, naive, force;
-} opts;
 
 static void usage(FILE *f)
 {
@@ -84,7 +63,8 @@ static void usage(FILE *f)
 "                       mqa,mha,d64,d256); one layer of each is measured\n"
 "  --ctx LIST           context lengths (default 4096,32768,131072; k/m suffixes)\n"
 "  --dtype LIST         f16,bf16,f32 (default all three)\n"
-"  --threads LIST       thread counts (default 1 and the number of online CPUs)\n"
+"  --threads LIST       thread counts (default 1 and the number of online CPUs;\n"
+"                       0 = all online CPUs)\n"
 "  --reps N             rounds per figure (default 7; scalar and naive use <= %u,\n"
 "                       fewer once they have taken %.0f s)\n"
 "  --block-tokens N     tokens per page (default: the library's)\n"
@@ -96,15 +76,16 @@ static void usage(FILE *f)
 "  --scalar-max-ctx N   skip the scalar reference above this context (default 32768:\n"
 "                       its ratio is flat in the context and 128k costs ~20 s; 0 = no limit)\n"
 "  --force              run even when the largest context's buffers (below) exceed\n"
-"                       the machine's physical memory\n"
+"                       the memory available now (MemAvailable)\n"
 "  --json               one JSON object on stdout instead of the table\n"
 "  --help               this text\n"
 "\n"
 "Before allocating anything, bench adds up the most it will hold at once: the\n"
 "bandwidth buffer, the K/V of the largest context (every dtype's session is built\n"
 "and destroyed in turn; the largest counts) and, for the naive kernel, its f32 copy\n"
-"and scores. Above physical memory it refuses (exit 2) unless --force: bench has\n"
-"no budget and no spill.\n"
+"and scores. Above the memory available now (MemAvailable in /proc/meminfo, what a\n"
+"shared machine's other programs leave) it refuses (exit 2) unless --force: bench\n"
+"has no budget and no spill.\n"
 "\n"
 "spill mode (SPEC §5: spill and restore next to the disk's own speed):\n"
 "  --spill              instead of decode: two sessions of --spill-mib MiB each on an\n"
@@ -156,7 +137,7 @@ static int each_item(const char *s, int (*fn)(const char *item, void *ctx), void
 
 static int add_preset(const char *item, void *ctx)
 {
-    opts *o = ctx;
+    bench_opts *o = ctx;
     if (strcmp(item, "all") == 0) {
         static const char *const all[] = {"llama3-8b", "mqa", "mha", "d64", "d256"};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -173,7 +154,7 @@ static int add_preset(const char *item, void *ctx)
 
 static int add_ctx(const char *item, void *ctx)
 {
-    opts *o = ctx;
+    bench_opts *o = ctx;
     uint64_t v;
     if (!cli_parse_u64(item, &v) || v == 0 || v > (1ull << 32))
         return 0;
@@ -183,37 +164,54 @@ static int add_ctx(const char *item, void *ctx)
 
 static int add_dtype(const char *item, void *ctx)
 {
-    opts *o = ctx;
+    bench_opts *o = ctx;
     return cli_parse_dtype(item, &o->dtypes[o->n_dtypes++]);
 }
 
-static int add_threads(const char *item, void *ctx)
-{
-    opts *o = ctx;
-    uint32_t v;
-    if (!cli_parse_u32(item, &v) || v == 0 || v > BENCH_MAX_THREADS)
-        return 0;
-    o->threads[o->n_threads++] = v;
-    return 1;
-}
-
-static uint32_t online_cpus(void)
+uint32_t bench_online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1u : n > (long)BENCH_MAX_THREADS ? BENCH_MAX_THREADS : (uint32_t)n;
 }
 
-/* Options with a value: lists go through each_item, numbers are uint64 in [lo, hi]. */
-typedef struct {
-    const char *name;
-    int (*item)(const char *item, void *ctx); /* a list, or NULL for a number */
-    uint32_t *count;                          /* the list's length, reset first */
-    uint64_t *num;
-    uint64_t lo, hi;
-} value_opt;
+/* A thread count; 0 means all online CPUs, as everywhere in pagedkv. */
+static int add_threads(const char *item, void *ctx)
+{
+    bench_opts *o = ctx;
+    uint32_t v;
+    if (!cli_parse_u32(item, &v) || v > BENCH_MAX_THREADS)
+        return 0;
+    o->threads[o->n_threads++] = v ? v : bench_online_cpus();
+    return 1;
+}
 
-/* -1 to run; CLI_OK after --help; CLI_USAGE on a bad argument (message printed). */
-static int parse(int argc, char **argv, opts *o)
+/* The list options (OPT_CALL): a repeated option replaces the earlier list. */
+static bool list_presets(const char *v, void *dst)
+{
+    ((bench_opts *)dst)->n_presets = 0;
+    return each_item(v, add_preset, dst);
+}
+
+static bool list_ctx(const char *v, void *dst)
+{
+    ((bench_opts *)dst)->n_ctx = 0;
+    return each_item(v, add_ctx, dst);
+}
+
+static bool list_dtypes(const char *v, void *dst)
+{
+    ((bench_opts *)dst)->n_dtypes = 0;
+    return each_item(v, add_dtype, dst);
+}
+
+static bool list_threads(const char *v, void *dst)
+{
+    ((bench_opts *)dst)->n_threads = 0;
+    return each_item(v, add_threads, dst);
+}
+
+/* CLI_OK to run; CLI_HELP after --help; CLI_USAGE on a bad argument (message printed). */
+static int parse(int argc, char **argv, bench_opts *o)
 {
     memset(o, 0, sizeof *o);
     uint64_t reps = 7, bt = 0, prefill = 4096;
@@ -221,53 +219,33 @@ static int parse(int argc, char **argv, opts *o)
     o->scalar_max_ctx = 32768;
     o->naive_max_bytes = 4ull << 30;
     o->scalar = o->naive = true;
-    const value_opt vals[] = {
-        {"--model-preset", add_preset, &o->n_presets, NULL, 0, 0},
-        {"--preset", add_preset, &o->n_presets, NULL, 0, 0},
-        {"--ctx", add_ctx, &o->n_ctx, NULL, 0, 0},
-        {"--dtype", add_dtype, &o->n_dtypes, NULL, 0, 0},
-        {"--threads", add_threads, &o->n_threads, NULL, 0, 0},
-        {"--reps", NULL, NULL, &reps, 1, 1000},
-        {"--block-tokens", NULL, NULL, &bt, 0, UINT32_MAX},
-        {"--prefill", NULL, NULL, &prefill, 0, 1u << 20},
-        {"--bw-mib", NULL, NULL, &o->bw_mib, 1, 1u << 20},
-        {"--scalar-max-ctx", NULL, NULL, &o->scalar_max_ctx, 0, UINT64_MAX},
+    const cli_opt opts_[] = {
+        {.name = "model-preset", .kind = OPT_CALL, .dst = o, .call = list_presets,
+         .what = "a comma-separated list of presets (" CLI_PRESET_NAMES ") or 'all'"},
+        {.name = "preset", .kind = OPT_CALL, .dst = o, .call = list_presets,
+         .what = "a comma-separated list of presets (" CLI_PRESET_NAMES ") or 'all'"},
+        {.name = "ctx", .kind = OPT_CALL, .dst = o, .call = list_ctx,
+         .what = "a comma-separated list of up to 16 context lengths in 1..2^32"},
+        {.name = "dtype", .kind = OPT_CALL, .dst = o, .call = list_dtypes,
+         .what = "a comma-separated list of f32, f16, bf16"},
+        {.name = "threads", .kind = OPT_CALL, .dst = o, .call = list_threads,
+         .what = "a comma-separated list of thread counts in 0..256 (0 = all CPUs; "
+                 "bench's limit)"},
+        {.name = "reps", .kind = OPT_U64, .dst = &reps, .lo = 1, .hi = 1000},
+        {.name = "block-tokens", .kind = OPT_U64, .dst = &bt, .lo = 0, .hi = UINT32_MAX},
+        {.name = "prefill", .kind = OPT_U64, .dst = &prefill, .lo = 0, .hi = 1u << 20},
+        {.name = "bw-mib", .kind = OPT_U64, .dst = &o->bw_mib, .lo = 1, .hi = 1u << 20},
+        {.name = "scalar-max-ctx", .kind = OPT_U64, .dst = &o->scalar_max_ctx, .lo = 0,
+         .hi = UINT64_MAX},
+        {.name = "no-scalar", .kind = OPT_CLEAR, .dst = &o->scalar},
+        {.name = "no-naive", .kind = OPT_CLEAR, .dst = &o->naive},
+        {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
+        {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return CLI_OK;
-        }
-        if (strcmp(a, "--force") == 0) {
-            o->force = true;
-            continue;
-        }
-        if (strcmp(a, "--json") == 0 || strcmp(a, "--no-scalar") == 0 ||
-            strcmp(a, "--no-naive") == 0) {
-            o->json |= a[2] == 'j';
-            o->scalar &= strcmp(a, "--no-scalar") != 0;
-            o->naive &= strcmp(a, "--no-naive") != 0;
-            continue;
-        }
-        const value_opt *vo = NULL;
-        for (size_t k = 0; k < sizeof vals / sizeof vals[0] && !vo; k++)
-            if (strcmp(a, vals[k].name) == 0)
-                vo = &vals[k];
-        if (!vo)
-            return cli_usage_error(CMD, "unknown option '%s'", a);
-        const char *v = cli_value(CMD, argc, argv, &i);
-        if (!v)
-            return CLI_USAGE;
-        if (vo->item) {
-            *vo->count = 0;
-            if (!each_item(v, vo->item, o))
-                return cli_usage_error(CMD, "bad %s list '%s'", a, v);
-        } else if (!cli_parse_u64(v, vo->num) || *vo->num < vo->lo || *vo->num > vo->hi) {
-            return cli_usage_error(CMD, "bad %s '%s' (%llu..%llu)", a, v,
-                                   (unsigned long long)vo->lo, (unsigned long long)vo->hi);
-        }
-    }
+    int rc = cli_parse(CMD, argc, argv, opts_, sizeof opts_ / sizeof opts_[0], usage, NULL,
+                       0, NULL);
+    if (rc != CLI_OK)
+        return rc;
     o->reps = (uint32_t)reps;
     o->block_tokens = (uint32_t)bt;
     o->prefill_tokens = (uint32_t)prefill;
@@ -283,10 +261,20 @@ static int parse(int argc, char **argv, opts *o)
             o->dtypes[o->n_dtypes] = def_dt[o->n_dtypes];
     if (o->n_threads == 0) {
         o->threads[o->n_threads++] = 1;
-        if (online_cpus() > 1)
-            o->threads[o->n_threads++] = online_cpus();
+        if (bench_online_cpus() > 1)
+            o->threads[o->n_threads++] = bench_online_cpus();
     }
-    return -1;
+    /* the engine's limits, for every preset and dtype (the thread counts are within
+     * bench's own 256) */
+    for (uint32_t pi = 0; pi < o->n_presets; pi++)
+        for (uint32_t di = 0; di < o->n_dtypes; di++) {
+            const cli_preset *p = o->presets[pi];
+            const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
+                                            o->block_tokens, o->dtypes[di], 1);
+            if (cli_check_limits(CMD, &c, NULL) != CLI_OK)
+                return CLI_USAGE;
+        }
+    return CLI_OK;
 }
 
 /* The most bench holds at once, in bytes (UINT64_MAX on overflow): the bandwidth
@@ -294,7 +282,7 @@ static int parse(int argc, char **argv, opts *o)
  * built and destroyed in turn, so only one lives at a time; the formula is a lower
  * bound of its pages) and the naive kernel's f32 K/V and per-thread scores, which live
  * through all the rows of that context. */
-static uint64_t peak_bytes(const opts *o)
+static uint64_t peak_bytes(const bench_opts *o)
 {
     uint32_t tmax = 1;
     for (uint32_t i = 0; i < o->n_threads; i++)
@@ -325,30 +313,9 @@ static uint64_t peak_bytes(const opts *o)
 
 /* ---- one row of the table ------------------------------------------------------------- */
 
-typedef struct {
-    const cli_preset *p;
-    uint32_t bt;
-    uint64_t ctx;
-    pkv_dtype dt;
-    uint32_t threads;
-    uint64_t kv_bytes;
-    double ours_us, ours_gbs, bw_gbs;
-    double warm_us, warm_gflops, peak; /* back-to-back decodes; peak FMA of the row */
-    double scalar_us, scalar_gbs, scalar_bw_gbs;
-    double naive_us, naive_gbs, naive_bw_gbs;
-} row;
-
-typedef struct {
-    const cli_preset *p;
-    pkv_dtype dt;
-    uint32_t threads, tokens;
-    double seconds, gflops, peak;     /* warm: median of the runs after the first */
-    double cold_seconds, cold_gflops; /* the first run, fresh pages */
-} prefill_row;
-
 /* An engine of one layer of preset p, and a session holding ctx tokens of K/V taken
  * from the pool kv ([pool_tokens][2][g][d], reused cyclically). */
-static pkv_status build(const opts *o, const cli_preset *p, pkv_dtype dt, uint32_t threads,
+static pkv_status build(const bench_opts *o, const cli_preset *p, pkv_dtype dt, uint32_t threads,
                         bool scalar, uint64_t ctx, const float *kv, uint32_t pool_tokens,
                         pkv_engine **e, pkv_session **s)
 {
@@ -406,21 +373,10 @@ static pkv_status time_warm(pkv_session *s, const float *q, float *out, double *
     return st;
 }
 
-typedef struct {
-    const opts *o;
-    bench_bw bw;
-    row rows[4096];
-    uint32_t n_rows;
-    prefill_row pre[512];
-    uint32_t n_pre;
-    double peak[MAX_LIST];
-    const char *isa;
-} bench;
-
 /* All rows of one preset and context. */
 static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
 {
-    const opts *o = b->o;
+    const bench_opts *o = b->o;
     const uint32_t g = p->kv_heads, d = p->head_dim, h = p->heads;
     const uint32_t pool_tokens = 256;
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ ctx;
@@ -477,7 +433,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
             const pkv_dtype dt = o->dtypes[di];
             if (b->n_rows >= sizeof b->rows / sizeof b->rows[0])
                 break;
-            row *r = &b->rows[b->n_rows];
+            bench_row *r = &b->rows[b->n_rows];
             memset(r, 0, sizeof *r);
             r->p = p;
             r->ctx = ctx;
@@ -581,7 +537,7 @@ done:
  * --dtype (one 4096-token prefill of a llama3-8b layer is ~137 GFLOP: seconds). */
 static int run_prefill(bench *b, const cli_preset *p)
 {
-    const opts *o = b->o;
+    const bench_opts *o = b->o;
     const uint32_t n = o->prefill_tokens, h = p->heads, g = p->kv_heads, d = p->head_dim;
     uint64_t seed = 0x51ed270b27ull;
     float *Q = malloc((size_t)n * h * d * sizeof(float));
@@ -617,7 +573,7 @@ static int run_prefill(bench *b, const cli_preset *p)
                 goto done;
             }
             const double flops = 2.0 * h * d * (double)n * (n + 1.0);
-            prefill_row *r = &b->pre[b->n_pre++];
+            bench_prefill_row *r = &b->pre[b->n_pre++];
             r->p = p;
             r->dt = o->dtypes[di];
             r->threads = o->threads[ti];
@@ -635,130 +591,6 @@ done:
     return rc;
 }
 
-/* ---- output ---------------------------------------------------------------------------- */
-
-static void print_json(const bench *b)
-{
-    const opts *o = b->o;
-    json_writer w = {stdout, true}, *W = &w;
-    json_open(W, NULL, '{');
-    json_str(W, "tool", "pagedkv bench");
-    json_str(W, "version", pkv_version());
-    json_str(W, "isa", b->isa ? b->isa : "?");
-    JSON_U64S(W, {"online_cpus", online_cpus()}, {"reps", o->reps},
-              {"bw_buffer_bytes", b->bw.vecs * sizeof(bench_vec)});
-    json_open(W, "peak_fma", '[');
-    for (uint32_t i = 0; i < o->n_threads; i++) {
-        json_open(W, NULL, '{');
-        JSON_U64S(W, {"threads", o->threads[i]});
-        json_num(W, "gflops", b->peak[i]);
-        json_close(W, '}');
-    }
-    json_close(W, ']');
-    json_open(W, "decode", '[');
-    for (uint32_t i = 0; i < b->n_rows; i++) {
-        const row *r = &b->rows[i];
-        json_open(W, NULL, '{');
-        json_str(W, "preset", r->p->name);
-        JSON_U64S(W, {"heads", r->p->heads}, {"kv_heads", r->p->kv_heads},
-                  {"head_dim", r->p->head_dim}, {"block_tokens", r->bt}, {"ctx", r->ctx});
-        json_str(W, "dtype", pkv_dtype_name(r->dt));
-        JSON_U64S(W, {"threads", r->threads}, {"kv_bytes", r->kv_bytes});
-        JSON_NUMS(W, {"ours_us", r->ours_us}, {"ours_gbs", r->ours_gbs},
-                  {"bw_gbs", r->bw_gbs}, {"ours_ratio", r->ours_gbs / r->bw_gbs},
-                  {"warm_us", r->warm_us}, {"warm_gflops", r->warm_gflops},
-                  {"warm_fma_ratio", r->warm_gflops / r->peak},
-                  {"scalar_us", r->scalar_us}, {"scalar_gbs", r->scalar_gbs},
-                  {"scalar_bw_gbs", r->scalar_bw_gbs},
-                  {"scalar_ratio", r->scalar_gbs / r->scalar_bw_gbs},
-                  {"naive_us", r->naive_us}, {"naive_gbs", r->naive_gbs},
-                  {"naive_ratio", r->naive_gbs / r->naive_bw_gbs});
-        json_close(W, '}');
-    }
-    json_close(W, ']');
-    json_open(W, "prefill", '[');
-    for (uint32_t i = 0; i < b->n_pre; i++) {
-        const prefill_row *r = &b->pre[i];
-        json_open(W, NULL, '{');
-        json_str(W, "preset", r->p->name);
-        json_str(W, "dtype", pkv_dtype_name(r->dt));
-        JSON_U64S(W, {"threads", r->threads}, {"tokens", r->tokens});
-        JSON_NUMS(W, {"seconds", r->seconds}, {"tokens_per_s", r->tokens / r->seconds},
-                  {"gflops", r->gflops}, {"peak_gflops", r->peak},
-                  {"ratio", r->gflops / r->peak}, {"cold_seconds", r->cold_seconds},
-                  {"cold_gflops", r->cold_gflops});
-        json_close(W, '}');
-    }
-    json_close(W, ']');
-    json_close(W, '}');
-    fputc('\n', stdout);
-}
-
-/* "  123.4" or "      -" */
-static void cell(double v, const char *fmt, int width)
-{
-    if (isfinite(v))
-        printf(fmt, width, v);
-    else
-        printf("%*s", width, "-");
-}
-
-static void print_table(const bench *b)
-{
-    const opts *o = b->o;
-    printf("pagedkv bench %s: kernels %s; ratio = GB/s of K/V streamed / DRAM read GB/s "
-           "measured in the same rounds (%u rounds, medians)\n",
-           pkv_version(), b->isa ? b->isa : "?", o->reps);
-    const cli_preset *last = NULL;
-    for (uint32_t i = 0; i < b->n_rows; i++) {
-        const row *r = &b->rows[i];
-        if (r->p != last) {
-            printf("\n%s layer: h=%u g=%u d=%u bt=%u\n", r->p->name, r->p->heads,
-                   r->p->kv_heads, r->p->head_dim, r->bt);
-            printf("%8s %-4s %3s |%10s %7s %7s %6s |%8s %7s %5s |%10s %7s %6s |%10s %7s %6s\n",
-                   "ctx", "type", "thr", "ours us", "GB/s", "bw", "ratio", "warm us", "GF/s",
-                   "fma", "scalar us", "GB/s", "ratio", "naive us", "GB/s", "ratio");
-            last = r->p;
-        }
-        printf("%8llu %-4s %3u |", (unsigned long long)r->ctx, pkv_dtype_name(r->dt),
-               r->threads);
-        cell(r->ours_us, "%*.0f", 10);
-        cell(r->ours_gbs, "%*.1f", 8);
-        cell(r->bw_gbs, "%*.1f", 8);
-        cell(r->ours_gbs / r->bw_gbs, "%*.2f", 7);
-        printf(" |");
-        cell(r->warm_us, "%*.0f", 8);
-        cell(r->warm_gflops, "%*.1f", 8);
-        cell(r->warm_gflops / r->peak, "%*.2f", 6);
-        printf(" |");
-        cell(r->scalar_us, "%*.0f", 10);
-        cell(r->scalar_gbs, "%*.2f", 8);
-        cell(r->scalar_gbs / r->scalar_bw_gbs, "%*.3f", 7);
-        printf(" |");
-        cell(r->naive_us, "%*.0f", 10);
-        cell(r->naive_gbs, "%*.2f", 8);
-        cell(r->naive_gbs / r->naive_bw_gbs, "%*.3f", 7);
-        printf("\n");
-    }
-    if (b->n_pre) {
-        printf("\nprefill (pkv_prefill of a %u-token prompt into an empty session; median of\n"
-               "the runs after the first; cold = the first run, which touches fresh pages):\n",
-               o->prefill_tokens);
-        printf("%-10s %-4s %3s %10s %10s %9s %7s %12s\n", "preset", "type", "thr", "tokens/s",
-               "GFLOP/s", "peak", "ratio", "cold GFLOP/s");
-        for (uint32_t i = 0; i < b->n_pre; i++) {
-            const prefill_row *r = &b->pre[i];
-            printf("%-10s %-4s %3u %10.0f %10.1f %9.1f %7.3f %12.1f\n", r->p->name,
-                   pkv_dtype_name(r->dt), r->threads, r->tokens / r->seconds, r->gflops,
-                   r->peak, r->gflops / r->peak, r->cold_gflops);
-        }
-    }
-    printf("\npeak FMA (GFLOP/s, %u-lane FMA chains):", bench_fma_lanes());
-    for (uint32_t i = 0; i < o->n_threads; i++)
-        printf(" %u thread%s %.1f%s", o->threads[i], o->threads[i] > 1 ? "s" : "", b->peak[i],
-               i + 1 < o->n_threads ? "," : "\n");
-}
-
 /* `--spill` mode: its own small option set, then tools/bench_spill.c. -1: not asked. */
 static int spill_mode(int argc, char **argv)
 {
@@ -769,27 +601,17 @@ static int spill_mode(int argc, char **argv)
         spill |= strcmp(argv[i], "--spill") == 0;
     if (!spill)
         return -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--spill") == 0) {
-            continue;
-        } else if (strcmp(a, "--json") == 0) {
-            json = true;
-        } else if (strcmp(a, "--spill-dir") == 0) {
-            if (!(dir = cli_value(CMD, argc, argv, &i)))
-                return CLI_USAGE;
-        } else if (strcmp(a, "--spill-mib") == 0 || strcmp(a, "--reps") == 0) {
-            const char *v = cli_value(CMD, argc, argv, &i);
-            uint64_t x;
-            if (!v)
-                return CLI_USAGE;
-            if (!cli_parse_u64(v, &x) || x == 0 || x > (a[2] == 'r' ? 1000u : 1u << 20))
-                return cli_usage_error(CMD, "bad value '%s' for %s", v, a);
-            *(a[2] == 'r' ? &reps : &mib) = x;
-        } else {
-            return cli_usage_error(CMD, "option '%s' does not go with --spill", a);
-        }
-    }
+    const cli_opt opts_[] = {
+        {.name = "spill", .kind = OPT_FLAG, .dst = &spill},
+        {.name = "json", .kind = OPT_FLAG, .dst = &json},
+        {.name = "spill-dir", .kind = OPT_STRING, .dst = &dir},
+        {.name = "spill-mib", .kind = OPT_U64, .dst = &mib, .lo = 1, .hi = 1u << 20},
+        {.name = "reps", .kind = OPT_U64, .dst = &reps, .lo = 1, .hi = 1000},
+    };
+    int rc = cli_parse(CMD, argc, argv, opts_, sizeof opts_ / sizeof opts_[0], usage, NULL,
+                       0, NULL);
+    if (rc != CLI_OK)
+        return rc == CLI_HELP ? CLI_OK : rc;
     if (cli_check_dir(CMD, "--spill-dir", dir) != CLI_OK)
         return CLI_USAGE;
     return bench_spill(dir, mib, (int)reps, json);
@@ -800,13 +622,14 @@ int cmd_bench(int argc, char **argv)
     int sm = spill_mode(argc, argv);
     if (sm >= 0)
         return sm;
-    opts o;
+    bench_opts o;
     int rc = parse(argc, argv, &o);
-    if (rc >= 0)
-        return rc;
+    if (rc != CLI_OK)
+        return rc == CLI_HELP ? CLI_OK : rc;
     if (cli_memory_guard(CMD, "the largest context",
-                         peak_bytes(&o), cli_phys_mem_bytes(),
-                         "the machine's physical memory", o.force) != CLI_OK)
+                         peak_bytes(&o), cli_avail_mem_bytes(),
+                         "the available part (MemAvailable) of the machine's physical memory",
+                         o.force) != CLI_OK)
         return CLI_USAGE;
     rc = CLI_OK;
     bench *b = calloc(1, sizeof *b);
@@ -832,9 +655,9 @@ int cmd_bench(int argc, char **argv)
     }
     if (rc == CLI_OK) {
         if (o.json)
-            print_json(b);
+            bench_print_json(b);
         else
-            print_table(b);
+            bench_print_table(b);
     }
     free(buf);
     free(b);

@@ -2,11 +2,12 @@
  * cmd_generate.c - `pagedkv generate`: a tiny Llama generating token by token with
  * pagedkv as its only KV cache (the main job of the project; docs/generate.md).
  *
- * Owns: option parsing, the generation loop (prompt through pkv_prefill, one
- * pkv_append per layer and token, pkv_decode / pkv_decode_batch for the query), the
- * N forked continuations, the --check and --check-e2e verifiers, the generated text
+ * Owns: option parsing, the generation loop (the prompt in one forward of all its
+ * rows, then one forward per step of the sessions still generating), the N forked
+ * continuations, the --check and --check-e2e verifiers, the generated text
  * on stdout (without --json). Does not own: the report (generate_report.c, from the
- * gen of generate.h), the model math (llama.c), the tokenizer (tokenizer.c), the cache.
+ * gen of generate.h), the model math (llama/llama.c), the attention through the cache
+ * (llama/llama_kv.c), the tokenizer (llama/tokenizer.c), the cache.
  *
  * Invariants:
  *   - Positions are token indices: tok[s][p] is the token forwarded at position p, and
@@ -25,8 +26,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include "opt.h"
 #include "generate.h"
 #include "llama.h"
+#include "llama_kv.h"
 #include "tokenizer.h"
 
 #define CMD "generate"
@@ -40,6 +43,11 @@
  * differences of about that dtype's machine epsilon eps (2^-10, 2^-7) are
  * legitimate: stories260K shows up to ~1 eps x max|logit|, hence 4 eps. */
 #define E2E_REL 1e-3
+/* --check warns of its cost above this many multiply-adds (the double-precision
+ * oracle ran 1.3e9 a second on the 2-core development VM: synthetic -n 256, 1.15e10
+ * in 8.9 s), and reports progress every CHECK_PROGRESS_SECS of checking. */
+#define CHECK_WARN_OPS 1e9
+#define CHECK_PROGRESS_SECS 5.0
 
 static void usage(FILE *f)
 {
@@ -78,7 +86,7 @@ static void usage(FILE *f)
         "Text goes to stdout; tokens/s and per-session cache memory to stderr.\n");
 }
 
-static int parse_opts(int argc, char **argv, gen_opts *o, bool *help)
+static int parse_opts(int argc, char **argv, gen_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->prompt = "";
@@ -87,68 +95,31 @@ static int parse_opts(int argc, char **argv, gen_opts *o, bool *help)
     o->topp = 0.9;
     o->seed = 42;
     o->sessions = 1;
-    *help = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VALUE() do { if (!(v = cli_value(CMD, argc, argv, &i))) return CLI_USAGE; } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            *help = true;
-            return CLI_OK;
-        } else if (!strcmp(a, "--model")) {
-            VALUE(); o->model_path = v;
-        } else if (!strcmp(a, "--tokenizer")) {
-            VALUE(); o->tok_path = v;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--steps")) {
-            VALUE();
-            if (!cli_parse_u32(v, &o->steps) || o->steps == 0)
-                return cli_usage_error(CMD, "-n needs a positive integer, not '%s'", v);
-        } else if (!strcmp(a, "-i") || !strcmp(a, "--prompt")) {
-            VALUE(); o->prompt = v;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--temperature")) {
-            VALUE();
-            if (!cli_parse_double(v, &o->temperature) || o->temperature < 0 ||
-                o->temperature > 1e6)
-                return cli_usage_error(CMD, "-t needs a temperature >= 0, not '%s'", v);
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--top-p")) {
-            VALUE();
-            if (!cli_parse_double(v, &o->topp) || o->topp < 0 || o->topp > 1)
-                return cli_usage_error(CMD, "-p needs a value in [0, 1], not '%s'", v);
-        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
-            VALUE();
-            if (!cli_parse_u64(v, &o->seed))
-                return cli_usage_error(CMD, "-s needs an unsigned integer, not '%s'", v);
-        } else if (!strcmp(a, "--dtype")) {
-            VALUE();
-            if (!cli_parse_dtype(v, &o->dtype))
-                return cli_usage_error(CMD, "unknown dtype '%s' (f32, f16, bf16)", v);
-            o->dtype_set = true;
-        } else if (!strcmp(a, "--block-tokens")) {
-            VALUE();
-            if (!cli_parse_u32(v, &o->block_tokens) || o->block_tokens == 0)
-                return cli_usage_error(CMD, "--block-tokens needs a positive integer, "
-                                            "not '%s'", v);
-        } else if (!strcmp(a, "--sessions")) {
-            VALUE();
-            if (!cli_parse_u32(v, &o->sessions) || o->sessions == 0 ||
-                o->sessions > MAX_SESSIONS)
-                return cli_usage_error(CMD, "--sessions needs 1..%u, not '%s'",
-                                       MAX_SESSIONS, v);
-        } else if (!strcmp(a, "--threads")) {
-            VALUE();
-            if (!cli_parse_u32(v, &o->threads) || o->threads > 1024)
-                return cli_usage_error(CMD, "--threads needs 0..1024, not '%s'", v);
-        } else if (!strcmp(a, "--check")) {
-            o->check = true;
-        } else if (!strcmp(a, "--check-e2e")) {
-            o->check_e2e = true;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else {
-            return cli_usage_error(CMD, "unknown option '%s'", a);
-        }
-#undef VALUE
-    }
-    return CLI_OK;
+    const cli_opt opts[] = {
+        {.name = "model", .kind = OPT_STRING, .dst = &o->model_path},
+        {.name = "tokenizer", .kind = OPT_STRING, .dst = &o->tok_path},
+        {.name = "steps", .short_name = 'n', .kind = OPT_U32, .dst = &o->steps, .lo = 1,
+         .hi = UINT32_MAX},
+        {.name = "prompt", .short_name = 'i', .kind = OPT_STRING, .dst = &o->prompt},
+        {.name = "temperature", .short_name = 't', .kind = OPT_DOUBLE, .dst = &o->temperature,
+         .dlo = 0, .dhi = 1e6},
+        {.name = "top-p", .short_name = 'p', .kind = OPT_DOUBLE, .dst = &o->topp, .dlo = 0,
+         .dhi = 1},
+        {.name = "seed", .short_name = 's', .kind = OPT_U64, .dst = &o->seed, .lo = 0,
+         .hi = UINT64_MAX},
+        {.name = "dtype", .kind = OPT_DTYPE, .dst = &o->dtype, .seen = &o->dtype_set},
+        {.name = "block-tokens", .kind = OPT_U32, .dst = &o->block_tokens, .lo = 1,
+         .hi = UINT32_MAX},
+        {.name = "sessions", .kind = OPT_U32, .dst = &o->sessions, .lo = 1,
+         .hi = MAX_SESSIONS},
+        {.name = "threads", .kind = OPT_U32, .dst = &o->threads, .lo = 0,
+         .hi = CLI_MAX_THREADS, .note = "0 = all CPUs; the engine's limit"},
+        {.name = "check", .kind = OPT_FLAG, .dst = &o->check},
+        {.name = "check-e2e", .kind = OPT_FLAG, .dst = &o->check_e2e},
+        {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
+    };
+    return cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
+                     NULL);
 }
 
 /* ---- allocation ---------------------------------------------------------------- */
@@ -225,15 +196,35 @@ static int gen_setup(gen *g)
     }
     g->n_prompt = (uint32_t)np;
     g->steps = o->steps;
-    if (g->steps > c->seq_len) {
-        if (!o->json)
-            fprintf(stderr, "pagedkv generate: -n %u exceeds the model's seq_len; using "
-                            "%u\n", g->steps, c->seq_len);
+    if (g->steps > c->seq_len) {   /* a note on stderr, as the warnings below */
+        fprintf(stderr, "pagedkv generate: -n %u exceeds the model's seq_len; using %u\n",
+                g->steps, c->seq_len);
         g->steps = c->seq_len;
     }
     g->P = g->n_prompt < g->steps ? g->n_prompt : g->steps;
     g->gen_cap = g->steps - g->P + 1;
     g->N = o->sessions;
+    /* -n counts positions, prompt included (BOS is one): say when that leaves the
+     * prompt cut short or no room for more than the one token sampled after it */
+    if (g->n_prompt > g->steps)
+        fprintf(stderr, "pagedkv generate: warning: -n %u cuts the prompt short: %u of its "
+                        "%u positions (BOS included) run and nothing is generated; -n counts "
+                        "positions, prompt included\n", g->steps, g->steps, g->n_prompt);
+    else if (g->n_prompt == g->steps)
+        fprintf(stderr, "pagedkv generate: warning: the prompt takes all -n %u positions (BOS "
+                        "included): one token is sampled after it and none is run; -n counts "
+                        "positions, prompt included\n", g->steps);
+    if (o->check) {
+        /* dense causal attention at every step: sum over T of T^2 * h * d * 2, i.e.
+         * about n^3 / 3 * 2 * h * d per layer and session */
+        const double n = g->steps, cost = n * n * n / 3.0 * 2.0 * c->n_heads * c->head_size *
+                                           c->n_layers * o->sessions;
+        if (cost > CHECK_WARN_OPS)
+            fprintf(stderr, "pagedkv generate: warning: --check recomputes every step's "
+                            "attention densely, O(n^3): about %.1f G multiply-adds for -n %u; "
+                            "progress every %.0f s\n", cost / 1e9, g->steps,
+                    CHECK_PROGRESS_SECS);
+    }
 
     const uint32_t N = g->N, S = g->steps, V = c->vocab_size, L = c->n_layers;
     uint32_t rows = g->P > N ? g->P : N;
@@ -276,14 +267,13 @@ static int gen_setup(gen *g)
     for (uint32_t s = 0; s < N; s++)
         llama_rng_init(&g->rng[s], o->seed ^ ((uint64_t)s * 0x9e3779b97f4a7c15ull));
 
-    pkv_config cfg = pkv_config_default();
-    cfg.n_layers = L;
-    cfg.n_heads = c->n_heads;
-    cfg.n_kv_heads = c->n_kv_heads;
-    cfg.head_dim = c->head_size;
-    cfg.block_tokens = o->block_tokens;
-    cfg.kv_dtype = o->dtype_set ? o->dtype : (o->model_path ? PKV_F32 : PKV_F16);
-    cfg.n_threads = o->threads;
+    const pkv_config cfg = llama_kv_config(c, o->block_tokens,
+                                           o->dtype_set ? o->dtype
+                                                        : o->model_path ? PKV_F32 : PKV_F16,
+                                           o->threads);
+    if (cli_check_limits(CMD, &cfg, o->model_path ? o->model_path : "the synthetic model") !=
+        CLI_OK)
+        return CLI_USAGE;
     st = pkv_engine_create(&cfg, &g->eng);
     if (st == PKV_EINVAL)
         return cli_usage_error(CMD, "the engine rejects this configuration (block "
@@ -293,6 +283,7 @@ static int gen_setup(gen *g)
     st = pkv_session_create(g->eng, &g->sess[0]);
     if (st != PKV_OK)
         return cli_fail(CMD, "cannot create a session: %s", pkv_status_str(st));
+    g->kv = llama_kv_init(g->eng, c, g->act_sess);
     return CLI_OK;
 }
 
@@ -391,25 +382,17 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
             snprintf(g->err, sizeof g->err, "dense recompute: %s", pkv_status_str(st));
         return st;
     }
-    if (g->mode == MODE_PREFILL) {
-        st = pkv_prefill(g->sess[0], layer, n, q, k, v, out);
-        if (st != PKV_OK) {
-            snprintf(g->err, sizeof g->err, "pkv_prefill (layer %u, %u tokens): %s", layer,
-                     n, pkv_status_str(st));
-            return st;
-        }
-    } else {
-        for (uint32_t r = 0; r < n && st == PKV_OK; r++)
-            st = pkv_append(g->act_sess[r], layer, k + (size_t)r * c->kv_dim,
-                            v + (size_t)r * c->kv_dim);
-        if (st == PKV_OK)
-            st = n == 1 ? pkv_decode(g->act_sess[0], layer, q, out)
-                        : pkv_decode_batch(g->eng, layer, n, g->act_sess, q, out);
-        if (st != PKV_OK) {
-            snprintf(g->err, sizeof g->err, "append/decode (layer %u, position %u): %s",
+    /* the cache: tools/llama/llama_kv.c, as a generator of one's own would call it */
+    g->kv.prefill = g->mode == MODE_PREFILL;
+    st = llama_kv_attn(&g->kv, layer, n, q, k, v, out);
+    if (st != PKV_OK) {
+        if (g->kv.prefill)
+            snprintf(g->err, sizeof g->err, "%s (layer %u, %u tokens): %s", g->kv.failed,
+                     layer, n, pkv_status_str(st));
+        else
+            snprintf(g->err, sizeof g->err, "%s (layer %u, position %u): %s", g->kv.failed,
                      layer, g->cur_pos, pkv_status_str(st));
-            return st;
-        }
+        return st;
     }
     if (!g->o->check)
         return PKV_OK;
@@ -428,7 +411,14 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
                             out + (size_t)r * c->dim);
         }
     }
-    g->check_secs += cli_now() - t0;
+    const double now = cli_now();
+    g->check_secs += now - t0;
+    if (g->check_secs - g->check_shown >= CHECK_PROGRESS_SECS) {
+        g->check_shown = g->check_secs;
+        fprintf(stderr, "pagedkv generate: --check: position %u of %u, %.0f s checking so "
+                        "far\n", g->mode == MODE_PREFILL ? n : g->cur_pos + 1, g->steps,
+                g->check_secs);
+    }
     return st;
 }
 
@@ -489,6 +479,7 @@ static int gen_run(gen *g)
     for (uint32_t r = 0; r < P; r++)
         g->row_pos[r] = r;
     g->mode = MODE_PREFILL;
+    g->act_sess[0] = g->sess[0];   /* the prompt's rows all go to session 0 */
     double t0 = cli_now();
     bool sample_first = g->n_prompt <= g->steps;
     st = llama_forward(&g->model, &g->st, P, g->prompt, g->row_pos, attn_cb, g,
@@ -641,14 +632,9 @@ static int gen_e2e(gen *g)
 int cmd_generate(int argc, char **argv)
 {
     gen_opts o;
-    bool help;
-    int rc = parse_opts(argc, argv, &o, &help);
+    int rc = parse_opts(argc, argv, &o);
     if (rc != CLI_OK)
-        return rc;
-    if (help) {
-        usage(stdout);
-        return CLI_OK;
-    }
+        return rc == CLI_HELP ? CLI_OK : rc;
     gen *g = calloc(1, sizeof *g);
     if (!g)
         return cli_fail(CMD, "out of memory");

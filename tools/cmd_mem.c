@@ -30,6 +30,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "json.h"
+#include "opt.h"
 
 static const char *const CMD = "mem";
 
@@ -81,7 +83,9 @@ static void usage(FILE *f)
 "  ctx, batch, dtype, bytes_per_value, block_tokens, formula_bytes, paged_bytes,\n"
 "  page_bytes, pages_per_layer, pages_per_session, waste_bytes,\n"
 "  block_table_bytes_est (null if it overflows 64 bits), mha_formula_bytes,\n"
-"  gqa_saving_bytes (both null if the MHA figure overflows 64 bits), gqa_ratio (heads / kv_heads), measured (null without\n"
+"  gqa_saving_bytes (both null if the MHA figure overflows 64 bits), gqa_ratio\n"
+"  (heads / kv_heads), attention (\"MHA\", \"GQA\", \"MQA\", or null without --heads or\n"
+"  a preset: heads is then taken as kv_heads), measured (null without\n"
 "  --measure, else an object for one session: tokens, blocks, bytes_resident,\n"
 "  bytes_ideal, bytes_overhead, engine_pages_in_use, engine_bytes_allocator,\n"
 "  peak_rss_bytes, seconds, matches). All byte figures are for the whole batch\n"
@@ -131,82 +135,36 @@ static bool mul64(uint64_t a, uint64_t b, uint64_t *out)
     return !__builtin_mul_overflow(a, b, out);
 }
 
-/* Parse a u32 option value in lo..UINT32_MAX; 0 and a usage message (with the range
- * really accepted) on failure. */
-static int opt_u32(const char *name, const char *v, uint32_t lo, uint32_t *out)
-{
-    if (!cli_parse_u32(v, out) || *out < lo) {
-        cli_usage_error(CMD, "%s: '%s' is not an integer in %u..%u", name, v, lo,
-                        UINT32_MAX);
-        return 0;
-    }
-    return 1;
-}
-
-static int parse(int argc, char **argv, mem_opts *o, bool *help)
+static int parse(int argc, char **argv, mem_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->batch = 1;
     o->dtype = PKV_F16;
-    *help = false;
-    const char *v;
-#define VALUE() do { if (!(v = cli_value(CMD, argc, argv, &i))) return CLI_USAGE; } while (0)
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            *help = true;
-            return CLI_OK;
-        } else if (!strcmp(a, "--layers")) {
-            VALUE();
-            if (!opt_u32(a, v, 1, &o->layers))
-                return CLI_USAGE;
-            o->has_layers = true;
-        } else if (!strcmp(a, "--heads")) {
-            VALUE();
-            if (!opt_u32(a, v, 1, &o->heads))
-                return CLI_USAGE;
-            o->has_heads = true;
-        } else if (!strcmp(a, "--kv-heads")) {
-            VALUE();
-            if (!opt_u32(a, v, 1, &o->kv_heads))
-                return CLI_USAGE;
-            o->has_kv = true;
-        } else if (!strcmp(a, "--head-dim")) {
-            VALUE();
-            if (!opt_u32(a, v, 1, &o->head_dim))
-                return CLI_USAGE;
-            o->has_dim = true;
-        } else if (!strcmp(a, "--ctx")) {
-            VALUE();
-            if (!cli_parse_u64(v, &o->ctx))
-                return cli_usage_error(CMD, "--ctx: '%s' is not a token count", v);
-            o->has_ctx = true;
-        } else if (!strcmp(a, "--batch")) {
-            VALUE();
-            if (!cli_parse_u64(v, &o->batch))
-                return cli_usage_error(CMD, "--batch: '%s' is not a session count", v);
-        } else if (!strcmp(a, "--dtype")) {
-            VALUE();
-            if (!cli_parse_dtype(v, &o->dtype))
-                return cli_usage_error(CMD, "--dtype: '%s' is not f32, f16 or bf16", v);
-        } else if (!strcmp(a, "--block-tokens")) {
-            VALUE();
-            if (!opt_u32(a, v, 0, &o->block_tokens))
-                return CLI_USAGE;
-        } else if (!strcmp(a, "--model-preset")) {
-            VALUE();
-            o->preset = v;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else if (!strcmp(a, "--measure")) {
-            o->measure = true;
-        } else if (!strcmp(a, "--force")) {
-            o->force = true;
-        } else {
-            return cli_usage_error(CMD, "unknown option '%s'", a);
-        }
-    }
-#undef VALUE
+    const cli_opt opts[] = {
+        {.name = "layers", .kind = OPT_U32, .dst = &o->layers, .lo = 1, .hi = UINT32_MAX,
+         .seen = &o->has_layers},
+        {.name = "heads", .kind = OPT_U32, .dst = &o->heads, .lo = 1, .hi = UINT32_MAX,
+         .seen = &o->has_heads},
+        {.name = "kv-heads", .kind = OPT_U32, .dst = &o->kv_heads, .lo = 1,
+         .hi = UINT32_MAX, .seen = &o->has_kv},
+        {.name = "head-dim", .kind = OPT_U32, .dst = &o->head_dim, .lo = 1,
+         .hi = UINT32_MAX, .seen = &o->has_dim},
+        {.name = "ctx", .kind = OPT_U64, .dst = &o->ctx, .lo = 1, .hi = UINT64_MAX,
+         .seen = &o->has_ctx},
+        {.name = "batch", .kind = OPT_U64, .dst = &o->batch, .lo = 1, .hi = UINT64_MAX},
+        {.name = "dtype", .kind = OPT_DTYPE, .dst = &o->dtype},
+        {.name = "block-tokens", .kind = OPT_U32, .dst = &o->block_tokens, .lo = 0,
+         .hi = UINT32_MAX},
+        {.name = "model-preset", .kind = OPT_CALL, .dst = &o->preset,
+         .call = cli_opt_preset, .what = "a preset: one of " CLI_PRESET_NAMES},
+        {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
+        {.name = "measure", .kind = OPT_FLAG, .dst = &o->measure},
+        {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
+    };
+    int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
+                       NULL);
+    if (rc != CLI_OK)
+        return rc;
 
     /* The preset fills whatever the flags left unset (flags override it). */
     if (o->preset) {
@@ -237,7 +195,9 @@ static int parse(int argc, char **argv, mem_opts *o, bool *help)
     if (o->heads % o->kv_heads != 0)
         return cli_usage_error(CMD, "--heads (%u) must be a multiple of --kv-heads (%u)",
                                o->heads, o->kv_heads);
-    return CLI_OK;
+    const pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim,
+                                    o->block_tokens, o->dtype, 1);
+    return cli_check_limits(CMD, &c, NULL);
 }
 
 /* The engine for this geometry (one worker thread: nothing here decodes). */
@@ -343,16 +303,30 @@ static int measure(const mem_opts *o, pkv_engine *e, const mem_figures *f,
     return CLI_OK;
 }
 
+/* "MHA", "MQA", "GQA", or NULL when the query heads were not given. */
+static const char *attention_kind(const mem_opts *o)
+{
+    if (!o->has_heads)
+        return NULL;
+    return o->kv_heads == o->heads ? "MHA" : o->kv_heads == 1 ? "MQA" : "GQA";
+}
+
 static void print_text(const mem_opts *o, const mem_figures *f, const mem_measured *r)
 {
     char b1[32], b2[32];
     const uint32_t hg = o->heads / o->kv_heads;
-    const char *kind = o->kv_heads == o->heads ? "MHA" : o->kv_heads == 1 ? "MQA" : "GQA";
+    /* The kind of attention is known only when the query heads are: without --heads
+     * (or a preset) the figures take heads = kv-heads, which says nothing about it. */
+    const char *kind = attention_kind(o);
     if (o->preset)
         printf("preset          %s\n", o->preset);
-    printf("geometry        %u layers, %u heads, %u kv-heads (%s, %u quer%s per group), "
-           "head-dim %u\n", o->layers, o->heads, o->kv_heads, kind, hg,
-           hg == 1 ? "y" : "ies", o->head_dim);
+    if (kind)
+        printf("geometry        %u layers, %u heads, %u kv-heads (%s, %u quer%s per group), "
+               "head-dim %u\n", o->layers, o->heads, o->kv_heads, kind, hg,
+               hg == 1 ? "y" : "ies", o->head_dim);
+    else
+        printf("geometry        %u layers, %u kv-heads (query heads not given), head-dim %u\n",
+               o->layers, o->kv_heads, o->head_dim);
     printf("sessions        %" PRIu64 " x %" PRIu64 " tokens, %s (%" PRIu64
            " bytes/value), block-tokens %u\n",
            o->batch, o->ctx, pkv_dtype_name(o->dtype), f->bytes_per_value, f->block_tokens);
@@ -377,7 +351,9 @@ static void print_text(const mem_opts *o, const mem_figures *f, const mem_measur
                f->table_est, cli_bytes(f->table_est, b1), (unsigned)TABLE_BYTES_PER_PAGE);
     else
         printf("block tables    the estimate overflows 64 bits\n");
-    if (hg == 1)
+    if (!kind)
+        printf("vs MHA          unknown: give --heads (query heads) to compare with MHA\n");
+    else if (hg == 1)
         printf("vs MHA          this is MHA (kv-heads = heads); give --heads to compare "
                "a GQA/MQA model\n");
     else if (f->mha_ok)
@@ -411,58 +387,52 @@ static void print_text(const mem_opts *o, const mem_figures *f, const mem_measur
 
 static void print_json(const mem_opts *o, const mem_figures *f, const mem_measured *r)
 {
-    printf("{\"preset\":");
-    if (o->preset)
-        cli_json_str(stdout, o->preset);
-    else
-        printf("null");
-    printf(",\"layers\":%u,\"heads\":%u,\"kv_heads\":%u,\"head_dim\":%u", o->layers,
-           o->heads, o->kv_heads, o->head_dim);
-    printf(",\"ctx\":%" PRIu64 ",\"batch\":%" PRIu64 ",\"dtype\":", o->ctx, o->batch);
-    cli_json_str(stdout, pkv_dtype_name(o->dtype));
-    printf(",\"bytes_per_value\":%" PRIu64 ",\"block_tokens\":%u", f->bytes_per_value,
-           f->block_tokens);
-    printf(",\"formula_bytes\":%" PRIu64 ",\"paged_bytes\":%" PRIu64
-           ",\"page_bytes\":%" PRIu64, f->formula, f->paged, f->page_bytes);
-    printf(",\"pages_per_layer\":%" PRIu64 ",\"pages_per_session\":%" PRIu64
-           ",\"waste_bytes\":%" PRIu64 ",\"block_table_bytes_est\":",
-           f->pages_per_layer, f->pages_per_session, f->waste);
+    json_writer w = {stdout, true, false}, *W = &w;
+    json_open(W, NULL, '{');
+    json_str(W, "preset", o->preset);
+    JSON_U64S(W, {"layers", o->layers}, {"heads", o->heads}, {"kv_heads", o->kv_heads},
+              {"head_dim", o->head_dim}, {"ctx", o->ctx}, {"batch", o->batch});
+    json_str(W, "dtype", pkv_dtype_name(o->dtype));
+    JSON_U64S(W, {"bytes_per_value", f->bytes_per_value}, {"block_tokens", f->block_tokens},
+              {"formula_bytes", f->formula}, {"paged_bytes", f->paged},
+              {"page_bytes", f->page_bytes}, {"pages_per_layer", f->pages_per_layer},
+              {"pages_per_session", f->pages_per_session}, {"waste_bytes", f->waste});
     if (f->table_ok)
-        printf("%" PRIu64, f->table_est);
+        json_u64(W, "block_table_bytes_est", f->table_est);
     else
-        printf("null");
-    if (f->mha_ok)
-        printf(",\"mha_formula_bytes\":%" PRIu64 ",\"gqa_saving_bytes\":%" PRIu64,
-               f->mha, f->saving);
-    else
-        printf(",\"mha_formula_bytes\":null,\"gqa_saving_bytes\":null");
-    printf(",\"gqa_ratio\":%u", o->heads / o->kv_heads);
-    printf(",\"measured\":");
-    if (!r) {
-        printf("null}\n");
-        return;
+        json_str(W, "block_table_bytes_est", NULL);
+    if (f->mha_ok) {
+        JSON_U64S(W, {"mha_formula_bytes", f->mha}, {"gqa_saving_bytes", f->saving});
+    } else {
+        json_str(W, "mha_formula_bytes", NULL);
+        json_str(W, "gqa_saving_bytes", NULL);
     }
-    printf("{\"tokens\":%" PRIu64 ",\"blocks\":%" PRIu64 ",\"bytes_resident\":%" PRIu64
-           ",\"bytes_ideal\":%" PRIu64 ",\"bytes_overhead\":%" PRIu64,
-           r->m.tokens, r->m.blocks, r->m.bytes_resident, r->m.bytes_ideal,
-           r->m.bytes_overhead);
-    printf(",\"engine_pages_in_use\":%" PRIu64 ",\"engine_bytes_allocator\":%" PRIu64
-           ",\"peak_rss_bytes\":%" PRIu64 ",\"seconds\":%.6f,\"matches\":%s}}\n",
-           r->st.pages_in_use, r->st.bytes_allocator, r->peak_rss, r->seconds,
-           r->matches ? "true" : "false");
+    json_u64(W, "gqa_ratio", o->heads / o->kv_heads);
+    json_str(W, "attention", attention_kind(o));
+    if (!r) {
+        json_str(W, "measured", NULL);
+    } else {
+        json_open(W, "measured", '{');
+        JSON_U64S(W, {"tokens", r->m.tokens}, {"blocks", r->m.blocks},
+                  {"bytes_resident", r->m.bytes_resident}, {"bytes_ideal", r->m.bytes_ideal},
+                  {"bytes_overhead", r->m.bytes_overhead},
+                  {"engine_pages_in_use", r->st.pages_in_use},
+                  {"engine_bytes_allocator", r->st.bytes_allocator},
+                  {"peak_rss_bytes", r->peak_rss});
+        json_fmt(W, "seconds", "%.6f", r->seconds);
+        json_bool(W, "matches", r->matches);
+        json_close(W, '}');
+    }
+    json_close(W, '}');
+    fputc('\n', stdout);
 }
 
 int cmd_mem(int argc, char **argv)
 {
     mem_opts o;
-    bool help;
-    int rc = parse(argc, argv, &o, &help);
+    int rc = parse(argc, argv, &o);
     if (rc != CLI_OK)
-        return rc;
-    if (help) {
-        usage(stdout);
-        return CLI_OK;
-    }
+        return rc == CLI_HELP ? CLI_OK : rc;
     pkv_engine *e = NULL;
     if ((rc = make_engine(&o, &e)) != CLI_OK)
         return rc;

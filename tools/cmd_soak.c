@@ -9,10 +9,9 @@
  * sweep, the teardown check and the summary. Does not own: the model (per session and
  * layer, every appended K/V row, dtype-rounded), the double-precision reference decode
  * and the operation mix (soak_model.c, sharing the state of soak.h); anything in the
- * library. Unlike the other subcommands it includes "internal.h": it calls
- * pkvi_engine_check after every step, and soak_model.c reads block tables (page
- * residency, refs) to count pages read back from and dropped in the spill file.
- * Neither writes library state.
+ * library. Public API only: pkv_engine_check after every step, and soak_model.c reads
+ * block tables (pkv_session_pages: residency, refs) to count pages read back from and
+ * dropped in the spill file. Neither writes library state.
  *
  * Invariants checked (a failure prints the seed, the op number and what differed, and
  * exits 1):
@@ -21,7 +20,7 @@
  *   - batch == single decode, twin (fork) == original, loaded == saved,
  *     prefill == decode: memcmp;
  *   - pkv_session_len and pkv_session_memory agree with the model after every step
- *     that touched a session; pkvi_engine_check (I1..I5, no pins) holds after every
+ *     that touched a session; pkv_engine_check (docs/design.md) holds after every
  *     step; resident + cached pages never exceed the budget;
  *   - statuses: OK wherever the budget provably suffices (a decode's pages <= budget),
  *     PKV_ESTATE for an empty layer, PKV_ERANGE for truncating past every layer, and
@@ -41,9 +40,10 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "internal.h"
+#include "json.h"
+#include "opt.h"
 #include "soak.h"
-#if PKV_HAVE_JEMALLOC
+#if PKV_TOOLS_JEMALLOC
 #include <jemalloc/jemalloc.h>
 #endif
 
@@ -81,65 +81,50 @@ static void usage(FILE *f)
 
 /* ---- options -------------------------------------------------------------------- */
 
-typedef struct { const char *name; uint32_t *u32; uint64_t *u64; } num_opt;
-
-static int parse_opts(int argc, char **argv, soak_opts *o, bool *help)
+static int parse_opts(int argc, char **argv, soak_opts *o)
 {
     *o = (soak_opts){.ops = 20000, .seed = 1, .budget_pages = 384, .sessions = 2000,
                      .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 8,
                      .block_tokens = 4, .max_len = 48, .long_len = 1100, .dtype = PKV_F32};
-    const num_opt nums[] = {
-        {"--ops", NULL, &o->ops},            {"--seed", NULL, &o->seed},
-        {"--budget-pages", NULL, &o->budget_pages}, {"--sessions", &o->sessions, NULL},
-        {"--threads", &o->threads, NULL},    {"--layers", &o->layers, NULL},
-        {"--heads", &o->heads, NULL},        {"--kv-heads", &o->kv_heads, NULL},
-        {"--head-dim", &o->head_dim, NULL},  {"--block-tokens", &o->block_tokens, NULL},
-        {"--max-len", &o->max_len, NULL},    {"--long-len", &o->long_len, NULL},
-    };
-    *help = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            *help = true;
-            return CLI_OK;
-        }
-        if (strcmp(a, "--json") == 0) { o->json = true; continue; }
+    static const char *const small = "a soak's limit: the model holds every row";
+    const cli_opt opts[] = {
+        {.name = "ops", .kind = OPT_U64, .dst = &o->ops, .lo = 1, .hi = UINT64_MAX,
+         .seen = &o->ops_set},
+        {.name = "minutes", .kind = OPT_DOUBLE, .dst = &o->minutes, .dlo = 1e-9,
+         .dhi = 1e9, .seen = &o->minutes_set},
+        {.name = "seed", .kind = OPT_U64, .dst = &o->seed, .lo = 0, .hi = UINT64_MAX},
+        {.name = "sessions", .kind = OPT_U32, .dst = &o->sessions, .lo = 2, .hi = 1000000,
+         .note = "a fork needs a second slot"},
+        {.name = "budget-pages", .kind = OPT_U64, .dst = &o->budget_pages, .lo = 0,
+         .hi = UINT64_MAX / (1ull << 32)},
+        {.name = "spill-dir", .kind = OPT_STRING, .dst = &o->spill_dir},
+        {.name = "dtype", .kind = OPT_DTYPE, .dst = &o->dtype},
+        {.name = "threads", .kind = OPT_U32, .dst = &o->threads, .lo = 0,
+         .hi = CLI_MAX_THREADS, .note = "0 = all CPUs; the engine's limit"},
+        {.name = "max-len", .kind = OPT_U32, .dst = &o->max_len, .lo = 1, .hi = 65536,
+         .note = small},
+        {.name = "long-len", .kind = OPT_U32, .dst = &o->long_len, .lo = 0, .hi = 65536,
+         .note = small},
+        {.name = "layers", .kind = OPT_U32, .dst = &o->layers, .lo = 1, .hi = 64,
+         .note = small},
+        {.name = "heads", .kind = OPT_U32, .dst = &o->heads, .lo = 1, .hi = 64,
+         .note = small},
+        {.name = "kv-heads", .kind = OPT_U32, .dst = &o->kv_heads, .lo = 1, .hi = 64,
+         .note = small},
+        {.name = "head-dim", .kind = OPT_U32, .dst = &o->head_dim, .lo = 1, .hi = 256,
+         .note = small},
+        {.name = "block-tokens", .kind = OPT_U32, .dst = &o->block_tokens, .lo = 1,
+         .hi = 1024, .note = small},
+        {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
         /* hidden: corrupt the model once, to prove that a soak can fail */
-        if (strcmp(a, "--inject-bug") == 0) { o->inject_bug = true; continue; }
-        const num_opt *n = NULL;
-        for (size_t j = 0; j < sizeof nums / sizeof nums[0]; j++)
-            if (strcmp(a, nums[j].name) == 0)
-                n = &nums[j];
-        if (!n && strcmp(a, "--dtype") && strcmp(a, "--spill-dir") && strcmp(a, "--minutes"))
-            return cli_usage_error(CMD, "unknown option '%s'", a);
-        const char *v = cli_value(CMD, argc, argv, &i);
-        if (!v)
-            return CLI_USAGE;
-        if (n) {
-            if (!(n->u32 ? cli_parse_u32(v, n->u32) : cli_parse_u64(v, n->u64)))
-                return cli_usage_error(CMD, "%s: '%s' is not a non-negative integer", a, v);
-            o->ops_set |= n->u64 == &o->ops;
-        } else if (strcmp(a, "--dtype") == 0) {
-            if (!cli_parse_dtype(v, &o->dtype))
-                return cli_usage_error(CMD, "--dtype: '%s' is not f32, f16 or bf16", v);
-        } else if (strcmp(a, "--spill-dir") == 0) {
-            o->spill_dir = v;
-        } else {
-            if (!cli_parse_double(v, &o->minutes) || !(o->minutes > 0))
-                return cli_usage_error(CMD, "--minutes: '%s' is not a positive number", v);
-            o->minutes_set = true;
-        }
-    }
+        {.name = "inject-bug", .kind = OPT_FLAG, .dst = &o->inject_bug},
+    };
+    int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
+                       NULL);
+    if (rc != CLI_OK)
+        return rc;
     const char *why =
-        !o->ops ? "--ops must be greater than 0"
-        : o->sessions < 2 ? "--sessions must be at least 2 (a fork needs a second slot)"
-        : !o->layers || !o->heads || !o->kv_heads || !o->head_dim || !o->block_tokens ||
-          !o->max_len ? "the geometry and --max-len must be greater than 0"
-        : o->heads % o->kv_heads ? "--heads must be a multiple of --kv-heads"
-        : o->heads > 64 || o->head_dim > 256 || o->layers > 64 || o->block_tokens > 1024 ||
-          o->max_len > 65536 || o->long_len > 65536 || o->sessions > 1000000
-            ? "too large for a soak: heads <= 64, head-dim <= 256, layers <= 64, "
-              "block-tokens <= 1024, max-len and long-len <= 65536, sessions <= 1000000"
+        o->heads % o->kv_heads ? "--heads must be a multiple of --kv-heads"
         : o->long_len && o->long_len < o->max_len ? "--long-len must be 0 or >= --max-len"
         : NULL;
     if (why)
@@ -167,7 +152,7 @@ static int parse_opts(int argc, char **argv, soak_opts *o, bool *help)
  * jemalloc here (Debian's has no prefix), which keeps dirty pages for a while. */
 static uint64_t rss_now(bool purge)
 {
-#if PKV_HAVE_JEMALLOC
+#if PKV_TOOLS_JEMALLOC
     char name[64];
     snprintf(name, sizeof name, "arena.%u.purge", (unsigned)MALLCTL_ARENAS_ALL);
     if (purge && mallctl("thread.tcache.flush", NULL, NULL, NULL, 0) == 0)
@@ -198,8 +183,10 @@ static bool setup(soak *S)
     S->k = calloc(16 * (size_t)S->kd, sizeof(float));
     S->w = calloc((size_t)cap + o->head_dim, sizeof(double));
     S->pg = calloc((size_t)SOAK_MAX_BATCH * soak_pages_of(S, cap), sizeof *S->pg);
+    S->n_pi = soak_pages_of(S, cap) + 1;
+    S->pi = calloc(S->n_pi, sizeof *S->pi);
     S->slots = calloc(o->sessions, sizeof *S->slots);
-    if (!S->q || !S->k || !S->w || !S->pg || !S->slots)
+    if (!S->q || !S->k || !S->w || !S->pg || !S->pi || !S->slots)
         return soak_fail(S, "out of memory");
     S->out = S->q + (size_t)SOAK_MAX_BATCH * S->qd;
     S->out2 = S->out + (size_t)SOAK_MAX_BATCH * S->qd;
@@ -231,8 +218,8 @@ static bool step_checked(soak *S, pkv_stats *st)
     S->c.spilled_peak = st->pages_spilled > S->c.spilled_peak ? st->pages_spilled
                                                               : S->c.spilled_peak;
     S->c.inv_checks++;
-    if (ok && !pkvi_engine_check(S->e))
-        return soak_fail(S, "pool invariants broken (pkvi_engine_check)");
+    if (ok && pkv_engine_check(S->e) != PKV_OK)
+        return soak_fail(S, "pool invariants broken (pkv_engine_check)");
     if (ok && st->pages_in_use + st->pages_free > S->o.budget_pages)
         return soak_fail(S, U64 " resident + " U64 " cached pages exceed the budget of " U64,
                          st->pages_in_use, st->pages_free, S->o.budget_pages);
@@ -245,7 +232,7 @@ static bool teardown_check(soak *S, pkv_stats *end, uint64_t alloc0)
 {
     for (uint32_t a = 0; a < S->o.sessions; a++)
         soak_slot_clear(S, &S->slots[a]);
-    if (pkv_engine_stats(S->e, end) != PKV_OK || !pkvi_engine_check(S->e))
+    if (pkv_engine_stats(S->e, end) != PKV_OK || pkv_engine_check(S->e) != PKV_OK)
         return soak_fail(S, "engine unsound after destroying every session");
     const uint64_t pb = end->page_bytes, cached = end->bytes_allocator - alloc0;
     if (end->pages_in_use || end->pages_spilled || end->bytes_allocator < alloc0 ||
@@ -297,30 +284,30 @@ static void report(const soak *S, const pkv_stats *st, double secs, const uint64
         fprintf(f, "  %-22s %14.3g    (bound 1e-5)\n", "max_err / max|V|", c->max_rel_err);
         return;
     }
-    fprintf(f, "{\"ok\": %s, \"seconds\": %.3f, \"ops_per_s\": %.1f, \"dtype\": \"%s\", "
-               "\"isa\": ", ok ? "true" : "false", secs, rate,
-            pkv_dtype_name(S->cfg.kv_dtype));
-    cli_json_str(f, st->isa);
-    fprintf(f, ", \"io_backend\": ");
-    cli_json_str(f, st->io_backend);
+    json_writer w = {f, true, true}, *W = &w;
+    json_open(W, NULL, '{');
+    json_bool(W, "ok", ok);
+    json_fmt(W, "seconds", "%.3f", secs);
+    json_fmt(W, "ops_per_s", "%.1f", rate);
+    json_str(W, "dtype", pkv_dtype_name(S->cfg.kv_dtype));
+    json_str(W, "isa", st->isa);
+    json_str(W, "io_backend", st->io_backend);
     for (size_t i = 0; i < n; i++)
-        fprintf(f, ", \"%s\": " U64, kv[i].k, kv[i].v);
-    fprintf(f, ", \"max_err_over_max_v\": %.3g, \"inject_bug\": %s, \"failure\": ",
-            c->max_rel_err, S->o.inject_bug ? "true" : "false");
-    cli_json_str(f, ok ? "" : S->failed ? S->fail : "interrupted");
-    fprintf(f, "}\n");
+        json_u64(W, kv[i].k, kv[i].v);
+    json_fmt(W, "max_err_over_max_v", "%.3g", c->max_rel_err);
+    json_bool(W, "inject_bug", S->o.inject_bug);
+    json_str(W, "failure", ok ? "" : S->failed ? S->fail : "interrupted");
+    json_close(W, '}');
+    fputc('\n', f);
 }
 
 int cmd_soak(int argc, char **argv)
 {
     soak *S = calloc(1, sizeof *S);
-    bool help = false;
-    int rc = S ? parse_opts(argc, argv, &S->o, &help) : cli_fail(CMD, "out of memory");
-    if (rc != CLI_OK || help) {
-        if (help)
-            usage(stdout);
+    int rc = S ? parse_opts(argc, argv, &S->o) : cli_fail(CMD, "out of memory");
+    if (rc != CLI_OK) {
         free(S);
-        return rc;
+        return rc == CLI_HELP ? CLI_OK : rc;
     }
     uint64_t rss[3] = {rss_now(false), 0, 0};
     snprintf(S->dir, sizeof S->dir, "%s", S->o.spill_dir ? S->o.spill_dir
@@ -365,7 +352,7 @@ int cmd_soak(int argc, char **argv)
     if (S->e && S->slots)
         teardown_check(S, &st, alloc0);
     pkv_engine_destroy(S->e);
-    free(S->q), free(S->k), free(S->w), free(S->pg), free(S->slots);
+    free(S->q), free(S->k), free(S->w), free(S->pg), free(S->pi), free(S->slots);
     unlink(S->save_path);
     if (S->own_dir && rmdir(S->dir) != 0)
         fprintf(stderr, "pagedkv soak: warning: cannot remove %s: %s\n", S->dir,

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "opt.h"
 #include "stress.h"
 
 #define CMD "stress"
@@ -57,7 +58,7 @@ static void usage(FILE *f)
         "  --budget BYTES       resident page budget (0 = none)\n"
         "  --spill-dir DIR      spill pages beyond the budget to a file in DIR\n"
         "  --force              run without --budget even if the K/V cache exceeds the\n"
-        "                       machine's physical memory (refused otherwise)\n"
+        "                       memory available now (MemAvailable; refused otherwise)\n"
         "  --threads N          engine threads (default 0: all CPUs)\n"
         "  --seed N             seed of the random K/V/Q rows (default 1)\n"
         "output:\n"
@@ -75,64 +76,49 @@ static void usage(FILE *f)
 
 /* ---- options -------------------------------------------------------------------- */
 
-typedef struct { const char *name; uint32_t *u32; uint64_t *u64; bool *set; } num_opt;
-
-static int parse_opts(int argc, char **argv, stress_opts *o, bool *help)
+static int parse_opts(int argc, char **argv, stress_opts *o)
 {
-    bool set_l = false, set_h = false, set_g = false, set_d = false, set_bt = false;
+    bool set_l = false, set_h = false, set_g = false, set_d = false;
     *o = (stress_opts){.ctx = 65536, .sessions = 1, .layers = 1, .heads = 32,
                        .kv_heads = 8, .head_dim = 128, .dtype = PKV_F16, .seed = 1,
                        .points = 64, .reps = 3};
-    const num_opt nums[] = {
-        {"--ctx", NULL, &o->ctx, NULL},           {"--sessions", &o->sessions, NULL, NULL},
-        {"--layers", &o->layers, NULL, &set_l},   {"--heads", &o->heads, NULL, &set_h},
-        {"--kv-heads", &o->kv_heads, NULL, &set_g}, {"--head-dim", &o->head_dim, NULL, &set_d},
-        {"--block-tokens", &o->block_tokens, NULL, &set_bt},
-        {"--threads", &o->threads, NULL, NULL},   {"--decode-every", NULL, &o->decode_every, NULL},
-        {"--fork-every", NULL, &o->fork_every, NULL}, {"--budget", NULL, &o->budget, NULL},
-        {"--seed", NULL, &o->seed, NULL},         {"--points", &o->points, NULL, NULL},
-        {"--reps", &o->reps, NULL, NULL},
+    const cli_opt opts[] = {
+        {.name = "model-preset", .kind = OPT_CALL, .dst = &o->preset,
+         .call = cli_opt_preset, .what = "a preset: one of " CLI_PRESET_NAMES},
+        {.name = "layers", .kind = OPT_U32, .dst = &o->layers, .lo = 1, .hi = UINT32_MAX,
+         .seen = &set_l},
+        {.name = "heads", .kind = OPT_U32, .dst = &o->heads, .lo = 1, .hi = UINT32_MAX,
+         .seen = &set_h},
+        {.name = "kv-heads", .kind = OPT_U32, .dst = &o->kv_heads, .lo = 1,
+         .hi = CLI_MAX_KV_HEADS, .note = "the engine's limit", .seen = &set_g},
+        {.name = "head-dim", .kind = OPT_U32, .dst = &o->head_dim, .lo = 1,
+         .hi = CLI_MAX_HEAD_DIM, .note = "the engine's limit", .seen = &set_d},
+        {.name = "dtype", .kind = OPT_DTYPE, .dst = &o->dtype},
+        {.name = "block-tokens", .kind = OPT_U32, .dst = &o->block_tokens, .lo = 1,
+         .hi = UINT32_MAX},
+        {.name = "ctx", .kind = OPT_U64, .dst = &o->ctx, .lo = 1, .hi = UINT64_MAX},
+        {.name = "sessions", .kind = OPT_U32, .dst = &o->sessions, .lo = 1, .hi = 65536},
+        {.name = "decode-every", .kind = OPT_U64, .dst = &o->decode_every, .lo = 0,
+         .hi = UINT64_MAX},
+        {.name = "points", .kind = OPT_U32, .dst = &o->points, .lo = 2, .hi = UINT32_MAX},
+        {.name = "reps", .kind = OPT_U32, .dst = &o->reps, .lo = 1, .hi = 1000},
+        {.name = "fork-every", .kind = OPT_U64, .dst = &o->fork_every, .lo = 0,
+         .hi = UINT64_MAX},
+        {.name = "budget", .kind = OPT_U64, .dst = &o->budget, .lo = 0, .hi = UINT64_MAX},
+        {.name = "spill-dir", .kind = OPT_STRING, .dst = &o->spill_dir},
+        {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
+        {.name = "threads", .kind = OPT_U32, .dst = &o->threads, .lo = 0,
+         .hi = CLI_MAX_THREADS, .note = "0 = all CPUs; the engine's limit"},
+        {.name = "seed", .kind = OPT_U64, .dst = &o->seed, .lo = 0, .hi = UINT64_MAX},
+        {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
+        {.name = "svg", .kind = OPT_STRING, .dst = &o->svg},
+        {.name = "svg-logx", .kind = OPT_FLAG, .dst = &o->svg_logx},
+        {.name = "quiet", .kind = OPT_FLAG, .dst = &o->quiet},
     };
-    *help = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            *help = true;
-            return CLI_OK;
-        }
-        if (strcmp(a, "--json") == 0) { o->json = true; continue; }
-        if (strcmp(a, "--quiet") == 0) { o->quiet = true; continue; }
-        if (strcmp(a, "--force") == 0) { o->force = true; continue; }
-        if (strcmp(a, "--svg-logx") == 0) { o->svg_logx = true; continue; }
-        const num_opt *n = NULL;
-        for (size_t j = 0; j < sizeof nums / sizeof nums[0]; j++)
-            if (strcmp(a, nums[j].name) == 0)
-                n = &nums[j];
-        bool known = n || strcmp(a, "--dtype") == 0 || strcmp(a, "--spill-dir") == 0 ||
-                     strcmp(a, "--svg") == 0 || strcmp(a, "--model-preset") == 0;
-        if (!known)
-            return cli_usage_error(CMD, "unknown option '%s'", a);
-        const char *v = cli_value(CMD, argc, argv, &i);
-        if (!v)
-            return CLI_USAGE;
-        if (n) {
-            int ok = n->u32 ? cli_parse_u32(v, n->u32) : cli_parse_u64(v, n->u64);
-            if (!ok)
-                return cli_usage_error(CMD, "%s: '%s' is not a non-negative integer",
-                                       a, v);
-            if (n->set)
-                *n->set = true;
-        } else if (strcmp(a, "--dtype") == 0) {
-            if (!cli_parse_dtype(v, &o->dtype))
-                return cli_usage_error(CMD, "--dtype: '%s' is not f32, f16 or bf16", v);
-        } else if (strcmp(a, "--spill-dir") == 0) {
-            o->spill_dir = v;
-        } else if (strcmp(a, "--svg") == 0) {
-            o->svg = v;
-        } else {
-            o->preset = v;
-        }
-    }
+    int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
+                       NULL);
+    if (rc != CLI_OK)
+        return rc;
     if (o->preset) {
         const cli_preset *p = cli_preset_find(o->preset);
         if (!p)
@@ -142,25 +128,16 @@ static int parse_opts(int argc, char **argv, stress_opts *o, bool *help)
         if (!set_g) o->kv_heads = p->kv_heads;
         if (!set_d) o->head_dim = p->head_dim;
     }
-    struct { const char *name; uint64_t v; } pos[] = {
-        {"--ctx", o->ctx}, {"--sessions", o->sessions}, {"--layers", o->layers},
-        {"--heads", o->heads}, {"--kv-heads", o->kv_heads}, {"--head-dim", o->head_dim},
-        {"--reps", o->reps}};
-    for (size_t j = 0; j < sizeof pos / sizeof pos[0]; j++)
-        if (pos[j].v == 0)
-            return cli_usage_error(CMD, "%s must be greater than 0", pos[j].name);
-    if (set_bt && o->block_tokens == 0)
-        return cli_usage_error(CMD, "--block-tokens must be greater than 0");
-    if (o->points < 2)
-        return cli_usage_error(CMD, "--points must be at least 2");
     if (o->heads % o->kv_heads != 0)
         return cli_usage_error(CMD, "--heads (%u) must be a multiple of --kv-heads (%u)",
                                o->heads, o->kv_heads);
     /* the plot is written after the run: a path that cannot take it fails now */
     if (o->svg && cli_check_output_file(CMD, "--svg", o->svg) != CLI_OK)
         return CLI_USAGE;
-    if (o->sessions > 65536 || o->reps > 1000)
-        return cli_usage_error(CMD, "--sessions must be <= 65536 and --reps <= 1000");
+    const pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim,
+                                    o->block_tokens, o->dtype, o->threads);
+    if (cli_check_limits(CMD, &c, NULL) != CLI_OK)
+        return CLI_USAGE;
     uint64_t total;
     if (pkv_kv_cache_bytes(o->layers, o->kv_heads, o->head_dim, o->ctx, o->sessions,
                            pkv_dtype_size(o->dtype), &total) != PKV_OK ||
@@ -560,15 +537,10 @@ static void cleanup(stress_run *r)
 int cmd_stress(int argc, char **argv)
 {
     stress_run r;
-    bool help;
     memset(&r, 0, sizeof r);
-    int rc = parse_opts(argc, argv, &r.o, &help);
+    int rc = parse_opts(argc, argv, &r.o);
     if (rc != CLI_OK)
-        return rc;
-    if (help) {
-        usage(stdout);
-        return CLI_OK;
-    }
+        return rc == CLI_HELP ? CLI_OK : rc;
     /* the budget and spill directory name their mistakes before any work; with spill
      * a decode still needs its whole layer resident, so a budget below one layer of
      * one session would fail at the first long decode */
@@ -591,20 +563,22 @@ int cmd_stress(int argc, char **argv)
                                (unsigned long long)layer_pages, (unsigned long long)page,
                                (unsigned long long)(layer_pages * page),
                                (unsigned long long)r.o.ctx);
-    /* Without a budget nothing bounds the cache: beyond physical memory it is refused
+    /* Without a budget nothing bounds the cache: beyond the memory available now
+     * (MemAvailable: on a shared machine the others hold the rest) it is refused
      * (--force runs it anyway), near it a warning. A budget bounds what is resident
      * (and with --spill-dir the rest goes to disk), so then it just runs. */
-    uint64_t need = 0, ram = cli_phys_mem_bytes();
+    uint64_t need = 0, ram = cli_avail_mem_bytes();
     pkv_kv_cache_bytes(r.o.layers, r.o.kv_heads, r.o.head_dim, r.o.ctx, r.o.sessions,
                        pkv_dtype_size(r.o.dtype), &need);
     if (!r.o.budget &&
         cli_memory_guard(CMD, "the K/V cache, with no --budget to bound it,", need, ram,
-                         "the machine's physical memory", r.o.force) != CLI_OK)
+                         "the available part (MemAvailable) of the machine's physical memory",
+                         r.o.force) != CLI_OK)
         return CLI_USAGE;
     if (!r.o.budget && ram && need > ram / 10 * 9) {
         char b1[32], b2[32];
-        fprintf(stderr, "pagedkv stress: warning: the K/V cache needs %s, the machine has "
-                "%s; consider --budget and --spill-dir\n", cli_bytes(need, b1),
+        fprintf(stderr, "pagedkv stress: warning: the K/V cache needs %s, %s is available "
+                "now; consider --budget and --spill-dir\n", cli_bytes(need, b1),
                 cli_bytes(ram, b2));
     }
     cli_sigint_catch();

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "llama.h"
+#include "llama_kv.h"
 #include "pagedkv.h"
 #include "tokenizer.h"
 
@@ -47,6 +48,7 @@ typedef struct {
     tokenizer tk;
     bool have_tok;
     pkv_engine *eng;
+    llama_kv kv;                    /* the model's attention on eng (rows: act_sess) */
     uint32_t N, steps, n_prompt, P; /* P: prompt positions prefilled (<= steps) */
     uint32_t *prompt;               /* [n_prompt] encoded prompt, BOS first */
     pkv_session **sess;             /* [N] */
@@ -67,6 +69,7 @@ typedef struct {
     float *ref;                     /* [steps][dim] */
     uint64_t n_checked;             /* attention rows compared */
     double check_maxerr, check_worst, check_secs;
+    double check_shown;             /* check_secs at the last progress line */
     /* --check-e2e: what the paged path saw at every sampled step */
     uint32_t gen_cap;               /* sampled steps per session at most */
     float *rec_logits;              /* [N][gen_cap][vocab] */
@@ -86,6 +89,20 @@ typedef struct {
 static inline bool gen_stops(const gen *g, uint32_t token)
 {
     return token == TOKENIZER_BOS && g->o->model_path != NULL;
+}
+
+/* Why a session stopped: its -n positions ran (or the model's seq_len, which -n
+ * exceeded), the model emitted BOS, or -n ended inside the prompt (nothing sampled). */
+typedef enum { GEN_STOP_STEPS, GEN_STOP_SEQ_LEN, GEN_STOP_BOS, GEN_STOP_PROMPT } gen_stop;
+
+static inline gen_stop gen_stop_reason(const gen *g, uint32_t s)
+{
+    const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+    if (g->n_prompt > g->steps)
+        return GEN_STOP_PROMPT;
+    if (g->ntok[s] > g->P && gen_stops(g, t[g->ntok[s] - 1]))
+        return GEN_STOP_BOS;
+    return g->o->steps > g->steps ? GEN_STOP_SEQ_LEN : GEN_STOP_STEPS;
 }
 
 /* The report after a run that passed its checks: with --json one JSON object on stdout

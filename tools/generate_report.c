@@ -3,80 +3,123 @@
  * engine's pages, prefill and decode rates and the check results, as text on stderr or,
  * with --json, as one JSON object on stdout (with every session's tokens and text).
  *
- * Owns: the text and JSON reports, the JSON escaping of token bytes. Does not own: the
- * run (cmd_generate.c fills the gen of generate.h), the generated text printed during
- * the run, anything in the library.
+ * Owns: the text and JSON reports, why each session stopped (BOS, -n, the model's
+ * seq_len, a prompt that -n cut short), on stderr in text mode and as stop_reason in
+ * JSON. Does not own: the run (cmd_generate.c fills the gen of generate.h), the
+ * generated text printed during the run, the JSON escaping (json.c), anything in the
+ * library.
  *
  * Invariants
  *   - Reporting changes nothing: it reads the gen and the engine's and sessions'
  *     figures.
- *   - Text decoded from tokens goes into a JSON string byte by byte: '"' and '\'
- *     escaped, newline as \n, other control bytes and DEL as \u00XX, everything else
- *     (UTF-8 included) as is; a final BOS that stopped a session is left out, as in
- *     the text output.
+ *   - A session's JSON text is what stdout shows (a final BOS that stopped it left
+ *     out), assembled whole before escaping, so a character spelled by several
+ *     byte-fallback tokens arrives as one UTF-8 sequence.
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
 #include "generate.h"
+#include "json.h"
 #include "llama.h"
 #include "tokenizer.h"
 
 #define CMD "generate"
 
-static void json_bytes(FILE *f, const char *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch == '\n')
-            fputs("\\n", f);
-        else if (ch < 0x20 || ch == 0x7f)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-}
+static const char *const stop_names[] = {"steps", "seq_len", "bos", "prompt"};
 
-static void json_session(const gen *g, uint32_t s, const pkv_memory *m)
+/* Session s's text as the stdout output has it (the final BOS left out), assembled
+ * whole so that a character spelled by several byte tokens stays one UTF-8 sequence;
+ * malloc'ed (the report is not the token loop), NULL when out of memory. */
+static char *session_text(const gen *g, uint32_t s, size_t *len)
 {
     const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
-    printf("    {\"id\": %u, \"positions\": %llu, \"stopped_on_bos\": %s,\n", s,
-           (unsigned long long)pkv_session_len(g->sess[s], 0),
-           g->ntok[s] > g->P && gen_stops(g, t[g->ntok[s] - 1]) ? "true" : "false");
-    printf("     \"tokens\": [");
+    size_t cap = 1;
+    for (uint32_t i = 1; i < g->ntok[s]; i++)
+        cap += g->tk.piece_len[t[i] < g->tk.vocab_size ? t[i] : 0] + 1;
+    char *buf = malloc(cap);
+    *len = 0;
+    for (uint32_t i = 1; buf && i < g->ntok[s]; i++) {
+        if (i >= g->P && gen_stops(g, t[i]))
+            continue;
+        const char *p;
+        size_t n;
+        tokenizer_decode(&g->tk, t[i - 1], t[i], &p, &n);
+        memcpy(buf + *len, p, n);
+        *len += n;
+    }
+    return buf;
+}
+
+static int json_session(const gen *g, json_writer *W, uint32_t s, const pkv_memory *m)
+{
+    const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
+    const gen_stop why = gen_stop_reason(g, s);
+    json_open(W, NULL, '{');
+    json_u64(W, "id", s);
+    json_u64(W, "positions", pkv_session_len(g->sess[s], 0));
+    json_bool(W, "stopped_on_bos", why == GEN_STOP_BOS);
+    json_str(W, "stop_reason", stop_names[why]);
+    json_open(W, "tokens", '[');
     for (uint32_t i = 0; i < g->ntok[s]; i++)
-        printf("%s%u", i ? ", " : "", t[i]);
-    printf("],\n     \"generated\": [");
+        json_u64(W, NULL, t[i]);
+    json_close(W, ']');
+    json_open(W, "generated", '[');
     for (uint32_t i = g->P; i < g->ntok[s] && g->n_prompt <= g->steps; i++)
-        printf("%s%u", i > g->P ? ", " : "", t[i]);
-    printf("],\n");
+        json_u64(W, NULL, t[i]);
+    json_close(W, ']');
     if (g->o->check_e2e && g->n_prompt <= g->steps) {
-        printf("     \"dense_generated\": [");
+        json_open(W, "dense_generated", '[');
         for (uint32_t k = 0; k + g->P < g->ntok[s]; k++)
-            printf("%s%u", k ? ", " : "", g->dense_tok[(size_t)s * g->gen_cap + k]);
-        printf("],\n");
+            json_u64(W, NULL, g->dense_tok[(size_t)s * g->gen_cap + k]);
+        json_close(W, ']');
     }
     if (g->have_tok) {
-        printf("     \"text\": \"");
-        for (uint32_t i = 1; i < g->ntok[s]; i++) {
-            if (i >= g->P && gen_stops(g, t[i]))
-                continue;
-            const char *p;
-            size_t n;
-            tokenizer_decode(&g->tk, t[i - 1], t[i], &p, &n);
-            json_bytes(stdout, p, n);
-        }
-        printf("\",\n");
+        size_t n;
+        char *text = session_text(g, s, &n);
+        if (!text)
+            return cli_fail(CMD, "out of memory for the JSON text");
+        json_str_begin(W, "text");
+        json_str_part(W, text, n);
+        json_str_end(W);
+        free(text);
     }
-    printf("     \"memory\": {\"tokens\": %llu, \"blocks\": %llu, \"bytes_resident\": %llu, "
-           "\"bytes_shared\": %llu, \"bytes_ideal\": %llu, \"bytes_overhead\": %llu, "
-           "\"bytes_spilled\": %llu}}",
-           (unsigned long long)m->tokens, (unsigned long long)m->blocks,
-           (unsigned long long)m->bytes_resident, (unsigned long long)m->bytes_shared,
-           (unsigned long long)m->bytes_ideal, (unsigned long long)m->bytes_overhead,
-           (unsigned long long)m->bytes_spilled);
+    json_open(W, "memory", '{');
+    JSON_U64S(W, {"tokens", m->tokens}, {"blocks", m->blocks},
+              {"bytes_resident", m->bytes_resident}, {"bytes_shared", m->bytes_shared},
+              {"bytes_ideal", m->bytes_ideal}, {"bytes_overhead", m->bytes_overhead},
+              {"bytes_spilled", m->bytes_spilled});
+    json_close(W, '}');
+    json_close(W, '}');
+    return CLI_OK;
+}
+
+/* Why session s stopped, in words, for stderr. */
+static void say_stop(const gen *g, uint32_t s)
+{
+    const char *who = g->N > 1 ? "session " : "";
+    char id[16] = "";
+    if (g->N > 1)
+        snprintf(id, sizeof id, "%u ", s);
+    switch (gen_stop_reason(g, s)) {
+    case GEN_STOP_BOS:
+        fprintf(stderr, "%s%sstopped: the model emitted BOS (end of text) after %u "
+                        "generated token(s)\n", who, id, g->ntok[s] - g->P - 1);
+        break;
+    case GEN_STOP_PROMPT:
+        fprintf(stderr, "%s%sstopped: -n %u ended inside the prompt; nothing generated\n",
+                who, id, g->steps);
+        break;
+    case GEN_STOP_SEQ_LEN:
+        fprintf(stderr, "%s%sstopped: the model's seq_len, %u positions, reached\n", who,
+                id, g->steps);
+        break;
+    case GEN_STOP_STEPS:
+        fprintf(stderr, "%s%sstopped: -n %u positions reached\n", who, id, g->steps);
+        break;
+    }
 }
 
 int gen_report(gen *g)
@@ -96,25 +139,31 @@ int gen_report(gen *g)
     uint64_t sum_resident = 0;
     char b1[32], b2[32], b3[32], b4[32];
 
+    json_writer w = {stdout, true, true}, *W = &w;
     if (o->json) {
-        printf("{\n  \"model\": {\"source\": ");
-        cli_json_str(stdout, o->model_path ? o->model_path : "synthetic");
-        printf(", \"dim\": %u, \"hidden_dim\": %u, \"n_layers\": %u, \"n_heads\": %u, "
-               "\"n_kv_heads\": %u, \"head_dim\": %u, \"vocab_size\": %u, \"seq_len\": %u, "
-               "\"params\": %llu},\n",
-               c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_size,
-               c->vocab_size, c->seq_len, (unsigned long long)llama_param_count(c));
-        printf("  \"cache\": {\"dtype\": \"%s\", \"block_tokens\": %u, \"page_bytes\": %llu, "
-               "\"n_threads\": %u, \"isa\": ",
-               pkv_dtype_name(cfg.kv_dtype), cfg.block_tokens,
-               (unsigned long long)es.page_bytes, cfg.n_threads);
-        cli_json_str(stdout, es.isa);
-        printf("},\n  \"steps\": %u, \"temperature\": %g, \"top_p\": %g, \"seed\": %llu,\n",
-               g->steps, o->temperature, o->topp, (unsigned long long)o->seed);
-        printf("  \"prompt_tokens\": [");
+        json_open(W, NULL, '{');
+        json_open(W, "model", '{');
+        json_str(W, "source", o->model_path ? o->model_path : "synthetic");
+        JSON_U64S(W, {"dim", c->dim}, {"hidden_dim", c->hidden_dim}, {"n_layers", c->n_layers},
+                  {"n_heads", c->n_heads}, {"n_kv_heads", c->n_kv_heads},
+                  {"head_dim", c->head_size}, {"vocab_size", c->vocab_size},
+                  {"seq_len", c->seq_len}, {"params", llama_param_count(c)});
+        json_close(W, '}');
+        json_open(W, "cache", '{');
+        json_str(W, "dtype", pkv_dtype_name(cfg.kv_dtype));
+        JSON_U64S(W, {"block_tokens", cfg.block_tokens}, {"page_bytes", es.page_bytes},
+                  {"n_threads", cfg.n_threads});
+        json_str(W, "isa", es.isa);
+        json_close(W, '}');
+        json_u64(W, "steps", g->steps);
+        json_fmt(W, "temperature", "%g", o->temperature);
+        json_fmt(W, "top_p", "%g", o->topp);
+        json_u64(W, "seed", o->seed);
+        json_open(W, "prompt_tokens", '[');
         for (uint32_t i = 0; i < g->n_prompt; i++)
-            printf("%s%u", i ? ", " : "", g->prompt[i]);
-        printf("],\n  \"sessions\": [\n");
+            json_u64(W, NULL, g->prompt[i]);
+        json_close(W, ']');
+        json_open(W, "sessions", '[');
     }
     for (uint32_t s = 0; s < g->N; s++) {
         pkv_memory m;
@@ -122,8 +171,8 @@ int gen_report(gen *g)
             return cli_fail(CMD, "pkv_session_memory: %s", pkv_status_str(st));
         sum_resident += m.bytes_resident;
         if (o->json) {
-            json_session(g, s, &m);
-            printf("%s\n", s + 1 < g->N ? "," : "");
+            if (json_session(g, W, s, &m) != CLI_OK)
+                return CLI_FAIL;
         } else {
             if (s == 0)
                 fprintf(stderr, "cache memory per session (%s, %u tokens/page, %u layers, "
@@ -139,32 +188,43 @@ int gen_report(gen *g)
     }
     uint64_t engine_bytes = es.pages_in_use * es.page_bytes;
     if (o->json) {
-        printf("  ],\n  \"engine\": {\"pages_in_use\": %llu, \"pages_free\": %llu, "
-               "\"bytes_in_use\": %llu, \"sum_session_resident\": %llu, "
-               "\"bytes_allocator\": %llu},\n",
-               (unsigned long long)es.pages_in_use, (unsigned long long)es.pages_free,
-               (unsigned long long)engine_bytes, (unsigned long long)sum_resident,
-               (unsigned long long)es.bytes_allocator);
-        printf("  \"prompt_positions\": %u, \"prefill_seconds\": %.6f, "
-               "\"prefill_tokens_per_s\": %.1f,\n",
-               g->P, g->t_prefill, pps);
-        printf("  \"generated_tokens\": %llu, \"decode_seconds\": %.6f, "
-               "\"tokens_per_s\": %.1f",
-               (unsigned long long)g->n_generated, g->t_decode, tps);
-        if (o->check)
-            printf(",\n  \"check\": {\"passed\": true, \"rows\": %llu, \"max_abs_err\": %.3e, "
-                   "\"tolerance_rel_max_v\": %.0e, \"worst_fraction_of_tolerance\": %.4f, "
-                   "\"seconds\": %.3f}",
-                   (unsigned long long)g->n_checked, g->check_maxerr, CHECK_REL,
-                   g->check_worst, g->check_secs);
-        if (o->check_e2e)
-            printf(",\n  \"check_e2e\": {\"passed\": true, \"steps\": %llu, "
-                   "\"max_logit_diff\": %.3e, \"tolerance\": %.3e, \"token_flips\": %llu}",
-                   (unsigned long long)g->e2e_steps, g->e2e_maxdiff, g->e2e_tol,
-                   (unsigned long long)g->e2e_ties);
-        printf("\n}\n");
+        json_close(W, ']');
+        json_open(W, "engine", '{');
+        JSON_U64S(W, {"pages_in_use", es.pages_in_use}, {"pages_free", es.pages_free},
+                  {"bytes_in_use", engine_bytes}, {"sum_session_resident", sum_resident},
+                  {"bytes_allocator", es.bytes_allocator});
+        json_close(W, '}');
+        json_u64(W, "prompt_positions", g->P);
+        json_fmt(W, "prefill_seconds", "%.6f", g->t_prefill);
+        json_fmt(W, "prefill_tokens_per_s", "%.1f", pps);
+        json_u64(W, "generated_tokens", g->n_generated);
+        json_fmt(W, "decode_seconds", "%.6f", g->t_decode);
+        json_fmt(W, "tokens_per_s", "%.1f", tps);
+        if (o->check) {
+            json_open(W, "check", '{');
+            json_bool(W, "passed", true);
+            json_u64(W, "rows", g->n_checked);
+            json_fmt(W, "max_abs_err", "%.3e", g->check_maxerr);
+            json_fmt(W, "tolerance_rel_max_v", "%.0e", CHECK_REL);
+            json_fmt(W, "worst_fraction_of_tolerance", "%.4f", g->check_worst);
+            json_fmt(W, "seconds", "%.3f", g->check_secs);
+            json_close(W, '}');
+        }
+        if (o->check_e2e) {
+            json_open(W, "check_e2e", '{');
+            json_bool(W, "passed", true);
+            json_u64(W, "steps", g->e2e_steps);
+            json_fmt(W, "max_logit_diff", "%.3e", g->e2e_maxdiff);
+            json_fmt(W, "tolerance", "%.3e", g->e2e_tol);
+            json_u64(W, "token_flips", g->e2e_ties);
+            json_close(W, '}');
+        }
+        json_close(W, '}');
+        fputc('\n', stdout);
         return CLI_OK;
     }
+    for (uint32_t s = 0; s < g->N; s++)
+        say_stop(g, s);
     fprintf(stderr, "engine: %llu pages in use = %s for %u session(s) (%s if nothing "
                     "were shared)\n",
             (unsigned long long)es.pages_in_use, cli_bytes(engine_bytes, b1), g->N,

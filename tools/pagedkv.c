@@ -28,7 +28,9 @@ static void usage(FILE *f)
             pkv_version());
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].what);
-    fprintf(f, "\n'pagedkv COMMAND --help' describes a command's options.\n");
+    fprintf(f, "\n'pagedkv COMMAND --help' describes a command's options. Every command\n"
+               "takes --opt VALUE or --opt=VALUE, short options as -n5 or -n 5, and -h.\n"
+               "Exit status: 0 ok, 1 a runtime failure, 2 a usage error.\n");
 }
 
 int main(int argc, char **argv)

@@ -6,8 +6,8 @@
  *
  * Owns: the soak's state (options, engine, slots with their models, scratch buffers,
  * the first failure, the counters). Does not own anything in the library; the engine
- * and its sessions are the library's, reached through pkv_* and read (never written)
- * through internal.h.
+ * and its sessions are the library's, reached through the public API alone (block
+ * tables through pkv_session_pages, the invariants through pkv_engine_check).
  *
  * Invariants
  *   - slots[a].s == NULL exactly when slot a is free; a live slot has a model h[layers]
@@ -23,11 +23,14 @@
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include "internal.h"
 #include "pagedkv.h"
 
 #define SOAK_MAX_BATCH 64u /* sessions in one pkv_decode_batch call */
 #define U64 "%" PRIu64    /* printf conversion of a uint64_t */
+/* The split-K chunk of a decode, in tokens (docs/design.md: chunk_pages = 512 tokens'
+ * worth, fixed per engine): a layer of more pages than ceil(512 / block_tokens) is
+ * decoded in several chunks merged in a fixed order, which the soak counts. */
+#define SOAK_CHUNK_TOKENS 512u
 
 typedef struct {
     uint64_t ops, seed, budget_pages;
@@ -68,7 +71,9 @@ typedef struct {
     float *q, *out, *out2;  /* [SOAK_MAX_BATCH][h*d] twice, then [h*d]; one allocation */
     float *k, *v;           /* [8][g*d] each; one allocation */
     double *w, *acc;        /* [longest cap] scores, then [d]; one allocation */
-    pkvi_page **pg;         /* [SOAK_MAX_BATCH * pages of the longest layer] */
+    pkv_page_info *pg;      /* [SOAK_MAX_BATCH * pages of the longest layer] */
+    pkv_page_info *pi;      /* [n_pi] one layer's block table, read in pieces */
+    uint64_t n_pi;
     char dir[512], save_path[600];
     bool own_dir, injected, failed;
     uint64_t op, reads, drops;       /* op number (1-based); this op's spill reads/drops */

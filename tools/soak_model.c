@@ -11,8 +11,8 @@
  * failure (soak_fail) and the counters the operations bump.
  * Does not own: the options, the engine's setup, the checks between steps (pool
  * invariants, budget), the spill totals or the report (cmd_soak.c). It reads block
- * tables through internal.h (page residency, refs, chunk size) and never writes
- * library state.
+ * tables through the public pkv_session_pages (page identity, residency, refs) and
+ * never writes library state.
  *
  * Invariants
  *   - After each operation on slot a: pkv_session_len(s, l) == h[l].len <= cap for
@@ -104,25 +104,39 @@ static void note_alive(soak *S)
         S->c.max_alive = S->c.alive;
 }
 
-/* Spilled pages of `layer` from page `first` on (what a decode or append reads back). */
-static uint64_t spilled_in(const pkv_session *s, uint32_t layer, uint64_t first)
+/* Entries from `first` on of `layer`'s block table that are in the spill file (with
+ * alone, only those no other block table names): read in pieces of S->n_pi. */
+static uint64_t count_spilled(soak *S, const pkv_session *s, uint32_t layer, uint64_t first,
+                              bool alone)
 {
-    const pkvi_btable *L = &s->layers[layer];
-    uint64_t n = 0;
-    for (uint64_t i = first; i < L->n_pages; i++)
-        n += L->pages[i]->data == NULL;
+    uint64_t n = 0, got = 0;
+    do {
+        const pkv_status st = pkv_session_pages(s, layer, first, S->n_pi, S->pi, &got);
+        if (st != PKV_OK) {
+            soak_fail(S, "pkv_session_pages (layer %u, from %" PRIu64 "): %s", layer, first,
+                      pkv_status_str(st));
+            return 0;
+        }
+        for (uint64_t i = 0; i < got; i++)
+            n += !S->pi[i].resident && (!alone || S->pi[i].refs == 1);
+        first += got;
+    } while (got == S->n_pi);
     return n;
 }
 
+/* Spilled pages of `layer` from page `first` on (what a decode or append reads back). */
+static uint64_t spilled_in(soak *S, const pkv_session *s, uint32_t layer, uint64_t first)
+{
+    return count_spilled(S, s, layer, first, false);
+}
+
 /* Spilled pages only s holds past `keep` tokens: truncate/destroy drop them. */
-static uint64_t spilled_alone(const soak *S, const pkv_session *s, uint64_t keep)
+static uint64_t spilled_alone(soak *S, const pkv_session *s, uint64_t keep)
 {
     uint64_t n = 0;
     for (uint32_t l = 0; l < S->cfg.n_layers; l++) {
-        const pkvi_btable *L = &s->layers[l];
-        const uint64_t kept = keep < L->len ? keep : L->len;
-        for (uint64_t i = soak_pages_of(S, kept); i < L->n_pages; i++)
-            n += !L->pages[i]->data && L->pages[i]->refs == 1;
+        const uint64_t len = pkv_session_len(s, l), kept = keep < len ? keep : len;
+        n += count_spilled(S, s, l, soak_pages_of(S, kept), true);
     }
     return n;
 }
@@ -265,7 +279,7 @@ static bool check_same(soak *S, const float *x, const float *y, const char *what
 static bool decode_ok(soak *S, pkv_session *s, uint32_t a, uint32_t layer, const float *q,
                       float *out, const char *what)
 {
-    S->reads += spilled_in(s, layer, 0);
+    S->reads += spilled_in(S, s, layer, 0);
     S->c.decodes++;
     return expect(S, pkv_decode(s, layer, q, out), PKV_OK, what, a);
 }
@@ -275,7 +289,8 @@ bool soak_decode_checked(soak *S, uint32_t a, uint32_t layer, const float *q, fl
                          const char *what)
 {
     const soak_slot *sl = &S->slots[a];
-    S->c.split_decodes += sl->s->layers[layer].n_pages > S->e->chunk_pages;
+    const uint64_t chunk_pages = soak_pages_of(S, SOAK_CHUNK_TOKENS);
+    S->c.split_decodes += soak_pages_of(S, sl->h[layer].len) > chunk_pages;
     return decode_ok(S, sl->s, a, layer, q, out, what) &&
            check_ref(S, &sl->h[layer], sl->h[layer].len, q, out, what, a, layer);
 }
@@ -316,9 +331,9 @@ static bool append_n(soak *S, uint32_t a, uint32_t layer, uint32_t n)
     for (uint32_t t = 0; t < n; t++) {
         fill(S, S->k, S->kd, 1.0f);
         fill(S, S->v, S->kd, 1.0f);
-        uint64_t np = sl->s->layers[layer].n_pages;
+        const uint64_t np = soak_pages_of(S, sl->h[layer].len);
         if (sl->h[layer].len % S->cfg.block_tokens)   /* the tail page is written */
-            S->reads += spilled_in(sl->s, layer, np - 1);
+            S->reads += spilled_in(S, sl->s, layer, np - 1);
         if (!expect(S, pkv_append(sl->s, layer, S->k, S->v), PKV_OK, "pkv_append", a))
             return false;
         model_append(S, &sl->h[layer], S->k, S->v);
@@ -386,7 +401,7 @@ static bool op_prefill(soak *S, uint32_t a)
         soak_random_q(S, S->q + (size_t)t * S->qd);
     fill(S, S->k, (size_t)n * S->kd, 1.0f);
     fill(S, S->v, (size_t)n * S->kd, 1.0f);
-    S->reads += spilled_in(sl->s, layer, 0);   /* its first decode reads the layer */
+    S->reads += spilled_in(S, sl->s, layer, 0);   /* its first decode reads the layer */
     pkv_status st = pkv_prefill(sl->s, layer, n, S->q, S->k, S->v, S->out);
     if (!expect(S, st, PKV_OK, "pkv_prefill", a))
         return false;
@@ -424,10 +439,9 @@ static bool op_decode(soak *S, uint32_t a)
            check_same(S, S->out, S->out2, "decode twice", a, layer);
 }
 
-static int by_ptr(const void *x, const void *y)
+static int by_id(const void *x, const void *y)
 {
-    const uintptr_t a = (uintptr_t)*(pkvi_page *const *)x;
-    const uintptr_t b = (uintptr_t)*(pkvi_page *const *)y;
+    const uint64_t a = ((const pkv_page_info *)x)->id, b = ((const pkv_page_info *)y)->id;
     return a < b ? -1 : a > b;
 }
 
@@ -451,9 +465,12 @@ static bool op_batch(soak *S, uint32_t a)
         const uint64_t p = dup ? 0 : soak_pages_of(S, sl->h[layer].len);
         if (dup || (!over && pages + p > S->o.budget_pages))
             continue;
-        const pkvi_btable *L = &sl->s->layers[layer];
-        for (uint64_t i = 0; i < L->n_pages; i++)
-            S->pg[np++] = L->pages[i];
+        uint64_t got = 0;
+        const pkv_status ps = pkv_session_pages(sl->s, layer, 0, p, S->pg + np, &got);
+        if (ps != PKV_OK || got != p)
+            return soak_fail(S, "pkv_session_pages of slot %u layer %u: %s, " U64 " of " U64
+                             " entries", b, layer, pkv_status_str(ps), got, p);
+        np += got;
         ids[n] = b;
         ss[n++] = sl->s;
         pages += p;
@@ -462,11 +479,11 @@ static bool op_batch(soak *S, uint32_t a)
     }
     if (n == 0)
         return true;
-    qsort(S->pg, (size_t)np, sizeof *S->pg, by_ptr);   /* forks share pages */
+    qsort(S->pg, (size_t)np, sizeof *S->pg, by_id);   /* forks share pages */
     for (uint64_t i = 0; i < np; i++)
-        if (i == 0 || S->pg[i] != S->pg[i - 1]) {
+        if (i == 0 || S->pg[i].id != S->pg[i - 1].id) {
             distinct++;
-            spilled += S->pg[i]->data == NULL;
+            spilled += !S->pg[i].resident;
         }
     for (uint32_t i = 0; i < n; i++)
         soak_random_q(S, S->q + (size_t)i * S->qd);
@@ -541,7 +558,7 @@ static bool op_save_load(soak *S, uint32_t a)
 {
     soak_slot *sl = &S->slots[a];
     for (uint32_t l = 0; l < S->cfg.n_layers; l++)
-        S->reads += spilled_in(sl->s, l, 0);
+        S->reads += spilled_in(S, sl->s, l, 0);
     if (!expect(S, pkv_session_save(sl->s, S->save_path), PKV_OK, "pkv_session_save", a))
         return false;
     pkv_session *ld = NULL;

@@ -108,7 +108,7 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
                        const pkv_memory *mem, const pkv_stats *es, double elapsed)
 {
     const stress_opts *o = &r->o;
-    json_writer w = {stdout, true}, *W = &w;
+    json_writer w = {stdout, true, false}, *W = &w;
     double tok = (double)r->done * o->sessions, rows = tok * o->layers;
     json_open(W, NULL, '{');
     json_str(W, "command", "stress");
@@ -284,11 +284,12 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
 static int write_svg(const stress_run *r, const line_fit *fit)
 {
     size_t n = r->n_points;
-    double *buf = calloc(n ? n * 8 : 1, sizeof(double));
+    double *buf = calloc(n * 8 + 4, sizeof(double));
     if (!buf)
         return -1;
     double *x = buf, *p50 = x + n, *p90 = p50 + n, *fl = p90 + n,
            *res = fl + n, *ideal = res + n, *spill = ideal + n, *rss = spill + n;
+    double *bx = rss + n, *by = bx + 2;   /* the budget: a level line over the data */
     double maxlat = 0;
     for (size_t i = 0; i < n; i++)
         maxlat = fmax(maxlat, r->points[i].p90);
@@ -325,22 +326,39 @@ static int write_svg(const stress_run *r, const line_fit *fit)
         {.name = fitname, .x = x, .y = fl, .n = fit->ok ? n : 0, .line = true,
          .dashed = true, .color = "#000000"},
     };
-    svg_series memser[] = {
+    const stress_opts *o = &r->o;
+    char budget_name[64];
+    snprintf(budget_name, sizeof budget_name, "budget (--budget %llu)",
+             (unsigned long long)o->budget);
+    bx[0] = n ? x[0] : 1;
+    bx[1] = n ? x[n - 1] : 1;
+    by[0] = by[1] = (double)o->budget;
+    svg_series memser[5] = {
         {.name = "resident (paged)", .x = x, .y = res, .n = n, .line = true, .markers = true},
         {.name = "ideal (formula)", .x = x, .y = ideal, .n = n, .line = true, .dashed = true},
         {.name = "process RSS", .x = x, .y = rss, .n = n, .line = true},
-        {.name = "spilled", .x = x, .y = spill, .n = n, .line = true},
     };
-    const stress_opts *o = &r->o;
+    size_t n_mem = 3;
+    if (any_spill)
+        memser[n_mem++] = (svg_series){.name = "spilled", .x = x, .y = spill, .n = n,
+                                       .line = true};
+    if (o->budget)
+        memser[n_mem++] = (svg_series){.name = budget_name, .x = bx, .y = by, .n = n ? 2 : 0,
+                                       .line = true, .dashed = true, .color = "#7f7f7f"};
+    /* With a log context axis the short contexts spread over the plot, and a linear
+     * y axis would squash them all onto its bottom (latency and memory grow linearly
+     * in context): both panels are log-log then. */
     svg_axis xa = {.label = "context length (tokens; K = 1024)", .log = o->svg_logx,
                    .format = SVG_FMT_COUNT, .from_zero = true};
     svg_panel panels[2] = {
         {.title = lat_title, .x = xa,
-         .y = {.label = ms ? "latency (ms)" : "latency (us)", .from_zero = true},
+         .y = {.label = ms ? "latency (ms)" : "latency (us)", .log = o->svg_logx,
+               .from_zero = true},
          .series = lat, .n_series = fit->ok ? 3 : 2},
         {.title = "K/V memory of all sessions vs context", .x = xa,
-         .y = {.label = "memory", .format = SVG_FMT_BYTES, .from_zero = true},
-         .series = memser, .n_series = any_spill ? 4 : 3},
+         .y = {.label = "memory", .log = o->svg_logx, .format = SVG_FMT_BYTES,
+               .from_zero = true},
+         .series = memser, .n_series = n_mem},
     };
     char title[256];
     snprintf(title, sizeof title, "pagedkv stress: %u session(s), %u layer(s), h %u, g %u, "

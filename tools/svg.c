@@ -7,8 +7,14 @@
  * Invariants
  *   - Every coordinate written is finite: non-finite points, and points <= 0 on a log
  *     axis, are skipped before mapping; an empty or degenerate range is widened.
- *   - Ticks lie inside the axis range, and the axis range holds every drawn point:
- *     a linear range is widened to whole tick steps, a log range to whole exponents.
+ *   - Ticks lie inside the axis range, and the axis range holds every drawn point
+ *     with a margin of AXIS_PAD of the axis at each end (none at a zero end of a
+ *     linear axis): axes end near the data. A log axis narrower than one tick step
+ *     is widened to the powers around it.
+ *   - Each panel says how it was laid out, for programs reading the file:
+ *     data-x-scale / data-y-scale ("linear" or "log") and data-x-range / data-y-range
+ *     (the axis ends in data units), data-plot (the plot area: left, top, right,
+ *     bottom in the panel's pixels).
  *   - All text goes through xml_text(), so a series name cannot break the document.
  */
 #include "svg.h"
@@ -88,6 +94,11 @@ static void binary_unit(double m, bool bytes, double *unit, const char **name)
     *name = bytes ? bnames[k] : cnames[k];
 }
 
+/* Margin beyond the data at each end of an axis, as a fraction of its length: the
+ * axis ends near the data instead of at the next round number (which can leave up to
+ * half a linear axis, or most of a decade, empty). */
+#define AXIS_PAD 0.03
+
 static void layout_linear(axis_layout *a, double lo, double hi)
 {
     if (a->ax->from_zero) {
@@ -105,49 +116,69 @@ static void layout_linear(axis_layout *a, double lo, double hi)
         l -= pad;
         h += pad;
     }
+    /* a zero end stays at zero; others get the margin */
+    const double pad = (h - l) * AXIS_PAD;
+    l = l == 0.0 ? 0.0 : l - pad;
+    h = h == 0.0 ? 0.0 : h + pad;
     double step = nice_num(nice_num(h - l, false) / 5.0, true);
     if (a->ax->format != SVG_FMT_NUMBER && a->unit == 1.0)
         step = fmax(step, 1.0);   /* no fractions of a token or a byte */
-    double alo = floor(l / step) * step, ahi = ceil(h / step) * step;
+    const double tlo = ceil(l / step - 1e-9) * step;
     a->n_ticks = 0;
-    for (double t = alo; t <= ahi + step * 0.5 && a->n_ticks < MAX_TICKS; t += step)
+    for (double t = tlo; t <= h + step * 1e-9 && a->n_ticks < MAX_TICKS; t += step)
         a->ticks[a->n_ticks++] = (fabs(t) < step * 1e-9 ? 0.0 : t) * a->unit;
-    a->lo = alo * a->unit;
-    a->hi = ahi * a->unit;
+    a->lo = l * a->unit;
+    a->hi = h * a->unit;
     a->step = step * a->unit;
+}
+
+/* Ticks of a log axis over [lo, hi]: powers of base every k exponents, with 2x and 5x
+ * between them when mid is set (base 10 over a decade or two). */
+static void log_ticks(axis_layout *a, double base, int k, bool mid, double lo, double hi)
+{
+    a->n_ticks = 0;
+    const double elo = floor(log(lo) / log(base)), ehi = ceil(log(hi) / log(base));
+    for (double e = ceil(elo / k) * k; e <= ehi && a->n_ticks < MAX_TICKS; e += k) {
+        const double v = pow(base, e), m[3] = {1, 2, 5};
+        for (int i = 0; i < (mid ? 3 : 1) && a->n_ticks < MAX_TICKS; i++)
+            if (v * m[i] >= lo * (1 - 1e-9) && v * m[i] <= hi * (1 + 1e-9))
+                a->ticks[a->n_ticks++] = v * m[i];
+    }
 }
 
 static void layout_log(axis_layout *a, double lo, double hi)
 {
-    double base = a->ax->format == SVG_FMT_NUMBER ? 10.0 : 2.0;
-    double elo = floor(log(lo) / log(base) + 1e-9);
-    double ehi = ceil(log(hi) / log(base) - 1e-9);
-    if (ehi <= elo)
-        ehi = elo + 1;
+    const double base = a->ax->format == SVG_FMT_NUMBER ? 10.0 : 2.0;
+    if (!(hi > lo)) {
+        lo /= base;
+        hi *= base;
+    }
+    /* the margin, in log space */
+    const double pad = pow(hi / lo, AXIS_PAD);
+    lo /= pad;
+    hi *= pad;
+    const double span = log(hi / lo) / log(base);
     static const int steps10[] = {1, 2, 3, 5, 10};
     static const int steps2[] = {1, 2, 5, 10, 20, 30};
     const int *st = base == 10.0 ? steps10 : steps2;
     size_t nst = base == 10.0 ? 5 : 6;
     int k = st[nst - 1];
     for (size_t i = 0; i < nst; i++)
-        if ((ehi - elo) / st[i] <= 8.0) {
+        if (span / st[i] <= 8.0) {
             k = st[i];
             break;
         }
-    /* the range stays at whole exponents around the data; ticks at multiples of k */
-    a->n_ticks = 0;
-    for (double e = ceil(elo / k) * k; e <= ehi + 0.5 && a->n_ticks < MAX_TICKS; e += k) {
-        double v = pow(base, e);
-        a->ticks[a->n_ticks++] = v;
-        /* one decade alone gets 2 and 5 between its ends, or it has no middle */
-        if (base == 10.0 && k == 1 && ehi - elo <= 1 && e < ehi &&
-            a->n_ticks + 2 < MAX_TICKS) {
-            a->ticks[a->n_ticks++] = 2 * v;
-            a->ticks[a->n_ticks++] = 5 * v;
-        }
+    log_ticks(a, base, k, base == 10.0 && span <= 2.0, lo, hi);
+    if (a->n_ticks < 2) {
+        /* less than one step wide: widen to the powers around the data */
+        lo = pow(base, floor(log(lo) / log(base) + 1e-9));
+        hi = pow(base, ceil(log(hi) / log(base) - 1e-9));
+        if (hi <= lo)
+            hi = lo * base;
+        log_ticks(a, base, 1, base == 10.0, lo, hi);
     }
-    a->lo = pow(base, elo);
-    a->hi = pow(base, ehi);
+    a->lo = lo;
+    a->hi = hi;
     a->step = 0.0;
     a->unit = 1.0;
     a->unit_name = "";
@@ -385,8 +416,12 @@ int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_pane
         axis_layout xa, ya;
         layout_axis(&xa, &p->x, p, true);
         layout_axis(&ya, &p->y, p, false);
-        fprintf(f, "<g class=\"panel\" transform=\"translate(0 %d)\">\n",
-                TITLE_H + (int)i * PANEL_H);
+        fprintf(f, "<g class=\"panel\" transform=\"translate(0 %d)\" data-x-scale=\"%s\" "
+                   "data-y-scale=\"%s\" data-x-range=\"%.6g %.6g\" "
+                   "data-y-range=\"%.6g %.6g\" data-plot=\"%d %d %d %d\">\n",
+                TITLE_H + (int)i * PANEL_H, p->x.log ? "log" : "linear",
+                p->y.log ? "log" : "linear", xa.lo, xa.hi, ya.lo, ya.hi, PLOT_L, PLOT_T,
+                PLOT_R, PLOT_B);
         fprintf(f, "<defs><clipPath id=\"plot%zu\"><rect x=\"%d\" y=\"%d\" width=\"%d\" "
                    "height=\"%d\"/></clipPath></defs>\n",
                 i, PLOT_L - 4, PLOT_T - 4, PLOT_R - PLOT_L + 8, PLOT_B - PLOT_T + 8);

@@ -6,8 +6,9 @@
  * one forward pass over a batch of rows (RMSNorm, interleaved RoPE, attention through
  * a caller-supplied function, SwiGLU feed-forward, classifier), the sampler.
  * Does not own: any KV cache. Attention is a callback (llama_attn_fn): the generator
- * passes pkv_prefill / pkv_append + pkv_decode, the dense checker passes
- * pkv_causal_attention, so the two paths share every other operation bit for bit.
+ * passes llama_kv_attn (llama_kv.h: pkv_prefill / pkv_append + pkv_decode), the dense
+ * checker passes pkv_causal_attention, so the two paths share every other operation
+ * bit for bit.
  *
  * Numerics follow llama2.c's run.c: float everywhere, every dot product summed in
  * index order j = 0..n-1 (no reassociation, so a row's result does not depend on

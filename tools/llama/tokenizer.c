@@ -359,9 +359,13 @@ void tokenizer_decode(const tokenizer *t, uint32_t prev, uint32_t token, const c
         p = (const char *)&t->bytes[t->byte_value[token]];
         n = 1;
     }
+    /* llama2.c's safe_printf drops a lone unprintable byte; only ASCII control bytes
+     * are dropped here: bytes >= 0x80 are pieces of a UTF-8 character that the
+     * tokenizer spelled in byte tokens (<0xE6><0x97><0xA5>), and printing them in
+     * order gives the character back whole. */
     if (n == 1) {
         unsigned char c = (unsigned char)p[0];
-        if (!(isprint(c) || isspace(c)))
+        if (c < 0x80 && !(isprint(c) || isspace(c)))
             return;
     }
     *s = p;

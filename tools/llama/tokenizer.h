@@ -11,8 +11,9 @@
  * repeatedly, merge the adjacent pair whose concatenation is a piece with the highest
  * score (leftmost on ties) until no pair merges.
  * Decoding: after BOS a piece loses one leading space; "<0xHH>" pieces stand for the
- * raw byte HH; a one-byte piece that is neither printable nor whitespace prints as
- * nothing.
+ * raw byte HH; a one-byte ASCII piece that is neither printable nor whitespace prints
+ * as nothing, while bytes >= 0x80 print raw: they spell UTF-8 characters that have no
+ * piece of their own, so the bytes of consecutive tokens give the character back.
  *
  * Invariants after a successful load: every piece is 1..max_token_length bytes (its
  * copy is NUL-terminated too), `sorted` orders all ids by (bytes, id), and

@@ -1,0 +1,596 @@
+/*
+ * test_cli.c - the conventions every `pagedkv` command keeps, checked on the built
+ * binary (env PKV_TOOL): one option syntax (getopt_long's), usage errors that name
+ * the option and its valid range or the engine's limit (exit 2), --threads 0 as all
+ * CPUs, and the output contracts of issue 20: mem's attention kind, inspect's status
+ * line, the stress plot's axes and budget, the memory guard against MemAvailable, and
+ * bootstrap.sh refusing an unknown mode before any work.
+ *
+ * Owns: those checks. Does not own: the runs of test_tools.c (stress, bench, the
+ * usage rows it had first) or generate's (test_generate.c).
+ */
+#include "testutil.h"
+#include "tools_run.h"
+
+#include <math.h>
+#include <stdint.h>
+
+/* ---- helpers -------------------------------------------------------------------- */
+
+static void run(proc *p, const char *const *args)
+{
+    run_tool(p, args);
+}
+
+/* The last line of text (without its newline), in buf. */
+static const char *last_line(const char *text, char *buf, size_t cap)
+{
+    size_t n = strlen(text);
+    while (n > 0 && text[n - 1] == '\n')
+        n--;
+    size_t b = n;
+    while (b > 0 && text[b - 1] != '\n')
+        b--;
+    snprintf(buf, cap, "%.*s", (int)(n - b), text + b);
+    return buf;
+}
+
+static uint32_t online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : (uint32_t)n;
+}
+
+/* Each row: a command and its arguments (NULL-ended), a word the message must hold. */
+typedef struct { const char *argv[12]; const char *says; } usage_row;
+
+static void expect_usage(const usage_row *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        proc p;
+        run(&p, rows[i].argv);
+        char shown[256] = "";
+        for (size_t j = 0; rows[i].argv[j]; j++)
+            snprintf(shown + strlen(shown), sizeof shown - strlen(shown), " %s",
+                     rows[i].argv[j]);
+        ck_assert_msg(p.status == 2, "pagedkv%s: exit %d, want 2 (stderr: %s)", shown,
+                      p.status, p.err);
+        ck_assert_msg(has(p.err, rows[i].says), "pagedkv%s: stderr lacks '%s': %s", shown,
+                      rows[i].says, p.err);
+        ck_assert_msg(has(p.err, "--help"), "pagedkv%s: no hint to --help: %s", shown,
+                      p.err);
+        ck_assert_msg(p.out[0] == 0, "pagedkv%s wrote to stdout: %s", shown, p.out);
+        proc_free(&p);
+    }
+}
+
+/* ---- one option syntax ---------------------------------------------------------- */
+
+/* --opt value, --opt=value, -n5 and -n 5 mean the same everywhere. */
+START_TEST(option_forms)
+{
+    static const char *const forms[][12] = {
+        {"mem", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--ctx", "8k",
+         "--json", NULL},
+        {"mem", "--layers=32", "--kv-heads=8", "--head-dim=128", "--ctx=8k", "--json", NULL},
+        {"mem", "--json", "--ctx", "8192", "--head-dim=128", "--layers", "32",
+         "--kv-heads=8", NULL},
+    };
+    char *first = NULL;
+    for (size_t i = 0; i < 3; i++) {
+        proc p;
+        run(&p, forms[i]);
+        ck_assert_msg(p.status == 0, "mem form %zu: exit %d: %s", i, p.status, p.err);
+        ck_assert_msg(json_valid(p.out), "mem form %zu: not JSON: %s", i, p.out);
+        ck_assert_uint_eq(json_u64(p.out, "formula_bytes"), 1u << 30);
+        if (!first)
+            first = strdup(p.out);
+        else
+            ck_assert_str_eq(p.out, first);
+        proc_free(&p);
+    }
+    free(first);
+    first = NULL;
+    /* short options of generate, attached and apart, and their long names */
+    static const char *const gen[][10] = {
+        {"generate", "-n5", "-s7", "-t0.5", "-p0.8", NULL},
+        {"generate", "-n", "5", "-s", "7", "-t", "0.5", "-p", "0.8", NULL},
+        {"generate", "--steps=5", "--seed=7", "--temperature=0.5", "--top-p", "0.8", NULL},
+    };
+    for (size_t i = 0; i < 3; i++) {
+        proc p;
+        run(&p, gen[i]);
+        ck_assert_msg(p.status == 0, "generate form %zu: exit %d: %s", i, p.status, p.err);
+        ck_assert_msg(p.out[0] != 0, "generate form %zu printed nothing", i);
+        if (!first)
+            first = strdup(p.out);
+        else
+            ck_assert_str_eq(p.out, first);
+        proc_free(&p);
+    }
+    free(first);
+    /* a different seed gives other tokens: the forms above were really parsed */
+    proc p;
+    run(&p, (const char *[]){"generate", "-n5", "-s8", "-t0.5", "-p0.8", NULL});
+    ck_assert_int_eq(p.status, 0);
+    proc q;
+    run(&q, (const char *[]){"generate", "-n5", "-s7", "-t0.5", "-p0.8", NULL});
+    ck_assert_msg(strcmp(p.out, q.out) != 0, "seeds 7 and 8 gave the same tokens: %s", p.out);
+    proc_free(&p);
+    proc_free(&q);
+}
+END_TEST
+
+/* --help and -h on every command; the same words for the same mistakes. */
+START_TEST(help_and_mistakes)
+{
+    static const char *const cmds[] = {"mem", "stress", "bench", "generate", "inspect", "soak"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        for (int h = 0; h < 2; h++) {
+            proc p;
+            run(&p, (const char *[]){cmds[i], h ? "-h" : "--help", NULL});
+            char want[64];
+            snprintf(want, sizeof want, "usage: pagedkv %s", cmds[i]);
+            ck_assert_msg(p.status == 0 && has(p.out, want), "%s %s: exit %d, stdout %s",
+                          cmds[i], h ? "-h" : "--help", p.status, p.out);
+            proc_free(&p);
+        }
+    static const usage_row rows[] = {
+        {{"generate", "--json=1"}, "option '--json' takes no value"},
+        {{"stress", "--quiet=yes"}, "option '--quiet' takes no value"},
+        {{"generate", "-n"}, "option '-n' needs a value"},
+        {{"soak", "--seed"}, "option '--seed' needs a value"},
+        {{"generate", "-n0"}, "-n: '0' is not an integer in 1.."},
+        {{"generate", "--steps=x"}, "--steps: 'x' is not an integer in 1.."},
+        {{"generate", "-p", "1.5"}, "-p: '1.5' is not a number in 0..1"},
+        {{"generate", "-q"}, "unknown option '-q'"},
+        {{"stress", "--svg-lag"}, "unknown option '--svg-lag'"},
+        /* getopt_long takes a unique prefix of a long name; one of several is refused */
+        {{"stress", "--s", "1"}, "option '--s' is ambiguous"},
+        {{"mem", "extra"}, "unexpected argument 'extra'"},
+        {{"soak", "--sessions", "1"}, "--sessions: '1' is not an integer in 2..1000000"},
+        {{"bench", "--ctx", "4k,,8k"}, "--ctx: '4k,,8k' is not a comma-separated list"},
+        {{"bench", "--dtype=f8"}, "--dtype: 'f8' is not a comma-separated list"},
+        {{"stress", "--dtype", "f8"}, "--dtype: 'f8' is not f32, f16 or bf16"},
+        {{"mem", "--model-preset", "gpt-9"}, "'gpt-9' is not a preset: one of "},
+    };
+    expect_usage(rows, sizeof rows / sizeof rows[0]);
+    /* the list in that message is the table's: every preset mem --help shows */
+    proc h, e;
+    run(&h, (const char *[]){"mem", "--help", NULL});
+    run(&e, (const char *[]){"stress", "--model-preset", "gpt-9", NULL});
+    const char *t = strstr(h.out, "presets (layers/heads/kv-heads/head-dim):\n");
+    ck_assert(t != NULL);
+    size_t n = 0;
+    char name[32];
+    for (t = strchr(t, '\n') + 1; sscanf(t, " %31s %*u/%*u/%*u/%*u", name) == 1 &&
+                                   strchr(t, '/') < strchr(t, '\n');
+         t = strchr(t, '\n') + 1, n++)
+        ck_assert_msg(has(e.err, name), "preset %s is not in the message: %s", name, e.err);
+    ck_assert_uint_ge(n, 8);
+    proc_free(&h);
+    proc_free(&e);
+}
+END_TEST
+
+/* Values beyond an engine limit are usage errors that name the limit, before any
+ * engine is made: never "cannot create the engine" (exit 1). */
+START_TEST(engine_limits)
+{
+    static const usage_row rows[] = {
+        {{"stress", "--head-dim", "5000"}, "4096"},
+        {{"stress", "--kv-heads", "70000", "--heads", "70000"}, "65536"},
+        {{"stress", "--heads", "512", "--kv-heads", "1"}, "limit of 256"},
+        {{"stress", "--threads", "100000"}, "0..1024"},
+        {{"stress", "--block-tokens", "99999999"}, "limit of 1 GiB per page"},
+        {{"mem", "--layers", "1", "--kv-heads", "8", "--head-dim", "5000", "--ctx", "1"},
+         "--head-dim 5000 is beyond the engine's limit of 4096"},
+        {{"mem", "--layers", "1", "--kv-heads", "8", "--head-dim", "128", "--ctx", "1",
+          "--block-tokens", "99999999"}, "--block-tokens 99999999 makes one page"},
+        {{"soak", "--threads", "100000"}, "0..1024"},
+        {{"generate", "--threads", "100000"}, "0..1024"},
+        {{"generate", "--block-tokens", "99999999"}, "limit of 1 GiB per page"},
+        {{"bench", "--threads", "100000"}, "0..256"},
+        {{"bench", "--block-tokens", "99999999"}, "limit of 1 GiB per page"},
+        {{"bench", "--model-preset", "d256", "--block-tokens", "300000"}, "1 GiB"},
+    };
+    expect_usage(rows, sizeof rows / sizeof rows[0]);
+}
+END_TEST
+
+/* --threads 0 is all online CPUs in every command. */
+START_TEST(threads_zero)
+{
+    const uint32_t cpus = online_cpus();
+    proc p;
+    run(&p, (const char *[]){"bench", "--threads", "0", "--json", "--model-preset", "mqa",
+                             "--ctx", "64", "--dtype", "f16", "--reps", "1", "--bw-mib", "1",
+                             "--prefill", "0", "--no-naive", "--no-scalar", NULL});
+    ck_assert_msg(p.status == 0, "bench --threads 0: exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(json_u64(p.out, "decode.0.threads"), cpus > 256 ? 256 : cpus);
+    proc_free(&p);
+    run(&p, (const char *[]){"generate", "--threads", "0", "-n", "4", "--json", NULL});
+    ck_assert_msg(p.status == 0, "generate --threads 0: exit %d: %s", p.status, p.err);
+    ck_assert_msg(has(p.out, "\"n_threads\": ") &&
+                      strtoul(strstr(p.out, "\"n_threads\": ") + 13, NULL, 10) == cpus,
+                  "generate --threads 0: %s", p.out);
+    proc_free(&p);
+    run(&p, (const char *[]){"stress", "--threads", "0", "--ctx", "64", "--heads", "2",
+                             "--kv-heads", "1", "--head-dim", "8", "--quiet", "--json", NULL});
+    ck_assert_msg(p.status == 0, "stress --threads 0: exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(json_u64(p.out, "config.threads"), cpus);
+    proc_free(&p);
+    /* and soak's first check holds with it (a huge count was refused above) */
+    run(&p, (const char *[]){"soak", "--threads", "0", "--ops", "200", "--sessions", "8",
+                             "--json", NULL});
+    ck_assert_msg(p.status == 0 && json_true(p.out, "ok"), "soak --threads 0: exit %d: %s %s",
+                  p.status, p.out, p.err);
+    proc_free(&p);
+}
+END_TEST
+
+/* ---- mem: MHA only when it is one ------------------------------------------------ */
+
+START_TEST(mem_attention_kind)
+{
+    static const struct { const char *heads; const char *kv; const char *kind, *label; } rows[] = {
+        {NULL, "8", NULL, "query heads not given"},
+        {NULL, "1", NULL, "query heads not given"},
+        {"8", "8", "MHA", "(MHA, 1 query per group)"},
+        {"32", "8", "GQA", "(GQA, 4 queries per group)"},
+        {"32", "1", "MQA", "(MQA, 32 queries per group)"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        for (int json = 0; json < 2; json++) {
+            const char *argv[14] = {"mem", "--layers", "32", "--kv-heads", rows[i].kv,
+                                    "--head-dim", "128", "--ctx", "8192"};
+            size_t n = 9;
+            if (rows[i].heads) {
+                argv[n++] = "--heads";
+                argv[n++] = rows[i].heads;
+            }
+            if (json)
+                argv[n++] = "--json";
+            proc p;
+            run(&p, argv);
+            ck_assert_msg(p.status == 0, "row %zu: exit %d: %s", i, p.status, p.err);
+            if (!json) {
+                ck_assert_msg(has(p.out, rows[i].label), "row %zu: no '%s' in %s", i,
+                              rows[i].label, p.out);
+                if (!rows[i].kind)
+                    ck_assert_msg(!has(p.out, "(MHA") && !has(p.out, "this is MHA"),
+                                  "row %zu: called MHA without --heads: %s", i, p.out);
+            } else {
+                const char *v = json_at(p.out, "attention");
+                char want[16];
+                snprintf(want, sizeof want, "\"%s\"", rows[i].kind ? rows[i].kind : "");
+                ck_assert_msg(v && (rows[i].kind ? strncmp(v, want, strlen(want)) == 0
+                                                 : strncmp(v, "null", 4) == 0),
+                              "row %zu: attention %s", i, v ? v : "(missing)");
+            }
+            proc_free(&p);
+        }
+    }
+    /* a preset knows its query heads */
+    proc p;
+    run(&p, (const char *[]){"mem", "--model-preset", "llama2-7b", "--ctx", "1k", NULL});
+    ck_assert_msg(p.status == 0 && has(p.out, "(MHA, 1 query per group)"), "preset: %s",
+                  p.out);
+    proc_free(&p);
+}
+END_TEST
+
+/* ---- inspect: a status line ends the report, also for a bad file ----------------- */
+
+static void write_bytes(const char *path, const void *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert(f != NULL);
+    ck_assert_uint_eq(fwrite(b, 1, n, f), n);
+    ck_assert(fclose(f) == 0);
+}
+
+static void expect_status_line(const char *path, int want_exit, const char *want_line)
+{
+    proc p;
+    run(&p, (const char *[]){"inspect", path, NULL});
+    char line[512];
+    last_line(p.out, line, sizeof line);
+    ck_assert_msg(p.status == want_exit, "inspect %s: exit %d, want %d (%s)", path, p.status,
+                  want_exit, p.err);
+    ck_assert_msg(strncmp(line, want_line, strlen(want_line)) == 0,
+                  "inspect %s: last stdout line '%s', want '%s...'\nstdout: %s", path, line,
+                  want_line, p.out);
+    if (want_exit != 0)
+        ck_assert_msg(p.err[0] != 0, "inspect %s: no reason on stderr", path);
+    proc_free(&p);
+}
+
+START_TEST(inspect_status_line)
+{
+    char dir[] = "/tmp/pkvt-inspect-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char good[600], bad[600], junk[600], cut[600];
+    snprintf(good, sizeof good, "%s/good.pkv", dir);
+    snprintf(bad, sizeof bad, "%s/bad.pkv", dir);
+    snprintf(junk, sizeof junk, "%s/junk.pkv", dir);
+    snprintf(cut, sizeof cut, "%s/cut.pkv", dir);
+    pkv_engine *e = pkvt_engine(2, 4, 2, 8, 4, PKV_F32);
+    pkv_session *s = NULL;
+    ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+    float kv[16];
+    for (int i = 0; i < 16; i++)
+        kv[i] = 0.25f * (float)i - 1.0f;
+    for (uint32_t l = 0; l < 2; l++)
+        for (int t = 0; t < 9; t++)
+            ck_assert_int_eq(pkv_append(s, l, kv, kv), PKV_OK);
+    ck_assert_int_eq(pkv_session_save(s, good), PKV_OK);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+
+    expect_status_line(good, 0, "status      sound");
+    char *b = slurp(good);
+    struct stat st;
+    ck_assert(stat(good, &st) == 0);
+    const size_t n = (size_t)st.st_size;
+    b[n - 1] ^= 0x40;   /* padding of the last, partly filled page */
+    write_bytes(bad, b, n);
+    expect_status_line(bad, 1, "status      damaged: ");
+    write_bytes(cut, b, n / 2);
+    expect_status_line(cut, 1, "status      damaged: ");
+    write_bytes(junk, "this is not a session file, just text\n", 38);
+    expect_status_line(junk, 1, "status      not a session file");
+    free(b);
+    /* the JSON form carries the same verdict */
+    proc p;
+    run(&p, (const char *[]){"inspect", "--json", bad, NULL});
+    ck_assert_msg(p.status == 1 && json_valid(p.out) && !json_true(p.out, "sound"),
+                  "inspect --json of a damaged file: %d %s", p.status, p.out);
+    proc_free(&p);
+    unlink(good), unlink(bad), unlink(junk), unlink(cut);
+    ck_assert(rmdir(dir) == 0);
+}
+END_TEST
+
+/* ---- stress: the plot ------------------------------------------------------------ */
+
+/* The attribute `name="..."` of the tag at p, into buf; NULL if it has none. */
+static const char *attr(const char *p, const char *name, char *buf, size_t cap)
+{
+    const char *end = strchr(p, '>');
+    char pat[64];
+    snprintf(pat, sizeof pat, " %s=\"", name);
+    const char *a = strstr(p, pat);
+    if (!a || (end && a > end))
+        return NULL;
+    a += strlen(pat);
+    const char *q = strchr(a, '"');
+    snprintf(buf, cap, "%.*s", (int)(q - a), a);
+    return buf;
+}
+
+typedef struct {
+    char xscale[16], yscale[16];
+    double plot[4];                  /* left, top, right, bottom */
+    double max_x, min_y;             /* rightmost and topmost data vertex, pixels */
+    bool budget;                     /* a budget series is drawn */
+} panel_info;
+
+/* The panels of an SVG written by tools/svg.c: their scales, plot areas, and the
+ * extreme data vertices (polylines and circles inside the plot area). */
+static size_t read_panels(const char *svg, panel_info *out, size_t cap)
+{
+    size_t n = 0;
+    const char *p = strstr(svg, "<g class=\"panel\"");
+    while (p && n < cap) {
+        const char *next = strstr(p + 1, "<g class=\"panel\"");
+        const char *end = next ? next : p + strlen(p);
+        panel_info *pi = &out[n++];
+        memset(pi, 0, sizeof *pi);
+        char buf[128];
+        ck_assert(attr(p, "data-x-scale", pi->xscale, sizeof pi->xscale));
+        ck_assert(attr(p, "data-y-scale", pi->yscale, sizeof pi->yscale));
+        ck_assert(attr(p, "data-plot", buf, sizeof buf));
+        ck_assert(sscanf(buf, "%lf %lf %lf %lf", &pi->plot[0], &pi->plot[1], &pi->plot[2],
+                         &pi->plot[3]) == 4);
+        pi->max_x = -INFINITY;
+        pi->min_y = INFINITY;
+        for (const char *q = p; (q = strstr(q, "points=\"")) && q < end;) {
+            q += 8;
+            double x, y;
+            int used;
+            while (*q != '"' && sscanf(q, "%lf,%lf%n", &x, &y, &used) == 2) {
+                pi->max_x = fmax(pi->max_x, x);
+                pi->min_y = fmin(pi->min_y, y);
+                q += used;
+                while (*q == ' ' || *q == '\n')
+                    q++;
+            }
+        }
+        for (const char *q = p; (q = strstr(q, "<circle cx=\"")) && q < end; q++) {
+            double x, y;
+            ck_assert(sscanf(q, "<circle cx=\"%lf\" cy=\"%lf\"", &x, &y) == 2);
+            if (x > pi->plot[2] + 1)
+                continue;   /* the legend */
+            pi->max_x = fmax(pi->max_x, x);
+            pi->min_y = fmin(pi->min_y, y);
+        }
+        const char *bud = strstr(p, "<title>budget");
+        pi->budget = bud && bud < end;
+        p = next;
+    }
+    return n;
+}
+
+static void stress_plot(bool logx, bool budget, panel_info pi[2])
+{
+    char svg[] = "/tmp/pkvt-plot-XXXXXX";
+    int fd = mkstemp(svg);
+    ck_assert(fd >= 0);
+    close(fd);
+    const char *argv[24] = {"stress", "--ctx", "3000", "--heads", "4", "--kv-heads", "2",
+                            "--head-dim", "16", "--points", "20", "--quiet", "--json",
+                            "--svg", svg};
+    size_t n = 15;
+    if (logx)
+        argv[n++] = "--svg-logx";
+    if (budget) {
+        argv[n++] = "--budget";
+        argv[n++] = "8m";
+    }
+    proc p;
+    run(&p, argv);
+    ck_assert_msg(p.status == 0, "stress: exit %d: %s", p.status, p.err);
+    proc_free(&p);
+    char *text = slurp(svg);
+    ck_assert_uint_eq(read_panels(text, pi, 2), 2);
+    free(text);
+    unlink(svg);
+}
+
+START_TEST(stress_plot_axes)
+{
+    for (int logx = 0; logx < 2; logx++) {
+        panel_info pi[2];
+        stress_plot(logx, !logx, pi);
+        for (int k = 0; k < 2; k++) {
+            const char *scale = logx ? "log" : "linear";
+            /* with a log context axis the y axes are log too: short contexts would
+             * otherwise all sit on the bottom of a linear one */
+            ck_assert_msg(strcmp(pi[k].xscale, scale) == 0 && strcmp(pi[k].yscale, scale) == 0,
+                          "logx %d panel %d: scales %s/%s", logx, k, pi[k].xscale,
+                          pi[k].yscale);
+            /* the axes end near the data: within 6% of the plot's width and height */
+            const double w = pi[k].plot[2] - pi[k].plot[0], h = pi[k].plot[3] - pi[k].plot[1];
+            ck_assert_msg(pi[k].plot[2] - pi[k].max_x <= 0.06 * w,
+                          "logx %d panel %d: rightmost point %.1f px, plot ends at %.1f",
+                          logx, k, pi[k].max_x, pi[k].plot[2]);
+            ck_assert_msg(pi[k].min_y - pi[k].plot[1] <= 0.06 * h,
+                          "logx %d panel %d: topmost point %.1f px, plot starts at %.1f",
+                          logx, k, pi[k].min_y, pi[k].plot[1]);
+        }
+        /* the budget is a line on the memory panel, and only there */
+        ck_assert_msg(!pi[0].budget && pi[1].budget == !logx, "logx %d: budget %d/%d", logx,
+                      pi[0].budget, pi[1].budget);
+    }
+}
+END_TEST
+
+/* ---- the memory guard compares with MemAvailable -------------------------------- */
+
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib * 1024u;
+}
+
+START_TEST(memory_guard_available)
+{
+    const uint64_t before = mem_available();
+    if (before == 0) {
+        printf("SKIP: memory_guard_available: no MemAvailable in /proc/meminfo\n");
+        return;
+    }
+    static const char *const cmds[][6] = {
+        {"bench", "--ctx", "1g", "--reps", "1", NULL},
+        {"stress", "--ctx", "1g", NULL},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        proc p;
+        run(&p, cmds[i]);
+        const uint64_t after = mem_available();
+        ck_assert_msg(p.status == 2, "%s: exit %d", cmds[i][0], p.status);
+        const char *at = strstr(p.err, "(MemAvailable) of the machine's physical memory, ");
+        ck_assert_msg(at != NULL, "%s: the refusal names no MemAvailable: %s", cmds[i][0],
+                      p.err);
+        const uint64_t limit = strtoull(strchr(at, ',') + 2, NULL, 10);
+        const uint64_t lo = (before < after ? before : after) - (64u << 20);
+        const uint64_t hi = (before > after ? before : after) + (64u << 20);
+        ck_assert_msg(limit >= lo && limit <= hi, "%s: limit %llu, MemAvailable %llu..%llu",
+                      cmds[i][0], (unsigned long long)limit, (unsigned long long)before,
+                      (unsigned long long)after);
+        proc_free(&p);
+    }
+}
+END_TEST
+
+/* ---- bootstrap.sh: an unknown mode is refused before any work ------------------- */
+
+START_TEST(bootstrap_unknown_mode)
+{
+    const char *src = getenv("PKV_SRCDIR");
+    ck_assert_msg(src && *src, "PKV_SRCDIR is not set (run through meson test)");
+    char dir[] = "/tmp/pkvt-boot-XXXXXX", log[600], script[600], stub[600], path[1200];
+    ck_assert(mkdtemp(dir) != NULL);
+    snprintf(log, sizeof log, "%s/calls", dir);
+    snprintf(script, sizeof script, "%s/tools/bootstrap.sh", src);
+    /* every command the script could run records that it ran */
+    static const char *const cmds[] = {"apt-get", "sudo", "dpkg-query", "meson", "ninja"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        snprintf(stub, sizeof stub, "%s/%s", dir, cmds[i]);
+        FILE *f = fopen(stub, "w");
+        ck_assert(f != NULL);
+        fprintf(f, "#!/bin/sh\necho %s >> '%s'\nexit 0\n", cmds[i], log);
+        ck_assert(fclose(f) == 0);
+        ck_assert(chmod(stub, 0755) == 0);
+    }
+    snprintf(path, sizeof path, "%s:/usr/bin:/bin", dir);
+    ck_assert(setenv("PATH", path, 1) == 0);   /* this test's own process (Check forks) */
+    static const char *const modes[][2] = {{"frobnicate", NULL}, {"run", "extra"}};
+    for (size_t m = 0; m < 2; m++) {
+        proc p;
+        char *argv[] = {(char *)"sh", script, (char *)modes[m][0], (char *)modes[m][1], NULL};
+        proc_start(&p, "/bin/sh", false, argv);
+        proc_wait(&p);
+        ck_assert_msg(p.status == 2 && has(p.err, "usage: tools/bootstrap.sh"),
+                      "bootstrap %s: exit %d, stderr %s", modes[m][0], p.status, p.err);
+        struct stat st;
+        ck_assert_msg(stat(log, &st) != 0, "bootstrap %s ran commands first:\n%s",
+                      modes[m][0], slurp(log));
+        proc_free(&p);
+    }
+    /* the stubs are really on the path: a known mode runs them */
+    proc p;
+    char *argv[] = {(char *)"sh", script, (char *)"build", NULL};
+    proc_start(&p, "/bin/sh", false, argv);
+    proc_wait(&p);
+    struct stat st;
+    ck_assert_msg(stat(log, &st) == 0, "bootstrap build ran none of the stubs: %d %s",
+                  p.status, p.err);
+    proc_free(&p);
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        snprintf(stub, sizeof stub, "%s/%s", dir, cmds[i]);
+        unlink(stub);
+    }
+    unlink(log);
+    ck_assert(rmdir(dir) == 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("cli");
+    TCase *tc = tcase_create("conventions");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, option_forms);
+    tcase_add_test(tc, help_and_mistakes);
+    tcase_add_test(tc, engine_limits);
+    tcase_add_test(tc, threads_zero);
+    suite_add_tcase(s, tc);
+    TCase *to = tcase_create("outputs");
+    tcase_set_timeout(to, 120);
+    tcase_add_test(to, mem_attention_kind);
+    tcase_add_test(to, inspect_status_line);
+    tcase_add_test(to, stress_plot_axes);
+    tcase_add_test(to, memory_guard_available);
+    tcase_add_test(to, bootstrap_unknown_mode);
+    suite_add_tcase(s, to);
+    return pkvt_run(s);
+}

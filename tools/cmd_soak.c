@@ -5,7 +5,7 @@
  * checked against a trivial model kept beside the engine.
  *
  * Owns: the options, the engine and the spill directory, the run loop with the checks
- * after every step (pkvi_engine_check, the budget), the spill accounting, the final
+ * after every step (pkv_engine_check, the budget), the spill accounting, the final
  * sweep, the teardown check and the summary. Does not own: the model (per session and
  * layer, every appended K/V row, dtype-rounded), the double-precision reference decode
  * and the operation mix (soak_model.c, sharing the state of soak.h); anything in the

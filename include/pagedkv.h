@@ -74,7 +74,7 @@ PKV_API const char *pkv_status_str(pkv_status s);
 
 /* Storage type of cached K/V. Input and output are always f32; values are rounded to
  * the storage type with round-to-nearest-even when appended. */
-typedef enum { PKV_F32 = 0, PKV_F16, PKV_BF16 } pkv_dtype;
+typedef enum { PKV_F32 = 0, PKV_F16, PKV_BF16, PKV_Q8 = 3, PKV_Q4 = 4 } pkv_dtype;
 
 /* One layer's attention variant. Zero-initialise it: all zeros is full causal. */
 typedef struct {
@@ -237,9 +237,19 @@ PKV_API pkv_status pkv_mha_forward(uint32_t n_tokens, uint32_t d_model, uint32_t
 
 /* ---- Additions beyond SPEC §2 ----------------------------------------------------- */
 
-/* Bytes of one stored value of dtype t (4, 2, 2); 0 for an unknown dtype. */
+/* Bytes of one stored row of n values of dtype t (block types included: PKV_Q8 and
+ * PKV_Q4 cut a row into blocks of 32 values, the last possibly shorter, each with an
+ * f16 scale: 2 + 32 bytes and 2 + 16 bytes a full block, 8.5 and 4.5 bits a value;
+ * docs/numerics.md has the format); 0 for an unknown dtype or n == 0. */
+PKV_API size_t pkv_row_bytes(pkv_dtype t, uint32_t n);
+/* What the cache gives back for a row of n values stored as t: dst = dequant(quant(src))
+ * (for f32/f16/bf16 each value rounded alone). src and dst may be the same array.
+ * Nothing happens for an unknown dtype, n == 0 or NULL. */
+PKV_API void pkv_dtype_round_row(pkv_dtype t, uint32_t n, const float *src, float *dst);
+/* Bytes of one stored value of dtype t (4, 2, 2); 0 for the block types and for an
+ * unknown dtype. */
 PKV_API size_t pkv_dtype_size(pkv_dtype t);
-/* "f32", "f16", "bf16"; "?" for an unknown dtype. */
+/* "f32", "f16", "bf16", "q8", "q4"; "?" for an unknown dtype. */
 PKV_API const char *pkv_dtype_name(pkv_dtype t);
 /* Round one float to dtype t (round-to-nearest-even) and back: what the cache stores.
  * For tests and references. Unknown dtype: x unchanged. */

@@ -71,7 +71,7 @@ pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out)
     if (c.n_heads / c.n_kv_heads > PKVI_MAX_GROUP_HEADS || c.head_dim > PKVI_MAX_HEAD_DIM ||
         c.n_kv_heads > PKVI_MAX_KV_HEADS)
         return PKV_EINVAL;
-    if (pkv_dtype_size(c.kv_dtype) == 0)
+    if (pkv_row_bytes(c.kv_dtype, 1) == 0)
         return PKV_EINVAL;
     if (c.block_tokens == 0)
         c.block_tokens = PKVI_DEFAULT_BLOCK_TOKENS;
@@ -90,11 +90,12 @@ pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out)
     for (uint32_t l = 0; c.layer_cfg && l < c.n_layers; l++)
         if (!pkvi_layer_config_ok(&c.layer_cfg[l], c.n_heads))
             return PKV_EINVAL;
-    /* page bytes = g * bt * (dk + dv) * size, checked */
+    /* page bytes = g * bt * (row_bytes(dk) + row_bytes(dv)), checked */
     uint64_t pb;
     if (!pkvi_mul(c.n_kv_heads, c.block_tokens, &pb) ||
-        !pkvi_mul(pb, (uint64_t)c.head_dim + c.head_dim_v, &pb) ||
-        !pkvi_mul(pb, pkv_dtype_size(c.kv_dtype), &pb) || pb > PKVI_MAX_PAGE_BYTES)
+        !pkvi_mul(pb, (uint64_t)pkv_row_bytes(c.kv_dtype, c.head_dim) +
+                          pkv_row_bytes(c.kv_dtype, c.head_dim_v), &pb) ||
+        pb > PKVI_MAX_PAGE_BYTES)
         return PKV_EINVAL;
     if (c.mem_budget && c.mem_budget < pb)
         return PKV_EINVAL;
@@ -121,9 +122,8 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
         return PKV_ENOMEM;
     e->cfg = c;
     e->hg = c.n_heads / c.n_kv_heads;
-    e->dsize = pkv_dtype_size(c.kv_dtype);
-    e->row_bytes = (uint64_t)c.head_dim * e->dsize;
-    e->row_bytes_v = (uint64_t)c.head_dim_v * e->dsize;
+    e->row_bytes = pkv_row_bytes(c.kv_dtype, c.head_dim);
+    e->row_bytes_v = pkv_row_bytes(c.kv_dtype, c.head_dim_v);
     e->page_bytes = (uint64_t)c.n_kv_heads * c.block_tokens * (e->row_bytes + e->row_bytes_v);
     e->chunk_pages = (CHUNK_TOKENS + c.block_tokens - 1) / c.block_tokens;
     e->split_awake = (double)PKVI_SPLIT_AWAKE_BYTES;
@@ -183,6 +183,10 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     st = pkvi_kernels_select(&e->kern);
     if (st != PKV_OK)
         goto fail;
+    /* The block types (Q8, Q4) have a scalar kernel only so far: their engines use it
+     * (and say so in pkv_engine_stats' isa). */
+    if (c.kv_dtype == PKV_Q8 || c.kv_dtype == PKV_Q4)
+        e->kern = &pkvi_kernels_scalar;
     st = pkvi_pool_init(&e->pool, e->page_bytes, c.mem_budget);
     if (st != PKV_OK)
         goto fail;

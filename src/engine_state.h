@@ -52,10 +52,9 @@ struct pkv_engine {
     pkv_config cfg;              /* resolved: block_tokens, scale, n_threads set */
     char *spill_dir;             /* owned copy of cfg.spill_dir, or NULL */
     uint32_t hg;                 /* query heads per group, h / g */
-    size_t dsize;                /* bytes per stored value */
-    uint64_t row_bytes;          /* one K row of one group: dk * dsize */
-    uint64_t row_bytes_v;        /* one V row of one group: dv * dsize */
-    uint64_t page_bytes;         /* g * bt * (dk + dv) * dsize */
+    uint64_t row_bytes;          /* one K row of one group: pkv_row_bytes(dtype, dk) */
+    uint64_t row_bytes_v;        /* one V row of one group: pkv_row_bytes(dtype, dv) */
+    uint64_t page_bytes;         /* g * bt * (row_bytes + row_bytes_v) */
     pkv_layer_config *layers;    /* [n_layers] per-layer variants (zeros: full causal),
                                     sink_logits owned; cfg.layer_cfg points here */
     bool variants;               /* some layer is not plain causal, or dv != dk */

@@ -96,6 +96,8 @@ static bool dtype_to_code(pkv_dtype t, uint32_t *code)
     case PKV_F32: *code = 0; return true;
     case PKV_F16: *code = 1; return true;
     case PKV_BF16: *code = 2; return true;
+    case PKV_Q8:
+    case PKV_Q4: return false; /* not in file format v1 */
     }
     return false;
 }

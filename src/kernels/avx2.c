@@ -331,6 +331,10 @@ static void store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
     uint32_t i = 0;
     uint16_t *o = dst;
     switch (t) {
+    case PKV_Q8:
+    case PKV_Q4: /* the block format is quant.c's */
+        pkvi_store_row(t, dst, src, n);
+        break;
     case PKV_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
         break;

@@ -26,8 +26,7 @@ static void fold_page(const pkvi_kparams *p, const char *kbase, uint32_t ntok,
                       float *restrict acc)
 {
     const uint32_t d = p->head_dim, dv = PKVI_DV(p), hg = p->hg;
-    const size_t row = (size_t)d * pkv_dtype_size(p->dtype);
-    const size_t vrow = (size_t)dv * pkv_dtype_size(p->dtype);
+    const size_t row = pkv_row_bytes(p->dtype, d), vrow = pkv_row_bytes(p->dtype, dv);
     const float cap = p->softcap;
     const char *vbase = kbase + p->v_offset;
     float s[PKVI_MAX_GROUP_HEADS * PKVI_TILE]; /* [hg][PKVI_TILE] scores, then weights */

@@ -242,6 +242,10 @@ static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_p
     case PKV_F32:
         attend_f32(p, pages, n_pages, last_tokens, group0, n_groups, x);
         break;
+    case PKV_Q8:
+    case PKV_Q4: /* no SIMD kernel for the block types yet: the scalar one */
+        pkvi_kernels_scalar.attend(p, pages, n_pages, last_tokens, group0, n_groups, x);
+        break;
     }
 }
 

@@ -1,0 +1,311 @@
+/*
+ * test_quant.c - the block-quantized pages PKV_Q8 and PKV_Q4 (SPEC §9): the row
+ * format's sizes and its error bound, held against the format's definition computed
+ * here from public pieces (f16 rounding of the scale); the edge cases (zero, huge,
+ * tiny, NaN, every tail length); and decode on quantized pages against the double
+ * reference on the rounded rows, with every path's bits equal.
+ */
+#include "testutil.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const pkv_dtype qtypes[] = {PKV_Q8, PKV_Q4};
+
+static float qmax_of(pkv_dtype t)
+{
+    return t == PKV_Q8 ? 127.0f : 7.0f;
+}
+
+/* The step of a block from its largest magnitude: f16(a / Q), at least the smallest
+ * f16 subnormal, at most 65504 (the format in src/quant.c, written again). */
+static float step_of(pkv_dtype t, float a)
+{
+    if (a == 0.0f)
+        return 0.0f;
+    float d = pkv_dtype_round(PKV_F16, a / qmax_of(t));
+    if (d == 0.0f)
+        d = ldexpf(1.0f, -24);
+    if (d > 65504.0f)
+        d = 65504.0f;
+    return d;
+}
+
+START_TEST(row_bytes_are_the_format)
+{
+    ck_assert_uint_eq(pkv_row_bytes(PKV_Q8, 128), 136);
+    ck_assert_uint_eq(pkv_row_bytes(PKV_Q4, 128), 72);
+    ck_assert(pkv_row_bytes(PKV_Q8, 128) * 8.0 / 128 <= 8.5);
+    ck_assert(pkv_row_bytes(PKV_Q4, 128) * 8.0 / 128 <= 4.5);
+    ck_assert_uint_eq(pkv_row_bytes(PKV_Q8, 33), 34 + 3);
+    ck_assert_uint_eq(pkv_row_bytes(PKV_Q4, 33), 18 + 3);
+    ck_assert_uint_eq(pkv_row_bytes(PKV_Q4, 1), 3);
+    ck_assert_uint_eq(pkv_row_bytes(PKV_Q8, 0), 0);
+    ck_assert_uint_eq(pkv_row_bytes((pkv_dtype)9, 8), 0);
+    ck_assert_uint_eq(pkv_row_bytes(PKV_F16, 5), 10);
+    ck_assert_uint_eq(pkv_row_bytes(PKV_F32, 5), 20);
+    ck_assert_uint_eq(pkv_dtype_size(PKV_Q8), 0);
+    ck_assert_uint_eq(pkv_dtype_size(PKV_Q4), 0);
+    ck_assert_str_eq(pkv_dtype_name(PKV_Q8), "q8");
+    ck_assert_str_eq(pkv_dtype_name(PKV_Q4), "q4");
+}
+END_TEST
+
+/* Every length 1..300, values of mixed magnitudes (a few outlier channels, as real K
+ * has): each value comes back as an integer multiple q of its block's step, |q| <= Q,
+ * within half a step of the input; a block is 32 values from its row's start. */
+START_TEST(round_row_within_half_a_step)
+{
+    pkvt_rng r;
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng_init(&r, seed + 21);
+    float x[300], y[300];
+    for (size_t ti = 0; ti < 2; ti++) {
+        const pkv_dtype t = qtypes[ti];
+        for (uint32_t n = 1; n <= 300; n++) {
+            pkvt_fill(&r, x, n, -1, 1);
+            for (uint32_t i = 0; i < n; i += 1 + pkvt_below(&r, 40))
+                x[i] *= 20.0f; /* outliers */
+            pkv_dtype_round_row(t, n, x, y);
+            for (uint32_t b = 0; b < n; b += 32) {
+                const uint32_t m = n - b < 32 ? n - b : 32;
+                float a = 0;
+                for (uint32_t j = 0; j < m; j++)
+                    a = fabsf(x[b + j]) > a ? fabsf(x[b + j]) : a;
+                const float d = step_of(t, a);
+                for (uint32_t j = 0; j < m; j++) {
+                    const float q = y[b + j] / d;
+                    ck_assert_msg(q == rintf(q) && fabsf(q) <= qmax_of(t),
+                                  "%s n %u value %u: %g is not a step multiple",
+                                  pkv_dtype_name(t), n, b + j, (double)y[b + j]);
+                    ck_assert_msg(fabsf(x[b + j] - y[b + j]) <= d / 2,
+                                  "%s n %u value %u: |%g - %g| > %g / 2 (seed %llu)",
+                                  pkv_dtype_name(t), n, b + j, (double)x[b + j],
+                                  (double)y[b + j], (double)d, (unsigned long long)seed);
+                }
+            }
+            /* in place gives the same */
+            float z[300];
+            memcpy(z, x, n * sizeof *z);
+            pkv_dtype_round_row(t, n, z, z);
+            ck_assert_mem_eq(z, y, n * sizeof *z);
+        }
+    }
+}
+END_TEST
+
+START_TEST(zero_huge_tiny_and_nan_rows)
+{
+    float x[70], y[70];
+    for (size_t ti = 0; ti < 2; ti++) {
+        const pkv_dtype t = qtypes[ti];
+        memset(x, 0, sizeof x);
+        pkv_dtype_round_row(t, 70, x, y);
+        for (int i = 0; i < 70; i++)
+            ck_assert(y[i] == 0.0f && !signbit(y[i]));
+        /* tiny: below the f16 scale's normal range, still within half a step */
+        for (int i = 0; i < 70; i++)
+            x[i] = (i % 2 ? 1e-9f : -3e-9f) * (float)(i + 1);
+        pkv_dtype_round_row(t, 70, x, y);
+        for (int i = 0; i < 70; i++)
+            ck_assert(fabsf(x[i] - y[i]) <= ldexpf(1.0f, -25) * 1.0001f + 0.0f ||
+                      fabsf(x[i] - y[i]) <= step_of(t, 3e-9f * 70) / 2);
+        /* huge: past the saturation range the values clamp, finite */
+        for (int i = 0; i < 70; i++)
+            x[i] = i % 3 ? 1e12f : -1e12f;
+        pkv_dtype_round_row(t, 70, x, y);
+        for (int i = 0; i < 70; i++) {
+            ck_assert(isfinite(y[i]));
+            ck_assert(fabsf(y[i]) == 65504.0f * qmax_of(t));
+            ck_assert(signbit(y[i]) == signbit(x[i]));
+        }
+        /* a NaN or an infinity spoils its own block only */
+        pkvt_rng r;
+        pkvt_rng_init(&r, pkvt_seed() + 22);
+        pkvt_fill(&r, x, 70, -1, 1);
+        x[40] = NAN;
+        x[69] = INFINITY;
+        pkv_dtype_round_row(t, 70, x, y);
+        for (int i = 0; i < 70; i++) {
+            if (i < 32)
+                ck_assert(isfinite(y[i]) && fabsf(x[i] - y[i]) <= 1.0f / qmax_of(t));
+            else
+                ck_assert(isnan(y[i]));
+        }
+    }
+}
+END_TEST
+
+/* Decode on quantized pages: within 1e-5 x max|V| of the double reference on the
+ * rounded rows, over head_dim 1..130 (tails), page sizes and group shapes. */
+START_TEST(decode_matches_reference_on_rounded_rows)
+{
+    static const uint32_t shapes[][4] = {
+        /* h, g, d, bt */
+        {2, 1, 1, 1}, {4, 2, 3, 4}, {6, 3, 17, 2}, {8, 2, 32, 16}, {4, 4, 33, 5},
+        {8, 8, 64, 16}, {32, 8, 128, 16}, {2, 2, 80, 3}, {3, 1, 130, 7},
+    };
+    pkvt_rng r;
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng_init(&r, seed + 23);
+    double worst = 0;
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            const pkv_dtype t = qtypes[ti];
+            const uint32_t h = shapes[si][0], g = shapes[si][1], d = shapes[si][2],
+                           bt = shapes[si][3];
+            const uint32_t T = pkvt_quick() ? 20 : 45;
+            pkv_engine *e = pkvt_engine(1, h, g, d, bt, t);
+            pkv_stats st;
+            ck_assert_int_eq(pkv_engine_stats(e, &st), PKV_OK);
+            ck_assert_uint_eq(st.page_bytes, (uint64_t)g * bt * 2 * pkv_row_bytes(t, d));
+            pkv_session *s;
+            ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+            const size_t kd = (size_t)g * d, qd = (size_t)h * d;
+            float *K = pkvt_alloc(T * kd * sizeof *K), *V = pkvt_alloc(T * kd * sizeof *V);
+            float *Kr = pkvt_alloc(T * kd * sizeof *K), *Vr = pkvt_alloc(T * kd * sizeof *V);
+            float *Q = pkvt_alloc(T * qd * sizeof *Q), *out = pkvt_alloc(qd * sizeof *out);
+            double *ref = pkvt_alloc(qd * sizeof *ref);
+            pkvt_fill(&r, K, T * kd, -2, 2);
+            pkvt_fill(&r, V, T * kd, -1, 1);
+            pkvt_fill(&r, Q, T * qd, -1, 1);
+            for (uint32_t i = 0; i < T * g; i++) { /* each group's row is one stored row */
+                pkv_dtype_round_row(t, d, K + (size_t)i * d, Kr + (size_t)i * d);
+                pkv_dtype_round_row(t, d, V + (size_t)i * d, Vr + (size_t)i * d);
+            }
+            const float vmax = pkvt_maxabs(Vr, T * kd);
+            for (uint32_t p = 0; p < T; p++) {
+                ck_assert_int_eq(pkv_append(s, 0, K + p * kd, V + p * kd), PKV_OK);
+                ck_assert_int_eq(pkv_decode(s, 0, Q + p * qd, out), PKV_OK);
+                /* the reference on rows already rounded: f32 keeps them as they are */
+                pkvt_ref_decode(h, g, d, 1.0f / sqrtf((float)d), PKV_F32, p + 1, Q + p * qd,
+                                Kr, Vr, ref);
+                const double diff = pkvt_maxdiff_fd(out, ref, qd);
+                worst = diff / vmax > worst ? diff / vmax : worst;
+                ck_assert_msg(diff <= 1e-5 * vmax, "%s h %u g %u d %u bt %u pos %u: %g (seed %llu)",
+                              pkv_dtype_name(t), h, g, d, bt, p, diff, (unsigned long long)seed);
+            }
+            ck_assert(pkvi_engine_check(e));
+            pkv_session_destroy(s);
+            free(K);
+            free(V);
+            free(Kr);
+            free(Vr);
+            free(Q);
+            free(out);
+            free(ref);
+            pkv_engine_destroy(e);
+        }
+    fprintf(stderr, "quantized decode: largest |diff| / max|V| %.3g\n", worst);
+}
+END_TEST
+
+/* Prefill, batch and threads give the bits of token-by-token decode on Q8/Q4 pages. */
+START_TEST(paths_agree_bitwise)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 24);
+    const uint32_t h = 8, g = 2, d = 40, bt = 8, T = 70;
+    for (size_t ti = 0; ti < 2; ti++) {
+        const pkv_dtype t = qtypes[ti];
+        pkv_engine *e1 = pkvt_engine(1, h, g, d, bt, t);
+        pkv_config c;
+        ck_assert_int_eq(pkv_engine_config(e1, &c), PKV_OK);
+        c.n_threads = 3;
+        pkv_engine *e3;
+        ck_assert_int_eq(pkv_engine_create(&c, &e3), PKV_OK);
+        e3->split_awake = e3->split_asleep = 0;
+        const size_t kd = (size_t)g * d, qd = (size_t)h * d;
+        float *K = pkvt_alloc(T * kd * sizeof *K), *V = pkvt_alloc(T * kd * sizeof *V);
+        float *Q = pkvt_alloc(T * qd * sizeof *Q);
+        float *a = pkvt_alloc(T * qd * sizeof *a), *b = pkvt_alloc(T * qd * sizeof *b);
+        pkvt_fill(&r, K, T * kd, -2, 2);
+        pkvt_fill(&r, V, T * kd, -1, 1);
+        pkvt_fill(&r, Q, T * qd, -1, 1);
+        pkv_session *sa, *sb, *sc, *sd;
+        pkv_session_create(e1, &sa);
+        pkv_session_create(e1, &sb);
+        pkv_session_create(e3, &sc);
+        pkv_session_create(e3, &sd);
+        for (uint32_t p = 0; p < T; p++) {
+            ck_assert_int_eq(pkv_append(sa, 0, K + p * kd, V + p * kd), PKV_OK);
+            ck_assert_int_eq(pkv_decode(sa, 0, Q + p * qd, a + p * qd), PKV_OK);
+        }
+        ck_assert_int_eq(pkv_prefill(sb, 0, 29, Q, K, V, b), PKV_OK);
+        ck_assert_int_eq(pkv_prefill(sb, 0, T - 29, Q + 29 * qd, K + 29 * kd, V + 29 * kd,
+                                     b + 29 * qd), PKV_OK);
+        ck_assert_mem_eq(a, b, T * qd * sizeof *a);
+        for (uint32_t p = 0; p < T; p++) {
+            ck_assert_int_eq(pkv_append(sc, 0, K + p * kd, V + p * kd), PKV_OK);
+            ck_assert_int_eq(pkv_append(sd, 0, K + p * kd, V + p * kd), PKV_OK);
+            pkv_session *pair[2] = {sc, sd};
+            float qq[2 * 8 * 40], oo[2 * 8 * 40];
+            memcpy(qq, Q + p * qd, qd * sizeof *qq);
+            memcpy(qq + qd, Q + p * qd, qd * sizeof *qq);
+            ck_assert_int_eq(pkv_decode_batch(e3, 0, 2, pair, qq, oo), PKV_OK);
+            ck_assert_mem_eq(oo, a + p * qd, qd * sizeof *oo);
+            ck_assert_mem_eq(oo + qd, a + p * qd, qd * sizeof *oo);
+        }
+        pkv_session_destroy(sa);
+        pkv_session_destroy(sb);
+        pkv_session_destroy(sc);
+        pkv_session_destroy(sd);
+        free(K);
+        free(V);
+        free(Q);
+        free(a);
+        free(b);
+        pkv_engine_destroy(e1);
+        pkv_engine_destroy(e3);
+    }
+}
+END_TEST
+
+/* A NaN appended to one row leaves every other row of the cache intact. */
+START_TEST(a_nan_row_poisons_no_other_row)
+{
+    for (size_t ti = 0; ti < 2; ti++) {
+        pkv_engine *e = pkvt_engine(2, 2, 2, 40, 4, qtypes[ti]);
+        pkv_session *s;
+        pkv_session_create(e, &s);
+        float k[80], v[80], q[80], o1[80], o2[80];
+        pkvt_rng r;
+        pkvt_rng_init(&r, pkvt_seed() + 25);
+        pkvt_fill(&r, q, 80, -1, 1);
+        for (int t = 0; t < 6; t++) {
+            pkvt_fill(&r, k, 80, -1, 1);
+            pkvt_fill(&r, v, 80, -1, 1);
+            ck_assert_int_eq(pkv_append(s, 0, k, v), PKV_OK);
+            ck_assert_int_eq(pkv_append(s, 1, k, v), PKV_OK);
+        }
+        ck_assert_int_eq(pkv_decode(s, 1, q, o1), PKV_OK);
+        k[45] = NAN; /* group 1, second block */
+        ck_assert_int_eq(pkv_append(s, 0, k, v), PKV_OK);
+        ck_assert_int_eq(pkv_decode(s, 1, q, o2), PKV_OK); /* the other layer */
+        ck_assert_mem_eq(o1, o2, sizeof o1);
+        ck_assert_int_eq(pkv_decode(s, 0, q, o2), PKV_OK);
+        for (int i = 0; i < 40; i++) /* group 0's heads never read group 1's rows */
+            ck_assert(isfinite(o2[i]));
+        pkv_session_destroy(s);
+        pkv_engine_destroy(e);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("quant");
+    TCase *tc = tcase_create("format");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, row_bytes_are_the_format);
+    tcase_add_test(tc, round_row_within_half_a_step);
+    tcase_add_test(tc, zero_huge_tiny_and_nan_rows);
+    tcase_add_test(tc, decode_matches_reference_on_rounded_rows);
+    tcase_add_test(tc, paths_agree_bitwise);
+    tcase_add_test(tc, a_nan_row_poisons_no_other_row);
+    suite_add_tcase(s, tc);
+    return pkvt_run(s);
+}

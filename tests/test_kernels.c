@@ -772,13 +772,8 @@ START_TEST(force_isa)
         ck_assert_int_eq(st, PKV_OK);
         ck_assert_str_eq(k->isa, names[i]);
         /* through the public API */
-        pkv_config c = pkv_config_default();
-        c.n_layers = 1;
-        c.n_heads = 8;
-        c.n_kv_heads = 2;
-        c.head_dim = 24;
-        pkv_engine *e = NULL;
-        ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
+        const pkv_config c = pkvt_config(1, 8, 2, 24, 0, PKV_F32);
+        pkv_engine *e = pkvt_engine_cfg(&c);
         pkv_stats s;
         ck_assert_int_eq(pkv_engine_stats(e, &s), PKV_OK);
         ck_assert_str_eq(s.isa, names[i]);

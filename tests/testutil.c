@@ -329,6 +329,26 @@ const char *pkvt_need_unmet(const char *need)
             return "valgrind replaces the allocator: RSS says nothing here";
         return NULL;
     }
+    if (strcmp(need, "python") == 0) {
+        /* the system's python3 first, then PATH's (what test_tools runs) */
+        if (access("/usr/bin/python3", X_OK) == 0)
+            return NULL;
+        const char *path = getenv("PATH");
+        char dir[4096];
+        for (const char *p = path ? path : ""; *p;) {
+            const size_t n = strcspn(p, ":");
+            if (n > 0 && n < sizeof dir - 16) {
+                memcpy(dir, p, n);
+                dir[n] = 0;
+                if (is_file(dir, "python3"))
+                    return NULL;
+            }
+            p += n + (p[n] == ':');
+        }
+        return "no python3 (/usr/bin/python3 or on PATH)";
+    }
+    if (strcmp(need, "crc32c_hw") == 0)
+        return pkvi_crc32c_hw_available() ? NULL : "no hardware CRC-32C (SSE4.2) here";
     if (strcmp(need, "tool") == 0) {
         const char *t = getenv("PKV_TOOL");
         if (!t || !*t || access(t, X_OK) != 0)
@@ -340,7 +360,8 @@ const char *pkvt_need_unmet(const char *need)
 
 static bool known_need(const char *need)
 {
-    static const char *const all[] = {"uring", "model", "rss", "tool"};
+    static const char *const all[] = {"uring", "model", "rss", "tool", "python",
+                                      "crc32c_hw"};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (strcmp(need, all[i]) == 0)
             return true;
@@ -371,7 +392,7 @@ static char *read_fd(int fd, size_t *len)
     return buf;
 }
 
-static int anon_tmp(void)
+int pkvt_tmp_fd(void)
 {
     const char *dir = getenv("TMPDIR");
     char path[4096];
@@ -410,7 +431,7 @@ pkvt_proc pkvt_spawn(const char *path, const char *const *argv, const char *cons
             envp[k++] = (char *)env[j];
     envp[k] = NULL;
 
-    const int fo = anon_tmp(), fe = anon_tmp();
+    const int fo = pkvt_tmp_fd(), fe = pkvt_tmp_fd();
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);

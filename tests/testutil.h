@@ -20,7 +20,9 @@
  *       uring   the io_uring backend can be set up (and PKV_NO_URING is not 1);
  *       model   ../shared/models/stories260K.bin and tok512.bin (PKV_SHARED_DIR);
  *       rss     RSS means what it says: no sanitizer shadow, no valgrind;
- *       tool    the built `pagedkv` binary (PKV_TOOL) is executable.
+ *       tool    the built `pagedkv` binary (PKV_TOOL) is executable;
+ *       python  a python3 for independent cross-checks;
+ *       crc32c_hw  the CPU's CRC-32C instruction (SSE4.2).
  * meson (tests/meson.build) registers one test per ISA, per I/O backend and per
  * resource-bound case, selecting the case with CK_RUN_CASE. A run in which no test
  * ran at all (CK_RUN_CASE naming no case) is a failure, not a pass.
@@ -125,7 +127,9 @@ pkv_session *pkvt_session(pkv_engine *e);
 /* Why this process cannot test the io_uring backend (PKV_NO_URING=1, built without
  * liburing, or the kernel refuses a ring), or NULL when it can. */
 const char *pkvt_uring_skip_reason(void);
-/* Why requirement `need` (a PKV_TEST_NEEDS word) is unmet here, or NULL when met. */
+/* Why requirement `need` (a PKV_TEST_NEEDS word) is unmet here, or NULL when met.
+ * A test program may also use it to leave a case out of a whole-suite run (as
+ * test_session does with "rss"), printing the reason. */
 const char *pkvt_need_unmet(const char *need);
 /* The kernel ISAs this build contains, NULL-terminated: "scalar" first, then the
  * SIMD ones compiled for this architecture (whether or not the CPU runs them). */
@@ -135,7 +139,10 @@ extern const char *const pkvt_built_isas[];
  * unreadable or has no flags line (emulators, other architectures). */
 int pkvt_cpuinfo_has_isa(const char *isa);
 
-/* ---- processes ------------------------------------------------------------------------ */
+/* ---- files and processes -------------------------------------------------------------- */
+
+/* An anonymous read-write temporary file under $TMPDIR (default /tmp), unlinked at once. */
+int pkvt_tmp_fd(void);
 
 typedef struct {
     int status;        /* exit code, or 128 + signal number */

@@ -301,7 +301,7 @@ START_TEST(shapes_vs_scalar)
     for (size_t i = 0; i < N_SIMD; i++) {
         ck_assert_msg(ran[i], "shapes_vs_scalar: %s never ran", simd_tables[i]->isa);
         printf("shapes_vs_scalar: %s: %llu shapes, largest |diff| / bound %.3g\n",
-                   simd_tables[i]->isa, (unsigned long long)cases, worst_ratio[i]);
+               simd_tables[i]->isa, (unsigned long long)cases, worst_ratio[i]);
     }
 }
 END_TEST

@@ -2,11 +2,10 @@
  * test_reference.c - Check suite for src/reference.c: the dense causal-attention
  * oracle, the textbook MHA/GQA/MQA layer and the KV-cache size formula (SPEC §1).
  *
- * The references here are written independently of the library: the naive attention
- * uses the other spelling of the GQA mapping (floor(i * g / h)) and a plain softmax
- * without max-subtraction (safe for the small random scores it is given), and the
- * naive MHA slices every head out of the weight matrices explicitly. The size formula
- * is checked against a 128-bit product.
+ * The references here are written independently of the library: attention is the
+ * test oracle of testutil.c (double precision, the other spelling of the GQA mapping,
+ * floor(i * g / h)), and the naive MHA slices every head out of the weight matrices
+ * explicitly before calling it. The size formula is checked against a 128-bit product.
  *
  * Seeds: every randomized test starts from pkvt_seed() (PKV_TEST_SEED overrides) and
  * names the seed and the case in its failure messages.
@@ -38,41 +37,6 @@ static void ref_matmul(size_t n, size_t k, size_t m, const double *A, const doub
         }
 }
 
-static double *to_double(const float *x, size_t n)
-{
-    double *d = pkvt_alloc(n * sizeof(double));
-    for (size_t i = 0; i < n; i++)
-        d[i] = x[i];
-    return d;
-}
-
-/* Textbook causal attention: Q [T][h][d], K,V [T][g][d], out [T][h][d]; head i reads
- * group floor(i * g / h); softmax as exp(s) / sum exp(s) (scores must be small). */
-static void ref_attention(uint32_t T, uint32_t h, uint32_t g, uint32_t d, double sc,
-                          const double *Q, const double *K, const double *V, double *out)
-{
-    double *e = pkvt_alloc(T * sizeof(double));
-    for (uint32_t t = 0; t < T; t++)
-        for (uint32_t i = 0; i < h; i++) {
-            uint32_t grp = (uint32_t)((uint64_t)i * g / h);
-            double z = 0;
-            for (uint32_t j = 0; j <= t; j++) {
-                double s = 0;
-                for (uint32_t c = 0; c < d; c++)
-                    s += Q[((size_t)t * h + i) * d + c] * K[((size_t)j * g + grp) * d + c];
-                e[j] = exp(s * sc);
-                z += e[j];
-            }
-            for (uint32_t c = 0; c < d; c++) {
-                double o = 0;
-                for (uint32_t j = 0; j <= t; j++)
-                    o += e[j] * V[((size_t)j * g + grp) * d + c];
-                out[((size_t)t * h + i) * d + c] = o / z;
-            }
-        }
-    free(e);
-}
-
 /* Naive MHA/GQA layer: for every head, slice its own columns out of Wq and its group's
  * columns out of Wk / Wv, project, attend, and place the result in the head's slot of
  * the concatenation; then multiply by Wo. Everything in double. out [T][dm]. */
@@ -86,7 +50,7 @@ static void ref_mha(uint32_t T, uint32_t dm, uint32_t h, uint32_t g, const float
     double *Vi = pkvt_alloc((size_t)T * d * sizeof(double));
     double *Ai = pkvt_alloc((size_t)T * d * sizeof(double));
     double *cat = pkvt_alloc((size_t)T * dm * sizeof(double));
-    double *Wod = to_double(Wo, (size_t)dm * dm);
+    double *Wod = pkvt_to_double(Wo, (size_t)dm * dm);
     for (uint32_t i = 0; i < h; i++) {
         uint32_t grp = (uint32_t)((uint64_t)i * g / h);
         for (uint32_t t = 0; t < T; t++)
@@ -102,7 +66,7 @@ static void ref_mha(uint32_t T, uint32_t dm, uint32_t h, uint32_t g, const float
                 Ki[(size_t)t * d + c] = k;
                 Vi[(size_t)t * d + c] = v;
             }
-        ref_attention(T, 1, 1, d, 1.0 / sqrt((double)d), Qi, Ki, Vi, Ai);
+        pkvt_oracle_causal(T, 1, 1, d, 1.0 / sqrt((double)d), Qi, Ki, Vi, Ai);
         for (uint32_t t = 0; t < T; t++)
             for (uint32_t c = 0; c < d; c++)
                 cat[(size_t)t * dm + i * d + c] = Ai[(size_t)t * d + c];
@@ -349,10 +313,11 @@ START_TEST(attention_random_vs_naive)
         ck_assert_msg(tail_intact(out, nq), "seed %llu case %d: wrote past [T][h][d]",
                       (unsigned long long)seed, it);
 
-        double *Qd = to_double(Q, nq), *Kd = to_double(K, nkv), *Vd = to_double(V, nkv);
+        double *Qd = pkvt_to_double(Q, nq), *Kd = pkvt_to_double(K, nkv);
+        double *Vd = pkvt_to_double(V, nkv);
         double *ref = pkvt_alloc(nq * sizeof(double));
         double sc = scale == 0.0f ? 1.0 / sqrt((double)d) : (double)scale;
-        ref_attention(T, h, g, d, sc, Qd, Kd, Vd, ref);
+        pkvt_oracle_causal(T, h, g, d, sc, Qd, Kd, Vd, ref);
         /* the oracle rounds a double result to float once: <= 2^-24 relative, and
          * every output is a convex combination of V */
         double tol = 1e-7 * pkvt_maxabs(V, nkv) + 1e-30;
@@ -583,31 +548,17 @@ START_TEST(mha_single_head)
         layer_case c;
         case_make(&r, &c, T, dm, 1, 1);
         size_t nx = (size_t)T * dm, nw = (size_t)dm * dm;
-        double *X = to_double(c.X, nx), *Wq = to_double(c.Wq, nw), *Wk = to_double(c.Wk, nw);
-        double *Wv = to_double(c.Wv, nw), *Wo = to_double(c.Wo, nw);
+        double *X = pkvt_to_double(c.X, nx), *Wq = pkvt_to_double(c.Wq, nw);
+        double *Wk = pkvt_to_double(c.Wk, nw), *Wv = pkvt_to_double(c.Wv, nw);
+        double *Wo = pkvt_to_double(c.Wo, nw);
         double *Qm = pkvt_alloc(nx * sizeof(double)), *Km = pkvt_alloc(nx * sizeof(double));
         double *Vm = pkvt_alloc(nx * sizeof(double)), *A = pkvt_alloc(nx * sizeof(double));
         double *ref = pkvt_alloc(nx * sizeof(double));
         ref_matmul(T, dm, dm, X, Wq, Qm);
         ref_matmul(T, dm, dm, X, Wk, Km);
         ref_matmul(T, dm, dm, X, Wv, Vm);
-        /* single head, written out in full: row t attends to rows 0..t */
-        for (uint32_t t = 0; t < T; t++) {
-            double z = 0;
-            for (uint32_t x = 0; x < dm; x++)
-                A[(size_t)t * dm + x] = 0;
-            for (uint32_t j = 0; j <= t; j++) {
-                double s = 0;
-                for (uint32_t x = 0; x < dm; x++)
-                    s += Qm[(size_t)t * dm + x] * Km[(size_t)j * dm + x];
-                double e = exp(s / sqrt((double)dm));
-                z += e;
-                for (uint32_t x = 0; x < dm; x++)
-                    A[(size_t)t * dm + x] += e * Vm[(size_t)j * dm + x];
-            }
-            for (uint32_t x = 0; x < dm; x++)
-                A[(size_t)t * dm + x] /= z;
-        }
+        /* single head: row t attends to rows 0..t */
+        pkvt_oracle_causal(T, 1, 1, dm, 1.0 / sqrt((double)dm), Qm, Km, Vm, A);
         ref_matmul(T, dm, dm, A, Wo, ref);
         check_layer(&c, ref, seed, it);
         free(X); free(Wq); free(Wk); free(Wv); free(Wo);

@@ -1,13 +1,23 @@
 /* testutil.c - see testutil.h. */
 #include "testutil.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "internal.h"
 #include "io_backend.h"
+
+extern char **environ;
+
+/* ---- seeds and the RNG ------------------------------------------------------------ */
 
 uint64_t pkvt_seed(void)
 {
@@ -53,6 +63,17 @@ void pkvt_fill(pkvt_rng *r, float *x, size_t n, float lo, float hi)
         x[i] = pkvt_uniform(r, lo, hi);
 }
 
+/* ---- sizes and memory ------------------------------------------------------------- */
+
+size_t pkvt_mul(uint64_t a, uint64_t b)
+{
+    uint64_t p = 0;
+    const bool over = __builtin_mul_overflow(a, b, &p);
+    ck_assert_msg(!over && p <= SIZE_MAX, "size %llu * %llu overflows",
+                  (unsigned long long)a, (unsigned long long)b);
+    return (size_t)p;
+}
+
 void *pkvt_alloc(size_t bytes)
 {
     void *p = calloc(1, bytes ? bytes : 1);
@@ -60,25 +81,29 @@ void *pkvt_alloc(size_t bytes)
     return p;
 }
 
-void pkvt_ref_decode(uint32_t h, uint32_t g, uint32_t d, float scale, pkv_dtype dt,
-                     uint64_t n_pos, const float *q, const float *K, const float *V,
-                     double *out)
+void *pkvt_calloc(uint64_t n, uint64_t size)
 {
-    uint32_t hg = h / g;
-    double sc = scale > 0 ? (double)scale : 1.0 / sqrt((double)d);
-    double *w = pkvt_alloc(n_pos * sizeof(double));
+    return pkvt_alloc(pkvt_mul(n, size));
+}
+
+/* ---- the test oracle ---------------------------------------------------------------- */
+
+void pkvt_oracle_decode(uint32_t h, uint32_t g, uint32_t d, double scale, uint64_t n_pos,
+                        const double *q, const double *K, const double *V, double *out)
+{
+    const double sc = scale > 0 ? scale : 1.0 / sqrt((double)d);
+    double *w = pkvt_calloc(n_pos, sizeof(double));
     for (uint32_t i = 0; i < h; i++) {
-        uint32_t grp = i / hg;
-        const float *qi = q + (size_t)i * d;
+        const uint32_t grp = (uint32_t)((uint64_t)i * g / h);
+        const double *qi = q + (size_t)i * d;
         double mx = -INFINITY;
         for (uint64_t j = 0; j < n_pos; j++) {
-            const float *kj = K + ((size_t)j * g + grp) * d;
+            const double *kj = K + ((size_t)j * g + grp) * d;
             double s = 0;
             for (uint32_t c = 0; c < d; c++)
-                s += (double)qi[c] * (double)pkv_dtype_round(dt, kj[c]);
+                s += qi[c] * kj[c];
             w[j] = s * sc;
-            if (w[j] > mx)
-                mx = w[j];
+            mx = fmax(mx, w[j]);
         }
         double sum = 0;
         for (uint64_t j = 0; j < n_pos; j++) {
@@ -89,12 +114,47 @@ void pkvt_ref_decode(uint32_t h, uint32_t g, uint32_t d, float scale, pkv_dtype 
         for (uint32_t c = 0; c < d; c++)
             o[c] = 0;
         for (uint64_t j = 0; j < n_pos; j++) {
-            const float *vj = V + ((size_t)j * g + grp) * d;
+            const double *vj = V + ((size_t)j * g + grp) * d;
             for (uint32_t c = 0; c < d; c++)
-                o[c] += w[j] / sum * (double)pkv_dtype_round(dt, vj[c]);
+                o[c] += w[j] * vj[c];
         }
+        for (uint32_t c = 0; c < d; c++)
+            o[c] /= sum;
     }
     free(w);
+}
+
+void pkvt_oracle_causal(uint32_t T, uint32_t h, uint32_t g, uint32_t d, double scale,
+                        const double *Q, const double *K, const double *V, double *out)
+{
+    const size_t row = (size_t)h * d;
+    for (uint32_t t = 0; t < T; t++)
+        pkvt_oracle_decode(h, g, d, scale, (uint64_t)t + 1, Q + t * row, K, V, out + t * row);
+}
+
+double *pkvt_to_double(const float *x, size_t n)
+{
+    double *d = pkvt_calloc(n, sizeof(double));
+    for (size_t i = 0; i < n; i++)
+        d[i] = x[i];
+    return d;
+}
+
+void pkvt_ref_decode(uint32_t h, uint32_t g, uint32_t d, float scale, pkv_dtype dt,
+                     uint64_t n_pos, const float *q, const float *K, const float *V,
+                     double *out)
+{
+    const size_t nkv = pkvt_mul(pkvt_mul(n_pos, g), d);
+    double *qd = pkvt_to_double(q, (size_t)h * d);
+    double *Kd = pkvt_calloc(nkv, sizeof(double)), *Vd = pkvt_calloc(nkv, sizeof(double));
+    for (size_t i = 0; i < nkv; i++) {
+        Kd[i] = pkv_dtype_round(dt, K[i]);
+        Vd[i] = pkv_dtype_round(dt, V[i]);
+    }
+    pkvt_oracle_decode(h, g, d, scale, n_pos, qd, Kd, Vd, out);
+    free(qd);
+    free(Kd);
+    free(Vd);
 }
 
 float pkvt_maxabs(const float *x, size_t n)
@@ -117,8 +177,21 @@ double pkvt_maxdiff_fd(const float *a, const double *b, size_t n)
     return m;
 }
 
-pkv_engine *pkvt_engine(uint32_t layers, uint32_t h, uint32_t g, uint32_t d, uint32_t bt,
-                        pkv_dtype dt)
+double pkvt_maxdiff_ff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double df = fabs((double)a[i] - (double)b[i]);
+        if (!(df <= m))
+            m = isnan(df) ? INFINITY : df;
+    }
+    return m;
+}
+
+/* ---- engines -------------------------------------------------------------------------- */
+
+pkv_config pkvt_config(uint32_t layers, uint32_t h, uint32_t g, uint32_t d, uint32_t bt,
+                       pkv_dtype dt)
 {
     pkv_config c = pkv_config_default();
     c.n_layers = layers;
@@ -127,21 +200,45 @@ pkv_engine *pkvt_engine(uint32_t layers, uint32_t h, uint32_t g, uint32_t d, uin
     c.head_dim = d;
     c.block_tokens = bt;
     c.kv_dtype = dt;
+    return c;
+}
+
+pkv_engine *pkvt_engine_cfg(const pkv_config *c)
+{
     pkv_engine *e = NULL;
-    pkv_status st = pkv_engine_create(&c, &e);
-    ck_assert_msg(st == PKV_OK, "engine_create(L=%u h=%u g=%u d=%u bt=%u dt=%d): %s",
-                  layers, h, g, d, bt, (int)dt, pkv_status_str(st));
+    pkv_status st = pkv_engine_create(c, &e);
+    ck_assert_msg(st == PKV_OK,
+                  "engine_create(L=%u h=%u g=%u d=%u bt=%u dt=%d threads=%u): %s",
+                  c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->block_tokens,
+                  (int)c->kv_dtype, c->n_threads, pkv_status_str(st));
     return e;
 }
 
-int pkvt_run(Suite *s)
+pkv_engine *pkvt_engine(uint32_t layers, uint32_t h, uint32_t g, uint32_t d, uint32_t bt,
+                        pkv_dtype dt)
 {
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    const pkv_config c = pkvt_config(layers, h, g, d, bt, dt);
+    return pkvt_engine_cfg(&c);
 }
+
+pkv_session *pkvt_session(pkv_engine *e)
+{
+    pkv_session *s = NULL;
+    pkv_status st = pkv_session_create(e, &s);
+    ck_assert_msg(st == PKV_OK, "session_create: %s", pkv_status_str(st));
+    return s;
+}
+
+/* ---- hosts, kernels and backends -------------------------------------------------- */
+
+const char *const pkvt_built_isas[] = {
+    "scalar",
+#if PKV_HAVE_X86_KERNELS
+    "avx2",
+    "avx512",
+#endif
+    NULL,
+};
 
 const char *pkvt_uring_skip_reason(void)
 {
@@ -152,4 +249,527 @@ const char *pkvt_uring_skip_reason(void)
     if (probe != 0)
         return probe == -ENOSYS ? "built without liburing" : strerror(-probe);
     return NULL;
+}
+
+/* Is every word of `words` (space-separated) a flag of the "flags" line? */
+static int cpuinfo_flags_have(const char *words)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return -1;
+    static char line[16384];
+    int found = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0 || !strchr(line, ':'))
+            continue;
+        found = 1;
+        char want[256];
+        snprintf(want, sizeof want, "%s", words);
+        for (char *save = NULL, *w = strtok_r(want, " ", &save); w;
+             w = strtok_r(NULL, " ", &save)) {
+            /* a whole word of the list: " w " or " w\n" */
+            const size_t n = strlen(w);
+            const char *p = strchr(line, ':') + 1;
+            bool hit = false;
+            while ((p = strstr(p, w)) != NULL) {
+                if (p[-1] == ' ' && (p[n] == ' ' || p[n] == '\n' || p[n] == 0)) {
+                    hit = true;
+                    break;
+                }
+                p += n;
+            }
+            if (!hit)
+                found = 0;
+        }
+        break; /* the first CPU speaks for all */
+    }
+    fclose(f);
+    return found;
+}
+
+int pkvt_cpuinfo_has_isa(const char *isa)
+{
+    if (strcmp(isa, "scalar") == 0)
+        return 1;
+    if (strcmp(isa, "avx2") == 0)
+        return cpuinfo_flags_have("avx avx2 fma f16c");
+    if (strcmp(isa, "avx512") == 0)
+        return cpuinfo_flags_have("avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq");
+    return 0;
+}
+
+static bool is_file(const char *dir, const char *name)
+{
+    char p[8192 + 256];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, R_OK) == 0;
+}
+
+const char *pkvt_need_unmet(const char *need)
+{
+    if (strcmp(need, "uring") == 0)
+        return pkvt_uring_skip_reason();
+    if (strcmp(need, "model") == 0) {
+        const char *dir = getenv("PKV_SHARED_DIR");
+        static char why[8192 + 128];
+        char models[8192];
+        snprintf(models, sizeof models, "%s/models", dir && *dir ? dir : "../shared");
+        if (!is_file(models, "stories260K.bin") || !is_file(models, "tok512.bin")) {
+            snprintf(why, sizeof why, "%s/stories260K.bin and tok512.bin are not both there",
+                     models);
+            return why;
+        }
+        return NULL;
+    }
+    if (strcmp(need, "rss") == 0) {
+        if (PKVT_SHADOW_SANITIZER)
+            return "a sanitizer's shadow memory is part of RSS";
+        const char *pre = getenv("LD_PRELOAD");
+        if (pre && strstr(pre, "vgpreload"))
+            return "valgrind replaces the allocator: RSS says nothing here";
+        return NULL;
+    }
+    if (strcmp(need, "python") == 0) {
+        /* the system's python3 first, then PATH's (what test_tools runs) */
+        if (access("/usr/bin/python3", X_OK) == 0)
+            return NULL;
+        const char *path = getenv("PATH");
+        char dir[4096];
+        for (const char *p = path ? path : ""; *p;) {
+            const size_t n = strcspn(p, ":");
+            if (n > 0 && n < sizeof dir - 16) {
+                memcpy(dir, p, n);
+                dir[n] = 0;
+                if (is_file(dir, "python3"))
+                    return NULL;
+            }
+            p += n + (p[n] == ':');
+        }
+        return "no python3 (/usr/bin/python3 or on PATH)";
+    }
+    if (strcmp(need, "crc32c_hw") == 0)
+        return pkvi_crc32c_hw_available() ? NULL : "no hardware CRC-32C (SSE4.2) here";
+    if (strcmp(need, "tool") == 0) {
+        const char *t = getenv("PKV_TOOL");
+        if (!t || !*t || access(t, X_OK) != 0)
+            return "PKV_TOOL is not an executable (run through meson test)";
+        return NULL;
+    }
+    return NULL;
+}
+
+static bool known_need(const char *need)
+{
+    static const char *const all[] = {"uring", "model", "rss", "tool", "python",
+                                      "crc32c_hw"};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(need, all[i]) == 0)
+            return true;
+    return false;
+}
+
+/* ---- processes ------------------------------------------------------------------------ */
+
+static char *read_fd(int fd, size_t *len)
+{
+    size_t cap = 1 << 14, n = 0;
+    char *buf = pkvt_alloc(cap);
+    ck_assert(lseek(fd, 0, SEEK_SET) == 0);
+    for (;;) {
+        if (cap - n < 2) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            ck_assert(buf != NULL);
+        }
+        ssize_t got = read(fd, buf + n, cap - n - 1);
+        ck_assert_msg(got >= 0, "read: %s", strerror(errno));
+        if (got == 0)
+            break;
+        n += (size_t)got;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+int pkvt_tmp_fd(void)
+{
+    const char *dir = getenv("TMPDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/pkvt-proc-XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = mkstemp(path);
+    ck_assert_msg(fd >= 0, "mkstemp(%s): %s", path, strerror(errno));
+    unlink(path);
+    return fd;
+}
+
+/* Does environment entry e ("NAME=...") have the name of change c ("NAME" or "NAME=")? */
+static bool same_name(const char *e, const char *c)
+{
+    const size_t n = strcspn(c, "=");
+    return strncmp(e, c, n) == 0 && e[n] == '=';
+}
+
+pkvt_proc pkvt_spawn(const char *path, const char *const *argv, const char *const *env)
+{
+    size_t ne = 0, nc = 0;
+    while (environ[ne])
+        ne++;
+    while (env && env[nc])
+        nc++;
+    char **envp = pkvt_calloc(ne + nc + 1, sizeof *envp);
+    size_t k = 0;
+    for (size_t i = 0; i < ne; i++) {
+        bool changed = false;
+        for (size_t j = 0; j < nc && !changed; j++)
+            changed = same_name(environ[i], env[j]);
+        if (!changed)
+            envp[k++] = environ[i];
+    }
+    for (size_t j = 0; j < nc; j++)
+        if (strchr(env[j], '='))
+            envp[k++] = (char *)env[j];
+    envp[k] = NULL;
+
+    const int fo = pkvt_tmp_fd(), fe = pkvt_tmp_fd();
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, fo, 1);
+    posix_spawn_file_actions_adddup2(&fa, fe, 2);
+    pid_t pid;
+    const int rc = posix_spawn(&pid, path, &fa, NULL, (char *const *)argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    free(envp);
+    ck_assert_msg(rc == 0, "cannot start %s: %s", path, strerror(rc));
+    int st;
+    pid_t w;
+    while ((w = waitpid(pid, &st, 0)) < 0 && errno == EINTR)
+        ;
+    ck_assert_msg(w == pid, "waitpid: %s", strerror(errno));
+    pkvt_proc p = {0};
+    p.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    p.out = read_fd(fo, &p.out_len);
+    p.err = read_fd(fe, &p.err_len);
+    close(fo);
+    close(fe);
+    return p;
+}
+
+pkvt_proc pkvt_tool(const char *const *args, const char *const *env)
+{
+    const char *tool = getenv("PKV_TOOL");
+    ck_assert_msg(tool && *tool, "PKV_TOOL is not set (run through meson test)");
+    size_t n = 0;
+    while (args[n])
+        n++;
+    const char **argv = pkvt_calloc(n + 2, sizeof *argv);
+    argv[0] = "pagedkv";
+    memcpy(argv + 1, args, n * sizeof *argv);
+    pkvt_proc p = pkvt_spawn(tool, argv, env);
+    free(argv);
+    return p;
+}
+
+void pkvt_proc_free(pkvt_proc *p)
+{
+    free(p->out);
+    free(p->err);
+    p->out = p->err = NULL;
+}
+
+/* ---- JSON ------------------------------------------------------------------------------
+ * A strict skipper (RFC 8259 grammar, depth-limited): each function takes a pointer to
+ * the start of a value and returns the pointer just past it, or NULL if malformed. */
+
+static const char *ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+static const char *j_value(const char *p, int depth);
+
+static const char *j_string(const char *p)
+{
+    if (*p++ != '"')
+        return NULL;
+    for (;;) {
+        const unsigned char c = (unsigned char)*p++;
+        if (c == '"')
+            return p;
+        if (c < 0x20)
+            return NULL; /* NUL (end of text) or a raw control character */
+        if (c == '\\') {
+            const char e = *p++;
+            if (e == 'u') {
+                for (int i = 0; i < 4; i++)
+                    if (!isxdigit((unsigned char)*p++))
+                        return NULL;
+            } else if (!strchr("\"\\/bfnrt", e) || e == 0) {
+                return NULL;
+            }
+        }
+    }
+}
+
+static const char *j_number(const char *p)
+{
+    if (*p == '-')
+        p++;
+    if (*p == '0')
+        p++;
+    else if (*p >= '1' && *p <= '9')
+        while (isdigit((unsigned char)*p))
+            p++;
+    else
+        return NULL;
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p))
+            return NULL;
+        while (isdigit((unsigned char)*p))
+            p++;
+    }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-')
+            p++;
+        if (!isdigit((unsigned char)*p))
+            return NULL;
+        while (isdigit((unsigned char)*p))
+            p++;
+    }
+    return p;
+}
+
+static const char *j_seq(const char *p, int depth, char close, bool object)
+{
+    p = ws(p + 1);
+    if (*p == close)
+        return p + 1;
+    for (;;) {
+        if (object) {
+            if (!(p = j_string(p)))
+                return NULL;
+            p = ws(p);
+            if (*p++ != ':')
+                return NULL;
+        }
+        if (!(p = j_value(ws(p), depth + 1)))
+            return NULL;
+        p = ws(p);
+        if (*p == close)
+            return p + 1;
+        if (*p++ != ',')
+            return NULL;
+        p = ws(p);
+    }
+}
+
+static const char *j_value(const char *p, int depth)
+{
+    if (depth > 64)
+        return NULL;
+    switch (*p) {
+    case '{': return j_seq(p, depth, '}', true);
+    case '[': return j_seq(p, depth, ']', false);
+    case '"': return j_string(p);
+    case 't': return strncmp(p, "true", 4) == 0 ? p + 4 : NULL;
+    case 'f': return strncmp(p, "false", 5) == 0 ? p + 5 : NULL;
+    case 'n': return strncmp(p, "null", 4) == 0 ? p + 4 : NULL;
+    default: return j_number(p);
+    }
+}
+
+bool pkvt_json_valid(const char *text)
+{
+    const char *e = text ? j_value(ws(text), 0) : NULL;
+    return e != NULL && *ws(e) == 0;
+}
+
+/* The value at `path` inside the (valid) value at p, or NULL. */
+static const char *j_find(const char *p, const char *path)
+{
+    p = ws(p);
+    if (*path == 0)
+        return p;
+    if (*path == '.')
+        path++;
+    if (*path == '[') {
+        if (*p != '[')
+            return NULL;
+        char *end;
+        unsigned long idx = strtoul(path + 1, &end, 10);
+        if (*end != ']')
+            return NULL;
+        p = ws(p + 1);
+        for (unsigned long i = 0; *p != ']'; i++) {
+            if (i == idx)
+                return j_find(p, end + 1);
+            p = ws(j_value(p, 0));
+            if (*p == ',')
+                p = ws(p + 1);
+        }
+        return NULL;
+    }
+    if (*p != '{')
+        return NULL;
+    const size_t klen = strcspn(path, ".[");
+    p = ws(p + 1);
+    while (*p == '"') {
+        const char *ks = p + 1, *ke = j_string(p);
+        p = ws(ws(ke) + 1); /* past ':' */
+        if ((size_t)(ke - 1 - ks) == klen && strncmp(ks, path, klen) == 0)
+            return j_find(p, path + klen);
+        p = ws(j_value(p, 0));
+        if (*p == ',')
+            p = ws(p + 1);
+    }
+    return NULL;
+}
+
+const char *pkvt_json_find(const char *json, const char *path)
+{
+    ck_assert_msg(pkvt_json_valid(json), "not valid JSON: %.400s", json ? json : "(null)");
+    return j_find(json, path);
+}
+
+static const char *j_need(const char *json, const char *path)
+{
+    const char *v = pkvt_json_find(json, path);
+    ck_assert_msg(v != NULL, "no \"%s\" in the JSON: %.400s", path, json);
+    return v;
+}
+
+uint64_t pkvt_json_u64(const char *json, const char *path)
+{
+    const char *v = j_need(json, path);
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long x = strtoull(v, &end, 10);
+    ck_assert_msg(isdigit((unsigned char)*v) && end == j_number(v) && errno == 0,
+                  "\"%s\" is not a non-negative integer: %.40s", path, v);
+    return x;
+}
+
+double pkvt_json_num(const char *json, const char *path)
+{
+    const char *v = j_need(json, path);
+    char *end = NULL;
+    const double x = strtod(v, &end);
+    ck_assert_msg(end != v && end == j_number(v), "\"%s\" is not a number: %.40s", path, v);
+    return x;
+}
+
+size_t pkvt_json_len(const char *json, const char *path)
+{
+    const char *p = j_need(json, path);
+    ck_assert_msg(*p == '[' || *p == '{', "\"%s\" is neither an array nor an object", path);
+    const bool object = *p == '{';
+    const char close = object ? '}' : ']';
+    p = ws(p + 1);
+    size_t n = 0;
+    while (*p != close) {
+        if (object)
+            p = ws(ws(j_string(p)) + 1);
+        p = ws(j_value(p, 0));
+        n++;
+        if (*p == ',')
+            p = ws(p + 1);
+    }
+    return n;
+}
+
+bool pkvt_json_is(const char *json, const char *path, const char *literal)
+{
+    const char *v = j_need(json, path);
+    const char *end = j_value(v, 0);
+    return (size_t)(end - v) == strlen(literal) && strncmp(v, literal, strlen(literal)) == 0;
+}
+
+/* ---- running ---------------------------------------------------------------------- */
+
+/* PKVT_SKIP with the reason on stdout (meson's log shows it), EXIT_FAILURE for a
+ * requirement that is misspelt, or -1 when everything the run needs is here. */
+static int check_requirements(void)
+{
+    const char *isa = getenv("PKV_FORCE_ISA");
+    if (isa && *isa) {
+        static const char *const known[] = {"scalar", "avx2", "avx512"};
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+            ok = ok || strcmp(isa, known[i]) == 0;
+        if (!ok) {
+            printf("PKV_FORCE_ISA=%s names no kernel ISA\n", isa);
+            return EXIT_FAILURE;
+        }
+        if (!pkvi_isa_supported(isa)) {
+            printf("SKIP: this build or host cannot run the %s kernels\n", isa);
+            return PKVT_SKIP;
+        }
+    }
+    const char *needs = getenv("PKV_TEST_NEEDS");
+    if (needs && *needs) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", needs);
+        for (char *save = NULL, *w = strtok_r(buf, ", ", &save); w;
+             w = strtok_r(NULL, ", ", &save)) {
+            if (!known_need(w)) {
+                printf("PKV_TEST_NEEDS: unknown requirement '%s'\n", w);
+                return EXIT_FAILURE;
+            }
+            const char *why = pkvt_need_unmet(w);
+            if (why) {
+                printf("SKIP: needs %s: %s\n", w, why);
+                return PKVT_SKIP;
+            }
+        }
+    }
+    return -1;
+}
+
+/* Before main: a program whose main() builds engines before calling pkvt_run (say, to
+ * probe the I/O backend) would fail, not skip, on a host without the forced ISA. So
+ * the requirements are checked before any of the program runs, and again (for
+ * programs that change their environment) in pkvt_run. */
+__attribute__((constructor)) static void requirements_before_main(void)
+{
+    const int req = check_requirements();
+    if (req >= 0) {
+        fflush(stdout);
+        _exit(req);
+    }
+}
+
+int pkvt_run(Suite *s)
+{
+    const int req = check_requirements();
+    if (req >= 0) {
+        srunner_free(srunner_create(s)); /* Check frees suites through a runner */
+        return req;
+    }
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    const int ran = srunner_ntests_run(sr);
+    const int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    const char *isa = getenv("PKV_FORCE_ISA"), *seed = getenv("PKV_TEST_SEED");
+    if (ran == 0) {
+        const char *only = getenv("CK_RUN_CASE");
+        printf("no test ran (CK_RUN_CASE=%s names no test case): a run that tests nothing "
+               "fails\n", only ? only : "(unset)");
+        return EXIT_FAILURE;
+    }
+    if (failed) {
+        printf("%d of %d failed; seed 0x%llx (%s; rerun with PKV_TEST_SEED=0x%llx), "
+               "kernels %s%s\n",
+               failed, ran, (unsigned long long)pkvt_seed(),
+               seed && *seed ? "from PKV_TEST_SEED" : "the default",
+               (unsigned long long)pkvt_seed(), isa && *isa ? isa : "auto",
+               pkvt_quick() ? ", PKV_TEST_QUICK=1" : "");
+        return EXIT_FAILURE;
+    }
+    return EXIT_SUCCESS;
 }

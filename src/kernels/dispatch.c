@@ -19,7 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+/* The AVX tables exist only where meson compiled avx2.c and avx512.c (x86-64; 32-bit
+ * x86 is refused at configure time). Testing the compiler's architecture macro instead
+ * would name tables a build does not contain. */
+#if PKV_HAVE_X86_KERNELS
+#if !defined(__x86_64__)
+#error "PKV_HAVE_X86_KERNELS is set for a target that is not x86-64"
+#endif
 #include <cpuid.h>
 #define PKVI_X86 1
 #else

@@ -63,6 +63,66 @@ AI __m256 ldt(pkv_dtype dt, const void *base, size_t i, uint32_t rem)
     return widen(dt, _mm_loadu_si128((const void *)tmp));
 }
 
+/* ---- loads of the block types (Q8, Q4; the format is quant.c's) ------------------
+ * A row is blocks of 32 values, each an f16 scale then its integers; 8 values from
+ * element c (c % 8 == 0) never straddle a block. Dequantized as d * q in f32, exact,
+ * so these are bitwise the values quant.c's loads give. */
+#define QTYPE(dt) ((dt) == PKV_Q8 || (dt) == PKV_Q4)
+
+AI const char *qblock(pkv_dtype dt, const char *row, uint32_t c)
+{
+    return row + (size_t)(c / 32) * (dt == PKV_Q8 ? 34u : 18u);
+}
+
+AI __m256 qscale8(const char *blk)
+{
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    return _mm256_set1_ps(_cvtsh_ss(h));
+}
+
+AI __m256 ldq(pkv_dtype dt, const char *row, uint32_t c)
+{
+    const char *blk = qblock(dt, row, c);
+    __m256i v;
+    if (dt == PKV_Q8) {
+        v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const void *)(blk + 2 + c % 32)));
+    } else {
+        uint32_t w;
+        memcpy(&w, blk + 2 + (c % 32) / 2, sizeof w);
+        const __m128i b = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)w),
+                                           _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1,
+                                                         -1, -1, -1, -1, -1));
+        v = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+        v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
+    }
+    return _mm256_mul_ps(qscale8(blk), _mm256_cvtepi32_ps(v));
+}
+
+/* The first rem (1..7) values from element c, the other lanes 0. */
+AI __m256 ldqt(pkv_dtype dt, const char *row, uint32_t c, uint32_t rem)
+{
+    const char *blk = qblock(dt, row, c);
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    const float d = _cvtsh_ss(h);
+    _Alignas(32) float tmp[8] = {0};
+    for (uint32_t j = 0; j < rem; j++) {
+        const uint32_t i = c % 32 + j;
+        const int q = dt == PKV_Q8 ? (int)(signed char)blk[2 + i]
+                                   : (int)(((unsigned char)blk[2 + i / 2] >> (4 * (i % 2))) & 15u) - 8;
+        tmp[j] = d * (float)q;
+    }
+    return _mm256_load_ps(tmp);
+}
+
+/* Bytes of a row of n values of a block type (quant.c's pkvi_quant_row_bytes). */
+AI size_t qrow_bytes(pkv_dtype dt, uint32_t n)
+{
+    const size_t full = dt == PKV_Q8 ? 34u : 18u, rem = n % 32;
+    return (n / 32) * full + (rem ? 2 + (dt == PKV_Q8 ? rem : (rem + 1) / 2) : 0);
+}
+
 /* ---- exp (see avx512.c for the method) --------------------------------------------
  * Without vscalef, 2^n is applied as two normal factors 2^(n>>1) and 2^(n - (n>>1)):
  * the first product is exact, the second rounds once, so subnormal results are as
@@ -174,7 +234,8 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
             qv[h] = _mm256_loadu_ps(qh + (size_t)h * d + c);
         #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
-            const __m256 kv = ld(dt, krow, (size_t)t * d + c);
+            const __m256 kv = QTYPE(dt) ? ldq(dt, (const char *)krow + t * row_bytes, c)
+                                        : ld(dt, krow, (size_t)t * d + c);
             #pragma GCC unroll 16
             for (int h = 0; h < HB; h++)
                 a[h * TB + t] = _mm256_fmadd_ps(qv[h], kv, a[h * TB + t]);
@@ -188,7 +249,8 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
             qv[h] = _mm256_maskload_ps(qh + (size_t)h * d + c, tail_mask(rem));
         #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
-            const __m256 kv = ldt(dt, krow, (size_t)t * d + c, rem);
+            const __m256 kv = QTYPE(dt) ? ldqt(dt, (const char *)krow + t * row_bytes, c, rem)
+                                        : ldt(dt, krow, (size_t)t * d + c, rem);
             #pragma GCC unroll 16
             for (int h = 0; h < HB; h++)
                 a[h * TB + t] = _mm256_fmadd_ps(qv[h], kv, a[h * TB + t]);
@@ -224,6 +286,7 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
                  const int HB, const int CB, const uint32_t rem)
 {
     const size_t es = dt == PKV_F32 ? 4u : 2u;
+    const size_t vrb = QTYPE(dt) ? qrow_bytes(dt, d) : 0; /* a block-type row's bytes */
     __m256 a[4][2];
     #pragma GCC unroll 16
     for (int h = 0; h < HB; h++) {
@@ -243,8 +306,11 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
         __m256 vv[2];
         #pragma GCC unroll 16
         for (int c = 0; c < CB; c++)
-            vv[c] = rem ? ldt(dt, vrow, (size_t)t * d + c0, rem)
-                        : ld(dt, vrow, (size_t)t * d + c0 + 8 * c);
+            vv[c] = QTYPE(dt)
+                        ? (rem ? ldqt(dt, (const char *)vrow + t * vrb, c0, rem)
+                               : ldq(dt, (const char *)vrow + t * vrb, c0 + 8 * (uint32_t)c))
+                        : (rem ? ldt(dt, vrow, (size_t)t * d + c0, rem)
+                               : ld(dt, vrow, (size_t)t * d + c0 + 8 * c));
         #pragma GCC unroll 16
         for (int h = 0; h < HB; h++) {
             const __m256 wb = _mm256_broadcast_ss(w + h * PKVI_TILE + t);
@@ -306,6 +372,7 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, 
     }
 }
 
+#define PKVI_WALK_BLOCK_TYPES 1 /* the loads above read Q8 and Q4 */
 #include "walk.h"
 
 /* ---- store ---------------------------------------------------------------------------

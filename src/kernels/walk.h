@@ -30,11 +30,21 @@ typedef struct {
     uint32_t n;
 } tile;
 
+/* Bytes of a stored row of n values (pkv_row_bytes, inlined for the constant dt). */
+AI size_t row_bytes_of(const pkv_dtype dt, uint32_t n)
+{
+    if (dt == PKV_Q8 || dt == PKV_Q4) {
+        const size_t full = dt == PKV_Q8 ? 34u : 18u, rem = n % 32;
+        return (n / 32) * full + (rem ? 2 + (dt == PKV_Q8 ? rem : (rem + 1) / 2) : 0);
+    }
+    return (size_t)n * (dt == PKV_F32 ? 4u : 2u);
+}
+
 /* Unscaled scores of the tile's rows for all hg heads into s [hg][TILE]. */
 AI void tile_qk(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, float *s)
 {
     const uint32_t d = p->head_dim, hg = p->hg;
-    const size_t row = (size_t)d * (dt == PKV_F32 ? 4u : 2u);
+    const size_t row = row_bytes_of(dt, d);
     const char *pk = t->pfk; /* only the first head block prefetches: same rows for all */
     uint32_t h = 0;
     for (; h + 4 <= hg; h += 4, pk = NULL)
@@ -145,8 +155,7 @@ AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const
                     uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
                     uint32_t n_groups, const pkvi_heads *x)
 {
-    const size_t es = dt == PKV_F32 ? 4u : 2u;
-    const size_t row = (size_t)p->head_dim * es, vrow = (size_t)PKVI_DV(p) * es;
+    const size_t row = row_bytes_of(dt, p->head_dim), vrow = row_bytes_of(dt, PKVI_DV(p));
     /* prefetch distance in units: at least PF_AHEAD_BYTES of rows */
     const size_t region = (size_t)p->block_tokens * (row + vrow);
     const uint64_t dist = region >= PF_AHEAD_BYTES ? 1u : (PF_AHEAD_BYTES + region - 1) / region;
@@ -243,8 +252,15 @@ static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_p
         attend_f32(p, pages, n_pages, last_tokens, group0, n_groups, x);
         break;
     case PKV_Q8:
-    case PKV_Q4: /* no SIMD kernel for the block types yet: the scalar one */
+    case PKV_Q4:
+#if PKVI_WALK_BLOCK_TYPES
+        if (p->dtype == PKV_Q8)
+            attend_impl(PKV_Q8, p, pages, n_pages, last_tokens, group0, n_groups, x);
+        else
+            attend_impl(PKV_Q4, p, pages, n_pages, last_tokens, group0, n_groups, x);
+#else   /* this ISA has no loads of the block types: the scalar kernel */
         pkvi_kernels_scalar.attend(p, pages, n_pages, last_tokens, group0, n_groups, x);
+#endif
         break;
     }
 }

@@ -22,6 +22,11 @@
  * sessions hold it. A failed write keeps every page resident; a failed read keeps every
  * page spilled; nothing is lost either way.
  *
+ * Slots: free slots (inside the file) are used before the file grows. A failed batch
+ * puts the slot state back exactly as it was, and when it had to grow the file it is
+ * retried into the free slots alone: a full disk stops only the spills that do not fit
+ * the room the file already has.
+ *
  * Privacy (SPEC §5): the file is O_TMPFILE (no name at all) where the file system has
  * it, else created 0600 with O_EXCL under a fixed name pattern and unlinked at once.
  */
@@ -32,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Spill at least this many pages per make_room: one batched write instead of many
@@ -163,6 +169,38 @@ static uint32_t slot_runs(const pkvi_spill *sp, bool write, pkvi_page *const *pa
     return nr;
 }
 
+/* Write pages[0..n) to slots in one batch: free slots first (they lie inside the
+ * file), then new slots at the end of the file. On failure the slot state is exactly
+ * as it was - the free list and the file's end restored, and the file cut back if a
+ * partial write grew it - so the slots that failed are not first in line for the
+ * next batch (a full disk would then fail every later spill, even one that fits the
+ * free room); the pages keep their memory and `slot` says where each would have
+ * gone. Sorts pages by slot. bufs, iov and reqs hold n entries. */
+static pkv_status write_batch(pkv_engine *e, pkvi_page **pages, uint64_t n, void **bufs,
+                              struct iovec *iov, pkvi_io_req *reqs)
+{
+    pkvi_spill *sp = e->spill;
+    const uint64_t free0 = sp->n_free, end0 = sp->next_slot;
+    for (uint64_t v = 0; v < n; v++)
+        pages[v]->slot = slot_take(sp);
+    qsort(pages, (size_t)n, sizeof *pages, by_slot);
+    for (uint64_t v = 0; v < n; v++)
+        bufs[v] = pages[v]->data;
+    uint32_t nr = slot_runs(sp, true, pages, bufs, (uint32_t)n, e->page_bytes, iov, reqs);
+    pkv_status st = pkvi_io_submit(sp->io, reqs, nr);
+    if (st != PKV_OK) {
+        /* slot_take only popped the free list: its entries are still in place */
+        sp->n_free = free0;
+        sp->next_slot = end0;
+        struct stat fs;
+        if (fstat(sp->fd, &fs) == 0 && (uint64_t)fs.st_size > end0 * e->page_bytes &&
+            ftruncate(sp->fd, (off_t)(end0 * e->page_bytes)) != 0) {
+            /* the file keeps the failed bytes: disk space only, never read */
+        }
+    }
+    return st;
+}
+
 pkv_status pkvi_spill_make_room(pkv_engine *e, uint64_t n)
 {
     pkvi_spill *sp = e->spill;
@@ -213,16 +251,25 @@ pkv_status pkvi_spill_make_room(pkv_engine *e, uint64_t n)
     pkv_status st = PKV_OK;
     if (nv < need)
         st = PKV_ENOMEM; /* everything else is pinned by decodes in flight */
-    uint64_t slots_taken = 0;
     if (st == PKV_OK) {
-        for (uint64_t v = 0; v < nv; v++, slots_taken++)
-            victims[v]->slot = slot_take(sp);
-        qsort(victims, (size_t)nv, sizeof *victims, by_slot);
-        for (uint64_t v = 0; v < nv; v++)
-            bufs[v] = victims[v]->data;
-        uint32_t nr = slot_runs(sp, true, victims, bufs, (uint32_t)nv, e->page_bytes, iov,
-                                reqs);
-        st = pkvi_io_submit(sp->io, reqs, nr);
+        const uint64_t reusable = sp->n_free;
+        st = write_batch(e, victims, nv, bufs, iov, reqs);
+        if (st != PKV_OK && nv > reusable && reusable >= need) {
+            /* The batch grew the file and failed: perhaps the disk is full, or the
+             * file reached a size limit. The free slots lie inside the file and
+             * can still take pages, so retry with as many victims as they hold
+             * (enough for this call): those write_batch gave the free slots, the
+             * first in LRU order, whose slot numbers are below the file's end. */
+            uint64_t m = 0;
+            for (uint64_t v = 0; v < nv; v++) {
+                if (victims[v]->slot < sp->next_slot)
+                    victims[m++] = victims[v];
+                else
+                    victims[v]->tally = 0; /* not a victim any more */
+            }
+            nv = m;
+            st = write_batch(e, victims, nv, bufs, iov, reqs);
+        }
     }
     for (uint64_t v = 0; v < nv; v++) {
         pkvi_page *pg = victims[v];
@@ -231,8 +278,6 @@ pkv_status pkvi_spill_make_room(pkv_engine *e, uint64_t n)
             pkvi_pool_put(p, pg->data);
             pg->data = NULL;
             p->spilled++;
-        } else if (v < slots_taken) {
-            slot_give(sp, pg->slot); /* keep the page resident */
         }
     }
     free(order);

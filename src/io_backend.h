@@ -62,6 +62,10 @@ PKVI_HIDDEN bool pkvi_crc32c_hw_available(void);
 
 #define PKVI_SFILE_VERSION 1u
 #define PKVI_SFILE_ALIGN 4096u
+/* The largest header_bytes of any version (docs/file-format.md, versioning rules): a
+ * reader refuses a larger one as damage before it allocates or reads anything for it.
+ * Version 1 holds up to (2^20 - 92) / 8 = 131060 layers. */
+#define PKVI_SFILE_MAX_HEADER (1u << 20)
 
 /* What a session file says about itself. Filled as far as the file could be read:
  * `header_sound` once the header's CRC matched, then the rest. */

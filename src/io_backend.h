@@ -99,6 +99,12 @@ PKVI_HIDDEN void pkvi_sfile_info_free(pkvi_sfile_info *info);
  * faults through it). `why` as above; may be NULL. */
 PKVI_HIDDEN pkv_status pkvi_session_save_io(pkv_session *s, const char *path,
                                             pkvi_io *io, const char **why);
+/* pkvi_session_save_io with options: PKVI_SAVE_NAMED_TEMP writes through a named
+ * temporary even where O_TMPFILE works (the fallback path, for tests). */
+#define PKVI_SAVE_NAMED_TEMP 1u
+PKVI_HIDDEN pkv_status pkvi_session_save_opts(pkv_session *s, const char *path,
+                                              pkvi_io *io, unsigned flags,
+                                              const char **why);
 PKVI_HIDDEN pkv_status pkvi_session_load_io(pkv_engine *e, const char *path,
                                             pkvi_io *io, pkv_session **out,
                                             const char **why);

@@ -4,8 +4,9 @@
  * and that document change together (a layout change bumps PKVI_SFILE_VERSION).
  *
  * Owns: the byte layout of a session file, its validation, the atomic-save protocol
- *   (temporary file O_EXCL 0600 in the target's directory, write, fsync, rename,
- *   directory fsync).
+ *   (a locked 0600 temporary in the target's directory - unnamed with O_TMPFILE,
+ *   else named O_EXCL - write, fsync, link, rename, directory fsync) and the removal
+ *   of temporaries that killed saves left (clean_stale).
  * Does not own: sessions and pages (session.c: pkvi_session_acquire/release/
  *   push_page), the I/O backends (io.c, io_uring.c), the checksum (crc32c.c).
  *
@@ -26,8 +27,12 @@
  *   - Save never writes memory it did not define: rows past a layer's length in its
  *     last page are written as zeros (and load insists they are zero).
  *   - Save either replaces the target with a complete, fsynced file or leaves it as
- *     it was and removes its temporary file (a failing directory fsync, after the
- *     rename, is the one exception: the new file is in place, durability unknown).
+ *     it was and removes its temporary file (a failing close or directory fsync,
+ *     after the rename, is the one exception: the new file is in place, durability
+ *     unknown). Killed, it leaves the target old or new; with O_TMPFILE nothing else
+ *     (but in the microseconds between link and rename), and whatever it left is
+ *     removed by the next save to the directory: a save's temporary is flock'ed from
+ *     creation until after the rename, so an unlocked one is a dead save's.
  *
  * Error mapping (SPEC §5): not a session file (magic), or a sound header (CRC
  *   matches) of another version / geometry / dtype / block size / scale -> EINVAL;
@@ -36,11 +41,13 @@
  */
 #include "io_backend.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -714,7 +721,7 @@ static pkv_status write_page(writer *w, const pkv_engine *e, const unsigned char
 }
 
 /* Temporary name: the target path, the pid and 64 random bits. Never built from
- * anything but the caller's own path. */
+ * anything but the caller's own path. clean_stale() recognises exactly this pattern. */
 static char *temp_name(const char *path)
 {
     uint64_t rnd = 0;
@@ -730,16 +737,61 @@ static char *temp_name(const char *path)
     return t;
 }
 
-/* fsync the directory holding path, so the rename itself is durable. */
-static pkv_status sync_dir(pkvi_io *io, const char *path)
+/* Whether a directory entry is named like temp_name's: "X.tmp-PID-HEX16". */
+static bool temp_pattern(const char *name)
+{
+    const char *t = NULL;
+    for (const char *p = strstr(name, ".tmp-"); p != NULL; p = strstr(p + 1, ".tmp-"))
+        t = p;
+    if (t == NULL || t == name)
+        return false;
+    const char *p = t + 5;
+    size_t digits = strspn(p, "0123456789");
+    if (digits == 0 || p[digits] != '-')
+        return false;
+    p += digits + 1;
+    return strspn(p, "0123456789abcdef") == 16 && p[16] == '\0';
+}
+
+/* The directory holding path ("." for a bare name), malloc'd. */
+static char *dir_of(const char *path)
 {
     const char *slash = strrchr(path, '/');
-    char *dir = slash == NULL ? strdup(".")
-                : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
-    if (dir == NULL)
-        return PKV_ENOMEM;
+    return slash == NULL ? strdup(".")
+           : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
+}
+
+/* Remove the temporaries that killed saves left in dir: entries named like
+ * temp_name's, regular files of this user, that no save holds (a save keeps an
+ * exclusive flock on its temporary from creation to rename). Best effort: an entry
+ * that cannot be checked is left alone. */
+static void clean_stale(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    const int dfd = dirfd(d);
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (!temp_pattern(de->d_name))
+            continue;
+        int fd = openat(dfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && S_ISREG(a.st_mode) && a.st_uid == geteuid() &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(dfd, de->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino)
+            (void)unlinkat(dfd, de->d_name, 0);   /* under our lock: no save holds it */
+        close(fd);
+    }
+    closedir(d);
+}
+
+/* fsync a directory, so a rename in it is durable. */
+static pkv_status sync_dir(pkvi_io *io, const char *dir)
+{
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
     if (fd < 0)
         return PKV_EIO;
     pkv_status st = pkvi_io_fsync(io, fd);
@@ -747,13 +799,87 @@ static pkv_status sync_dir(pkvi_io *io, const char *path)
     return st;
 }
 
-pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
-                                const char **why)
+/* An unnamed file in dir (O_TMPFILE), locked, that can later be linked through
+ * /proc/self/fd; -1 where the file system, the kernel or a missing /proc forbid it. */
+static int open_unnamed(const char *dir)
+{
+#ifdef O_TMPFILE
+    int fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    char proc[64];
+    struct stat sb;
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    if (stat(proc, &sb) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+#else
+    (void)dir;
+    return -1;
+#endif
+}
+
+/* A new named temporary next to path, created exclusively, 0600, locked. *tmp gets
+ * its name. PKV_EIO if it cannot be created (the reason in errno's domain is lost on
+ * purpose: the caller reports EIO), PKV_ENOMEM. */
+static pkv_status open_named(const char *path, char **tmp, int *out)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        char *t = temp_name(path);
+        if (t == NULL)
+            return PKV_ENOMEM;
+        int fd = open(t, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0) {
+            free(t);
+            if (errno == EEXIST)
+                continue;
+            return PKV_EIO;
+        }
+        /* A concurrent clean_stale may have taken it between open and flock (it then
+         * unlinks it): the lock fails or the name is gone; take another name. */
+        struct stat sb;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &sb) == 0 && sb.st_nlink > 0) {
+            *tmp = t;
+            *out = fd;
+            return PKV_OK;
+        }
+        close(fd);
+        free(t);
+    }
+    return PKV_EIO;
+}
+
+/* Give the complete, fsynced unnamed file fd the name *tmp (a fresh temp_name). */
+static pkv_status link_unnamed(int fd, const char *path, char **tmp)
+{
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    for (int tries = 0; tries < 8; tries++) {
+        char *t = temp_name(path);
+        if (t == NULL)
+            return PKV_ENOMEM;
+        if (linkat(AT_FDCWD, proc, AT_FDCWD, t, AT_SYMLINK_FOLLOW) == 0) {
+            *tmp = t;
+            return PKV_OK;
+        }
+        int err = errno;
+        free(t);
+        if (err != EEXIST)
+            return PKV_EIO;
+    }
+    return PKV_EIO;
+}
+
+pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
+                                  unsigned flags, const char **why)
 {
     const char *w_why = "invalid arguments";
     if (why != NULL)
         *why = w_why;
-    if (s == NULL || path == NULL || *path == '\0' || io == NULL)
+    if (s == NULL || path == NULL || *path == '\0' || io == NULL ||
+        (flags & ~PKVI_SAVE_NAMED_TEMP) != 0)
         return PKV_EINVAL;
     const pkv_engine *e = s->e;
     const pkv_config *c = &e->cfg;
@@ -777,7 +903,7 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
 
     pkv_status st = PKV_ENOMEM;
     bool created = false;   /* tmp exists and is ours: unlink it on failure */
-    int fd = -1;
+    char *tmp = NULL;       /* the temporary's name, once it has one */
     uint64_t k = 0;
     unsigned char *head = calloc(1, (size_t)data_off);   /* header, table, zero gap */
     writer w = {.io = io, .fd = -1};
@@ -790,29 +916,29 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
     if (w.stage_cap < e->page_bytes)
         w.stage_cap = e->page_bytes;
     w.stage = alloc_aligned(w.stage_cap);
-    char *tmp = temp_name(path);
+    char *dir = dir_of(path);
     w_why = "out of memory";
-    if (head == NULL || w.stage == NULL || tmp == NULL)
+    if (head == NULL || w.stage == NULL || dir == NULL)
         goto out;
 
+    /* Step 1: the temporary. Unnamed (O_TMPFILE) where the file system allows it, so
+     * a save killed before step 5 leaves nothing; else named, exclusive. Either is
+     * locked (flock) until the rename, which is how clean_stale tells the
+     * temporaries of killed saves from those of saves in progress. */
+    clean_stale(dir);
     st = PKV_EIO;
     w_why = "cannot create the temporary file";
-    for (int tries = 0; tries < 8 && w.fd < 0; tries++) {
-        w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (w.fd < 0 && errno == EEXIST) {
-            free(tmp);
-            if ((tmp = temp_name(path)) == NULL) {
-                st = PKV_ENOMEM;
+    w.fd = (flags & PKVI_SAVE_NAMED_TEMP) ? -1 : open_unnamed(dir);
+    if (w.fd < 0) {
+        if ((st = open_named(path, &tmp, &w.fd)) != PKV_OK) {
+            if (st == PKV_ENOMEM)
                 w_why = "out of memory";
-                goto out;
-            }
-            continue;
-        }
-        if (w.fd < 0)
             goto out;
+        }
         created = true;
     }
-    if (w.fd < 0 || fchmod(w.fd, 0600) != 0)  /* exactly 0600, whatever the umask */
+    st = PKV_EIO;
+    if (fchmod(w.fd, 0600) != 0)  /* exactly 0600, whatever the umask */
         goto out;
 
     w_why = "write error";
@@ -867,12 +993,11 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
     w_why = "fsync failed";
     if ((st = pkvi_io_fsync(io, w.fd)) != PKV_OK)
         goto out;
-    fd = w.fd;
-    w.fd = -1;
-    if (close(fd) != 0) {
-        st = PKV_EIO;
-        w_why = "close failed";
-        goto out;
+    if (tmp == NULL) {   /* complete and durable: now it may have a name */
+        w_why = "cannot link the temporary file";
+        if ((st = link_unnamed(w.fd, path, &tmp)) != PKV_OK)
+            goto out;
+        created = true;
     }
     if (rename(tmp, path) != 0) {
         st = PKV_EIO;
@@ -880,20 +1005,37 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
         goto out;
     }
     created = false;   /* it is the target now: never unlink it */
-    st = sync_dir(io, path);
+    /* Closed only now: the lock must cover the name until the rename. The data is
+     * already durable (fsync), so a failing close means an unknown state of the
+     * file system, reported like a failing directory fsync. */
+    if (close(w.fd) != 0) {
+        w.fd = -1;
+        st = PKV_EIO;
+        w_why = "close failed (the file is in place)";
+        goto out;
+    }
+    w.fd = -1;
+    st = sync_dir(io, dir);
     w_why = st == PKV_OK ? "ok" : "directory fsync failed (the file is in place)";
 
 out:
+    if (created)
+        unlink(tmp);     /* while still locked: no one else may take the name */
     if (w.fd >= 0)
         close(w.fd);
-    if (created)
-        unlink(tmp);
     free(tmp);
+    free(dir);
     free(w.stage);
     free(head);
     if (why != NULL)
         *why = w_why;
     return st;
+}
+
+pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
+                                const char **why)
+{
+    return pkvi_session_save_opts(s, path, io, 0, why);
 }
 
 pkv_status pkv_session_save(pkv_session *s, const char *path)

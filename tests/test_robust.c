@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -372,6 +373,274 @@ START_TEST(hostile_files)
 }
 END_TEST
 
+/* ---- saves killed at random moments ------------------------------------------------ */
+
+static unsigned char *slurp(const char *path, size_t *size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    struct stat sb;
+    ck_assert_int_eq(fstat(fd, &sb), 0);
+    unsigned char *b = pkvt_alloc((size_t)sb.st_size + 1);
+    size_t got = 0;
+    while (got < (size_t)sb.st_size) {
+        ssize_t n = read(fd, b + got, (size_t)sb.st_size - got);
+        ck_assert(n > 0);
+        got += (size_t)n;
+    }
+    close(fd);
+    *size = got;
+    return b;
+}
+
+/* Entries of `dir` other than `keep` (a file name), i.e. temporaries left behind. */
+static int leftovers(const char *keep)
+{
+    DIR *d = opendir(dir);
+    ck_assert(d != NULL);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d)) != NULL;)
+        n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && strcmp(de->d_name, keep);
+    closedir(d);
+    return n;
+}
+
+static bool same_bytes(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
+{
+    return na == nb && memcmp(a, b, na) == 0;
+}
+
+static pkv_session *random_session(pkv_engine *e, pkvt_rng *r, uint32_t layers, uint32_t gd,
+                                   uint64_t tokens)
+{
+    pkv_session *s = NULL;
+    ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+    float *k = pkvt_alloc(gd * sizeof(float)), *v = pkvt_alloc(gd * sizeof(float));
+    for (uint32_t l = 0; l < layers; l++)
+        for (uint64_t t = 0; t < tokens; t++) {
+            pkvt_fill(r, k, gd, -1, 1);
+            pkvt_fill(r, v, gd, -1, 1);
+            ck_assert_int_eq(pkv_append(s, l, k, v), PKV_OK);
+        }
+    free(k);
+    free(v);
+    return s;
+}
+
+/* Save `s` over `path` in a child that is SIGKILLed `delay` seconds after it starts
+ * the save (or finishes first); `named`: through the named-temporary fallback. */
+static void killed_save(pkv_session *s, const char *path, double delay, bool named)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        pkvi_io *io = NULL;
+        if (pkvi_io_open(false, &io) != PKV_OK)
+            _exit(3);
+        char go = 1;
+        if (write(fds[1], &go, 1) != 1)
+            _exit(2);
+        pkv_status st = pkvi_session_save_opts(s, path, io, named ? PKVI_SAVE_NAMED_TEMP : 0,
+                                               NULL);
+        _exit(st == PKV_OK ? 0 : 1);
+    }
+    close(fds[1]);
+    char go;
+    ck_assert_int_eq(read(fds[0], &go, 1), 1);
+    close(fds[0]);
+    struct timespec ts = {.tv_sec = (time_t)delay,
+                          .tv_nsec = (long)((delay - (double)(time_t)delay) * 1e9)};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGKILL);
+    int ws = 0;
+    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+    ck_assert_msg(WIFSIGNALED(ws) || (WIFEXITED(ws) && WEXITSTATUS(ws) == 0),
+                  "the save failed in the child (status %d)", ws);
+}
+
+/* Wait (up to 2 s) until no process holds a lock on the entries of dir but `keep`.
+ * A killed process's files are closed by the kernel, but io_uring tears its rings
+ * down asynchronously, and a ring with requests on the temporary keeps the file (and
+ * the save's lock on it) open for a moment after waitpid. */
+static void wait_unlocked(const char *keep)
+{
+    for (int tries = 0; tries < 200; tries++) {
+        DIR *d = opendir(dir);
+        ck_assert(d != NULL);
+        bool busy = false;
+        for (struct dirent *de; (de = readdir(d)) != NULL;) {
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+                !strcmp(de->d_name, keep))
+                continue;
+            int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC);
+            if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0)
+                busy = true;
+            if (fd >= 0)
+                close(fd);
+        }
+        closedir(d);
+        if (!busy)
+            return;
+        struct timespec ts = {.tv_nsec = 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ck_abort_msg("a dead process's temporary file stays locked");
+}
+
+/* Whether every entry of dir but `keep` is byte for byte `want`. */
+static bool leftovers_are(const char *keep, const unsigned char *want, size_t n_want)
+{
+    DIR *d = opendir(dir);
+    ck_assert(d != NULL);
+    bool ok = true;
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") || !strcmp(de->d_name, keep))
+            continue;
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        size_t n;
+        unsigned char *b = slurp(p, &n);
+        ok = ok && b != NULL && same_bytes(b, n, want, n_want);
+        free(b);
+    }
+    closedir(d);
+    return ok;
+}
+
+/* Kill saves at random moments: the target must always be the old or the new file
+ * (mode 0600). With O_TMPFILE a killed save leaves nothing, but for a kill between
+ * the link and the rename (a few microseconds), whose leftover is then the complete
+ * new file; the named fallback leaves its partial temporaries. Either way the next
+ * save to the directory removes them. */
+static void kill_saves(bool named)
+{
+    make_scratch();
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 60 + named);
+    enum { L = 2, H = 8, G = 4, D = 64, BT = 16 };
+    pkv_engine *e = pkvt_engine(L, H, G, D, BT, PKV_F32);
+    /* 2 layers of 1000 tokens, 32 KiB pages: a 4 MiB file */
+    pkv_session *olds = random_session(e, &r, L, G * D, 1000);
+    pkv_session *news = random_session(e, &r, L, G * D, 1000);
+    char path[600];
+    snprintf(path, sizeof path, "%s/target.pkv", dir);
+    size_t n_old, n_new;
+    double t0 = now_s();
+    ck_assert_int_eq(pkv_session_save(news, path), PKV_OK);
+    const double save_s = now_s() - t0;
+    unsigned char *new_bytes = slurp(path, &n_new);
+    ck_assert_int_eq(pkv_session_save(olds, path), PKV_OK);
+    unsigned char *old_bytes = slurp(path, &n_old);
+    ck_assert(!same_bytes(old_bytes, n_old, new_bytes, n_new));
+
+    const int kills = pkvt_quick() ? 8 : 24;
+    int now_new = 0, left_total = 0;
+    for (int i = 0; i < kills; i++) {
+        /* uniform over 1.2 times a save's duration: every phase gets hit */
+        double delay = save_s * 1.2 * (double)pkvt_below(&r, 1000) / 1000.0;
+        killed_save(news, path, delay, named);
+        size_t n;
+        unsigned char *b = slurp(path, &n);
+        ck_assert_msg(b != NULL, "kill %d (%.1f ms): the target is gone", i, delay * 1e3);
+        bool is_old = same_bytes(b, n, old_bytes, n_old);
+        bool is_new = same_bytes(b, n, new_bytes, n_new);
+        ck_assert_msg(is_old || is_new, "kill %d (%.1f ms): the target is neither file", i,
+                      delay * 1e3);
+        free(b);
+        struct stat sb;
+        ck_assert_int_eq(stat(path, &sb), 0);
+        ck_assert_uint_eq(sb.st_mode & 07777, 0600);
+        now_new += is_new;
+        /* what this kill left: earlier leftovers were removed by the saves since */
+        int left = leftovers("target.pkv");
+        ck_assert_msg(left <= 1, "kill %d: %d temporary files", i, left);
+        if (!named)
+            ck_assert_msg(leftovers_are("target.pkv", new_bytes, n_new),
+                          "kill %d (%.1f ms) left an incomplete temporary", i, delay * 1e3);
+        left_total += left;
+        /* the next save removes it; and the old file is back for the next round */
+        wait_unlocked("target.pkv");
+        ck_assert_int_eq(pkv_session_save(olds, path), PKV_OK);
+        ck_assert_int_eq(leftovers("target.pkv"), 0);
+    }
+    printf("killed saves (%s): %d kills over 0..%.1f ms (a save takes %.1f ms), %d found "
+           "the new file, %d left a temporary file (then removed by the next save)\n",
+           named ? "named temporary" : "O_TMPFILE", kills, save_s * 1.2e3, save_s * 1e3,
+           now_new, left_total);
+    fflush(stdout);
+    if (!named)  /* only a kill between link and rename (microseconds) leaves one */
+        ck_assert_msg(left_total <= 2, "%d of %d killed saves left a temporary file",
+                      left_total, kills);
+    int left = leftovers("target.pkv");
+    ck_assert_msg(left == 0, "%d temporary files left after the next save", left);
+    pkv_session *x = NULL;
+    ck_assert_int_eq(pkv_session_load(e, path, &x), PKV_OK);
+    pkv_session_destroy(x);
+    free(old_bytes);
+    free(new_bytes);
+    pkv_session_destroy(olds);
+    pkv_session_destroy(news);
+    pkv_engine_destroy(e);
+    remove_scratch();
+}
+
+START_TEST(killed_saves_tmpfile) { kill_saves(false); }
+END_TEST
+START_TEST(killed_saves_named) { kill_saves(true); }
+END_TEST
+
+/* What the next save removes: temporaries of our pattern that no save holds (a save
+ * in progress holds an exclusive flock on its temporary), nothing else. */
+START_TEST(stale_temp_cleanup)
+{
+    make_scratch();
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 62);
+    pkv_engine *e = pkvt_engine(1, 2, 2, 4, 4, PKV_F32);
+    pkv_session *s = random_session(e, &r, 1, 8, 9);
+    const char *names[] = {
+        "a.pkv.tmp-123-0123456789abcdef",   /* stale: removed */
+        "other.tmp-1-ffffffffffffffff",     /* stale, of another target: removed */
+        "b.pkv.tmp-77-0123456789abcdef",    /* locked, a save in progress: kept */
+        "c.pkv.tmp-12-0123456789abcde",     /* 15 hex digits: not ours, kept */
+        "d.pkv.tmp-12-0123456789ABCDEF",    /* upper case: not ours, kept */
+        ".tmp-12-0123456789abcdef",         /* no target name: kept */
+        "e.pkv.tmp--0123456789abcdef",      /* no pid: kept */
+        "f.pkv",                            /* kept */
+    };
+    const bool removed[] = {true, true, false, false, false, false, false, false};
+    const int n = (int)(sizeof names / sizeof names[0]);
+    int held = -1;
+    char p[1200];
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        ck_assert(fd >= 0);
+        if (i == 2) {
+            ck_assert_int_eq(flock(fd, LOCK_EX), 0);
+            held = fd;
+        } else {
+            close(fd);
+        }
+    }
+    snprintf(p, sizeof p, "%s/target.pkv", dir);
+    ck_assert_int_eq(pkv_session_save(s, p), PKV_OK);
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        ck_assert_msg((access(p, F_OK) != 0) == removed[i], "%s: %s", names[i],
+                      removed[i] ? "not removed" : "removed");
+    }
+    close(held);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+    remove_scratch();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("robust");
@@ -379,5 +648,11 @@ int main(void)
     tcase_add_test(hostile, hostile_files);
     tcase_set_timeout(hostile, 120);
     suite_add_tcase(s, hostile);
+    TCase *killed = tcase_create("killed");
+    tcase_add_test(killed, killed_saves_tmpfile);
+    tcase_add_test(killed, killed_saves_named);
+    tcase_add_test(killed, stale_temp_cleanup);
+    tcase_set_timeout(killed, 120);
+    suite_add_tcase(s, killed);
     return pkvt_run(s);
 }

@@ -6,8 +6,11 @@
  *
  * Owns page *buffers* and their counts. It does not own page descriptors, reference
  * counts or spilling (session.c, spill.c). Every function runs under e->lock, but
- * init and fini (no other thread knows the engine yet, or any more). The idle arenas
- * have their own lock, idle_lock, taken only by init and fini.
+ * init and fini (no other thread knows the engine yet, or any more) and
+ * pkvi_pool_allocator_bytes, which reads only fields fixed from init to fini
+ * (use_jemalloc, arena, page_bytes) so that stats need not hold e->lock while
+ * jemalloc refreshes its statistics. The idle arenas have their own lock,
+ * idle_lock, taken only by init and fini.
  *
  * Invariants:
  *   allocated == in_use + n_free          (every buffer is held or cached)
@@ -241,7 +244,7 @@ void pkvi_pool_put(pkvi_pool *p, void *buf)
     p->allocated--;
 }
 
-uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p)
+uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p, uint64_t allocated)
 {
 #if PKV_HAVE_JEMALLOC
     if (p->use_jemalloc) {
@@ -262,5 +265,5 @@ uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p)
         return (uint64_t)small + (uint64_t)large;
     }
 #endif
-    return p->allocated * p->page_bytes;
+    return allocated * p->page_bytes;
 }

@@ -22,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -698,7 +699,7 @@ typedef struct {
     pkv_session *s;
     const float *q;
     const float *want;          /* [SP_H * SP_D]: the decode before the run */
-    volatile int *stop;
+    atomic_int *stop;
     uint64_t decodes;
     bool ok;
 } sp_worker;
@@ -708,7 +709,7 @@ static void *sp_decode(void *arg)
     sp_worker *w = arg;
     float out[SP_H * SP_D];
     w->ok = true;
-    while (!*w->stop) {
+    while (!atomic_load(w->stop)) {
         if (pkv_decode(w->s, 0, w->q, out) != PKV_OK ||
             memcmp(out, w->want, sizeof out) != 0)
             w->ok = false;
@@ -719,7 +720,7 @@ static void *sp_decode(void *arg)
 
 typedef struct {
     pkv_engine *e;
-    volatile int *stop;
+    atomic_int *stop;
     uint64_t polls, pages;      /* pages: in use + spilled, fixed during the run */
     bool ok;
 } sp_poller;
@@ -728,7 +729,7 @@ static void *sp_poll(void *arg)
 {
     sp_poller *p = arg;
     p->ok = true;
-    while (!*p->stop) {
+    while (!atomic_load(p->stop)) {
         pkv_stats st;
         if (pkv_engine_stats(p->e, &st) != PKV_OK ||
             st.pages_in_use + st.pages_spilled != p->pages ||
@@ -747,7 +748,7 @@ static void *sp_poll(void *arg)
 static double sp_run(pkv_session **s, const float *q, float (*want)[SP_H * SP_D],
                      pkv_engine *poll_e, double seconds, uint64_t *polls)
 {
-    volatile int stop = 0;
+    atomic_int stop = 0;
     sp_worker w[SP_WORKERS];
     pthread_t tw[SP_WORKERS], tp;
     const bool poll = poll_e != NULL;
@@ -764,7 +765,7 @@ static double sp_run(pkv_session **s, const float *q, float (*want)[SP_H * SP_D]
     struct timespec ts = {.tv_sec = (time_t)seconds,
                           .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
     nanosleep(&ts, NULL);
-    stop = 1;
+    atomic_store(&stop, 1);
     uint64_t n = 0;
     for (int i = 0; i < SP_WORKERS; i++) {
         pthread_join(tw[i], NULL);

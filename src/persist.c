@@ -482,7 +482,9 @@ static pkv_status scan_pages(reader *r, pkv_session *s)
                 break;
             }
             if (s != NULL) {
-                st = pkvi_session_push_page(s, at.layer, buf + j * pb, tok);
+                const uint32_t layer = at.layer;
+                const unsigned char *page = buf + j * pb;
+                st = pkvi_session_push_page(s, layer, page, tok);
                 if (st != PKV_OK) {
                     r->why = "could not add a page to the session";
                     break;

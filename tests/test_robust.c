@@ -85,6 +85,13 @@ static long status_kib(const char *field)
     return v;
 }
 
+/* Whether this process's RSS and address space mean anything: not under ASan or TSan
+ * (shadow memory), nor in quick mode (valgrind, which replaces the allocator). */
+static bool rss_meaningful(void)
+{
+    return !PKVT_SHADOW_SANITIZER && !pkvt_quick();
+}
+
 /* ---- forged files (docs/file-format.md, written independently of persist.c) ------------ */
 
 static void set32(unsigned char *p, uint32_t v)
@@ -229,8 +236,8 @@ enum { ENGINE_TEST, ENGINE_TINY, CHECK_ONLY };
 
 /* Load `path` into a fresh engine (the test's geometry, or the tiny one of the forged
  * files), or run pkv_session_file_check on it, in a forked child. Without a shadow
- * sanitizer the child's address space is limited to 1 GiB above what it has, so a
- * load that allocates what a header claims fails there instead of growing. */
+ * sanitizer or valgrind the child's address space is limited to 1 GiB above what it
+ * has, so a load that allocates what a header claims fails there instead of growing. */
 static outcome attempt(const char *path, int how)
 {
     int fds[2];
@@ -254,7 +261,7 @@ static outcome attempt(const char *path, int how)
         pkv_engine *e = NULL;
         if (how != CHECK_ONLY && pkv_engine_create(&c, &e) != PKV_OK)
             _exit(3);
-        if (!PKVT_SHADOW_SANITIZER) {
+        if (rss_meaningful()) {
             long vm = status_kib("VmSize");
             struct rlimit lim = {.rlim_cur = (rlim_t)(vm + (1l << 20)) * 1024,
                                  .rlim_max = RLIM_INFINITY};
@@ -316,7 +323,7 @@ static void expect_refused(const char *what, const char *path, int how, pkv_stat
     fflush(stdout);
     ck_assert_msg(o.status == (int)want, "%s, %s: status %d, want %d", what, how_name(how),
                   o.status, (int)want);
-    if (!PKVT_SHADOW_SANITIZER)
+    if (rss_meaningful())
         ck_assert_msg(o.rss_kib < HOSTILE_RSS_KIB, "%s, %s: peak RSS grew %ld KiB", what,
                       how_name(how), o.rss_kib);
     ck_assert_msg(o.seconds < HOSTILE_SECONDS, "%s, %s: %.1f s", what, how_name(how),
@@ -667,8 +674,9 @@ static void engine_cycle(pkvt_rng *r, uint32_t pages)
  * hundred: an engine gives back everything it took, allocator state included. */
 START_TEST(engine_cycles_flat)
 {
-    if (PKVT_SHADOW_SANITIZER) {
-        fprintf(stderr, "engine_cycles_flat: RSS not measurable under a shadow sanitizer\n");
+    if (!rss_meaningful()) {
+        fprintf(stderr, "engine_cycles_flat: skipped: RSS says nothing under a sanitizer "
+                        "or valgrind (quick mode)\n");
         return;
     }
     pkvt_rng r;

@@ -122,7 +122,14 @@ typedef struct pkv_session pkv_session;
  * PKV_ENOMEM: the allocator failed. PKV_EIO: the spill file could not be created. */
 PKV_API pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out);
 /* Destroy the engine. Every session of it must have been destroyed first (sessions
- * still alive are destroyed here, and their handles become invalid). NULL: no-op. */
+ * still alive are destroyed here, and their handles become invalid). NULL: no-op.
+ * Process-wide state: each engine's pages come from a jemalloc arena of its own; on
+ * destroy the arena is purged (its pages go back to the OS) and kept idle for the
+ * next pkv_engine_create in the process, because jemalloc never frees the metadata
+ * of a destroyed arena (~4 KiB of RSS per create/destroy cycle otherwise). So the
+ * process holds at most as many arenas as engines were ever alive at once (an arena
+ * beyond 256 idle ones is destroyed instead); taking and returning one is
+ * thread-safe. Without jemalloc (-Djemalloc=disabled) there is no such state. */
 PKV_API void pkv_engine_destroy(pkv_engine *e);
 
 /* A new, empty session. PKV_EINVAL (NULL args), PKV_ENOMEM. */
@@ -172,8 +179,9 @@ typedef struct {
     const char *io_backend;    /* "io_uring", "sync", or "none" without spill_dir */
     uint64_t pages_in_use, pages_free, pages_spilled;
     uint64_t page_bytes;       /* bytes of one page */
-    uint64_t bytes_allocator;  /* what jemalloc reports for the pool's arena
-                                  (bytes of pages allocated without jemalloc) */
+    uint64_t bytes_allocator;  /* what jemalloc reports for this engine's arena:
+                                  its pages in use and free, each rounded up to its
+                                  size class (without jemalloc: those pages' bytes) */
     uint64_t mem_budget;
 } pkv_stats;
 /* Engine-wide figures; safe to call from any thread. PKV_EINVAL for NULL. */

@@ -63,6 +63,10 @@ PKVI_HIDDEN bool pkvi_crc32c_hw_available(void);
 
 #define PKVI_SFILE_VERSION 1u
 #define PKVI_SFILE_ALIGN 4096u
+/* The largest header_bytes of any version (docs/file-format.md, versioning rules): a
+ * reader refuses a larger one as damage before it allocates or reads anything for it.
+ * Version 1 holds up to (2^20 - 92) / 8 = 131060 layers. */
+#define PKVI_SFILE_MAX_HEADER (1u << 20)
 
 /* What a session file says about itself. Filled as far as the file could be read:
  * `header_sound` once the header's CRC matched, then the rest. */
@@ -96,6 +100,12 @@ PKVI_HIDDEN void pkvi_sfile_info_free(pkvi_sfile_info *info);
  * faults through it). `why` as above; may be NULL. */
 PKVI_HIDDEN pkv_status pkvi_session_save_io(pkv_session *s, const char *path,
                                             pkvi_io *io, const char **why);
+/* pkvi_session_save_io with options: PKVI_SAVE_NAMED_TEMP writes through a named
+ * temporary even where O_TMPFILE works (the fallback path, for tests). */
+#define PKVI_SAVE_NAMED_TEMP 1u
+PKVI_HIDDEN pkv_status pkvi_session_save_opts(pkv_session *s, const char *path,
+                                              pkvi_io *io, unsigned flags,
+                                              const char **why);
 PKVI_HIDDEN pkv_status pkvi_session_load_io(pkv_engine *e, const char *path,
                                             pkvi_io *io, pkv_session **out,
                                             const char **why);

@@ -4,8 +4,9 @@
  * and that document change together (a layout change bumps PKVI_SFILE_VERSION).
  *
  * Owns: the byte layout of a session file, its validation, the atomic-save protocol
- *   (temporary file O_EXCL 0600 in the target's directory, write, fsync, rename,
- *   directory fsync).
+ *   (a locked 0600 temporary in the target's directory - unnamed with O_TMPFILE,
+ *   else named O_EXCL - write, fsync, link, rename, directory fsync) and the removal
+ *   of temporaries that killed saves left (clean_stale).
  * Does not own: sessions and pages (session.c: pkvi_session_acquire/release/
  *   push_page), the I/O backends (io.c, io_uring.c), the checksum (crc32c.c).
  *
@@ -13,6 +14,12 @@
  *   - Nothing of a file is trusted before it is checked: sizes are bounded by the
  *     file's real size before anything is allocated from them; arithmetic on file
  *     fields is checked (pkvi_mul/pkvi_add).
+ *   - Memory does not follow a file's claims: the header is at most
+ *     PKVI_SFILE_MAX_HEADER, the page table is streamed in TABLE_CHUNK entries, pages
+ *     in batches of at most BATCH_BYTES (a bigger page in pieces, unless it is being
+ *     loaded: then it is the engine's own page size). A refused file costs at most
+ *     about 18 MiB of buffers, whatever its header says.
+ *   - Load compares a sound header with the engine before reading anything past it.
  *   - Load validates the whole file (header, page table, every page's CRC and
  *     padding) before it creates the session, then builds it while checking every
  *     page again (the file may change between the passes); any failure destroys the
@@ -20,8 +27,12 @@
  *   - Save never writes memory it did not define: rows past a layer's length in its
  *     last page are written as zeros (and load insists they are zero).
  *   - Save either replaces the target with a complete, fsynced file or leaves it as
- *     it was and removes its temporary file (a failing directory fsync, after the
- *     rename, is the one exception: the new file is in place, durability unknown).
+ *     it was and removes its temporary file (a failing close or directory fsync,
+ *     after the rename, is the one exception: the new file is in place, durability
+ *     unknown). Killed, it leaves the target old or new; with O_TMPFILE nothing else
+ *     (but in the microseconds between link and rename), and whatever it left is
+ *     removed by the next save to the directory: a save's temporary is flock'ed from
+ *     creation until after the rename, so an unlocked one is a dead save's.
  *
  * Error mapping (SPEC §5): not a session file (magic), or a sound header (CRC
  *   matches) of another version / geometry / dtype / block size / scale -> EINVAL;
@@ -31,11 +42,13 @@
 #include "io_backend.h"
 #include "session.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -60,6 +73,10 @@ enum {
  * flight; batches of pages are read into a buffer of about BATCH_BYTES. */
 #define REQ_BYTES (1ull << 20)
 #define BATCH_BYTES (16ull << 20)
+/* The first batch of pages read; later ones double up to BATCH_BYTES. */
+#define FIRST_BATCH_BYTES (1ull << 20)
+/* The page table is read in chunks of at most this many entries (1 MiB). */
+#define TABLE_CHUNK 65536u
 /* Save writes pages of at least this size straight from pool memory; smaller pages
  * (and every partly filled last page) are gathered in a staging buffer first so one
  * request moves many of them. */
@@ -157,7 +174,8 @@ typedef struct {
     pkvi_io *io;
     int fd;
     pkvi_sfile_info *info;
-    unsigned char *table;    /* [data_off - table_off]: entries, then zero gap */
+    uint32_t header_bytes;   /* where the page table starts */
+    uint32_t table_crc;      /* the header's CRC of the page table */
     uint64_t rows_bytes;     /* d * dsize: one K or V row of one group */
     const char *why;
 } reader;
@@ -168,7 +186,16 @@ static pkv_status fail(reader *r, pkv_status st, const char *why)
     return st;
 }
 
-/* Magic, header CRC, version; then the version-1 fields into r->info. */
+/* Pages of layer `len` positions: ceil(len / bt). */
+static uint64_t layer_pages(uint64_t len, uint32_t bt)
+{
+    return len / bt + (len % bt != 0);
+}
+
+/* Magic, header CRC, version; then the version-1 fields into r->info and their
+ * consistency with each other and with the file's size. Reads nothing past the
+ * header: its one allocation is bounded by PKVI_SFILE_MAX_HEADER and the file's size,
+ * whatever the header claims. */
 static pkv_status read_header(reader *r)
 {
     pkvi_sfile_info *in = r->info;
@@ -182,7 +209,7 @@ static pkv_status read_header(reader *r)
     if (have < PREFIX_BYTES)
         return fail(r, PKV_ECORRUPT, "truncated header");
     uint32_t hbytes = get32(pre + OFF_HEADER_BYTES);
-    if (hbytes < PREFIX_BYTES + 4)
+    if (hbytes < PREFIX_BYTES + 4 || hbytes > PKVI_SFILE_MAX_HEADER)
         return fail(r, PKV_ECORRUPT, "header size field is damaged");
     if (hbytes > in->file_bytes)
         return fail(r, PKV_ECORRUPT, "truncated header");
@@ -218,6 +245,7 @@ static pkv_status read_header(reader *r)
     in->page_bytes = get64(h + OFF_PAGE_BYTES);
     in->n_pages = get64(h + OFF_N_PAGES);
     in->data_off = get64(h + OFF_DATA_OFF);
+    /* n_layers < hbytes / 8: bounded like the header itself */
     in->layer_len = malloc(sizeof(uint64_t) * in->n_layers);
     if (in->layer_len == NULL) {
         st = fail(r, PKV_ENOMEM, "out of memory");
@@ -247,8 +275,7 @@ static pkv_status read_header(reader *r)
     bool ok = pkvi_mul(in->head_dim, code_dsize(in->dtype_code), &row) &&
               pkvi_mul(row, 2ull * bt, &pb) && pkvi_mul(pb, g, &pb);
     for (uint32_t l = 0; ok && l < in->n_layers; l++)
-        ok = pkvi_add(n_pages, in->layer_len[l] / bt + (in->layer_len[l] % bt != 0),
-                      &n_pages);
+        ok = pkvi_add(n_pages, layer_pages(in->layer_len[l], bt), &n_pages);
     uint64_t table_end = 0;
     ok = ok && pkvi_mul(in->n_pages, ENTRY_BYTES, &table_end) &&
          pkvi_add(table_end, hbytes, &table_end) && table_end <= UINT64_MAX - PKVI_SFILE_ALIGN;
@@ -260,6 +287,8 @@ static pkv_status read_header(reader *r)
         goto out;
     }
     r->rows_bytes = row;
+    r->header_bytes = hbytes;
+    r->table_crc = get32(h + OFF_TABLE_CRC);
     if (in->file_bytes < end) {
         st = fail(r, PKV_ECORRUPT, "truncated file");
         goto out;
@@ -268,40 +297,71 @@ static pkv_status read_header(reader *r)
         st = fail(r, PKV_ECORRUPT, "trailing bytes after the last page");
         goto out;
     }
-
-    /* The page table and the zero gap up to the first page. */
-    uint64_t tbytes = in->data_off - hbytes;
-    r->table = malloc((size_t)tbytes);
-    if (r->table == NULL) {
-        st = fail(r, PKV_ENOMEM, "out of memory");
-        goto out;
-    }
-    if (transfer(r->io, false, r->fd, r->table, tbytes, hbytes) != PKV_OK) {
-        st = fail(r, PKV_EIO, "read error");
-        goto out;
-    }
-    uint64_t ebytes = in->n_pages * ENTRY_BYTES;
-    if (pkvi_crc32c(0, r->table, (size_t)ebytes) != get32(h + OFF_TABLE_CRC)) {
-        st = fail(r, PKV_ECORRUPT, "page table checksum mismatch");
-        goto out;
-    }
-    if (!all_zero(r->table + ebytes, tbytes - ebytes)) {
-        st = fail(r, PKV_ECORRUPT, "nonzero padding before the first page");
-        goto out;
-    }
-    uint64_t k = 0;
-    for (uint32_t l = 0; l < in->n_layers; l++) {
-        uint64_t np = in->layer_len[l] / bt + (in->layer_len[l] % bt != 0);
-        for (uint64_t i = 0; i < np; i++, k++) {
-            const unsigned char *ent = r->table + k * ENTRY_BYTES;
-            if (get32(ent) != l || get64(ent + 8) != i) {
-                st = fail(r, PKV_ECORRUPT, "page table entries out of order");
-                goto out;
-            }
-        }
-    }
 out:
     free(h);
+    return st;
+}
+
+/* Walks the page table in file order, entry by entry, whatever chunks it is read in:
+ * the (layer, index) every entry must hold, and the CRC of the entries so far. */
+typedef struct {
+    uint32_t layer;
+    uint64_t index;          /* within `layer` */
+    uint32_t crc;            /* CRC-32C of the entries walked */
+} table_walk;
+
+/* Check entries [0, n) of buf (the next n of the table) against their expected
+ * (layer, index), folding them into the CRC. False at the first one out of order. */
+static bool walk_entries(const pkvi_sfile_info *in, table_walk *w, const unsigned char *buf,
+                         uint64_t n)
+{
+    w->crc = pkvi_crc32c(w->crc, buf, (size_t)(n * ENTRY_BYTES));
+    for (uint64_t k = 0; k < n; k++) {
+        while (w->index >= layer_pages(in->layer_len[w->layer], in->block_tokens)) {
+            w->layer++;
+            w->index = 0;
+        }
+        const unsigned char *ent = buf + k * ENTRY_BYTES;
+        if (get32(ent) != w->layer || get64(ent + 8) != w->index)
+            return false;
+        w->index++;
+    }
+    return true;
+}
+
+/* The page table and the zero gap up to the first page, read in chunks of at most
+ * TABLE_CHUNK entries: memory stays fixed however many pages the header claims, and
+ * a table of holes (a sparse forgery) fails at its second entry, not after reading
+ * gigabytes. Runs only after read_header succeeded. */
+static pkv_status check_table(reader *r)
+{
+    const pkvi_sfile_info *in = r->info;
+    const uint64_t per = in->n_pages < TABLE_CHUNK ? in->n_pages : TABLE_CHUNK;
+    const uint64_t gap_off = r->header_bytes + in->n_pages * ENTRY_BYTES;
+    const uint64_t gap = in->data_off - gap_off;   /* < PKVI_SFILE_ALIGN */
+    const uint64_t cap = per * ENTRY_BYTES > gap ? per * ENTRY_BYTES : gap;
+    unsigned char *buf = cap ? malloc((size_t)cap) : NULL;
+    if (cap && buf == NULL)
+        return fail(r, PKV_ENOMEM, "out of memory");
+    pkv_status st = PKV_OK;
+    table_walk w = {0};
+    for (uint64_t k = 0; k < in->n_pages && st == PKV_OK; k += per) {
+        uint64_t cnt = in->n_pages - k < per ? in->n_pages - k : per;
+        if (transfer(r->io, false, r->fd, buf, cnt * ENTRY_BYTES,
+                     r->header_bytes + k * ENTRY_BYTES) != PKV_OK)
+            st = fail(r, PKV_EIO, "read error");
+        else if (!walk_entries(in, &w, buf, cnt))
+            st = fail(r, PKV_ECORRUPT, "page table entries out of order");
+    }
+    if (st == PKV_OK && w.crc != r->table_crc)
+        st = fail(r, PKV_ECORRUPT, "page table checksum mismatch");
+    if (st == PKV_OK && gap > 0) {
+        if (transfer(r->io, false, r->fd, buf, gap, gap_off) != PKV_OK)
+            st = fail(r, PKV_EIO, "read error");
+        else if (!all_zero(buf, gap))
+            st = fail(r, PKV_ECORRUPT, "nonzero padding before the first page");
+    }
+    free(buf);
     return st;
 }
 
@@ -311,74 +371,136 @@ static uint32_t page_tokens(uint64_t len, uint64_t np, uint64_t i, uint32_t bt)
     return i + 1 < np ? bt : (uint32_t)(len - (np - 1) * bt);
 }
 
-/* Whether the rows of a page past `tokens` (of every group's K and V) are zero. */
-static bool padding_zero(const unsigned char *page, uint32_t g, uint32_t bt,
-                         uint64_t row, uint32_t tokens)
+/* Whether the bytes [off, off + n) of a page (given at p, i.e. page byte `off` is p[0])
+ * are zero wherever they fall on the rows past `tokens` of a group's K or V. */
+static bool padding_zero(const unsigned char *p, uint64_t off, uint64_t n, uint32_t g,
+                         uint32_t bt, uint64_t row, uint32_t tokens)
 {
     if (tokens == bt)
         return true;
-    uint64_t block = (uint64_t)bt * row, pad = (uint64_t)(bt - tokens) * row;
-    for (uint32_t gi = 0; gi < g; gi++) {
-        const unsigned char *k = page + 2 * block * gi;
-        if (!all_zero(k + tokens * row, pad) || !all_zero(k + block + tokens * row, pad))
+    const uint64_t block = (uint64_t)bt * row, used = (uint64_t)tokens * row;
+    /* each group: K block then V block, each `used` bytes of rows then padding */
+    uint64_t first = off / block, last = (off + n - 1) / block;
+    for (uint64_t b = first; b <= last && b < 2ull * g; b++) {
+        uint64_t lo = b * block + used, hi = (b + 1) * block;
+        if (lo < off)
+            lo = off;
+        if (hi > off + n)
+            hi = off + n;
+        if (lo < hi && !all_zero(p + (lo - off), hi - lo))
             return false;
     }
     return true;
 }
 
-/* Read every page in batches, check its CRC and padding; with s != NULL also append
- * it to the session. */
+/* Read every page, check its CRC (against the table entry, read again in step) and
+ * padding; with s != NULL also append it to the session. Every read is bounded:
+ * batches of up to BATCH_BYTES of whole pages; a page larger than that is read
+ * whole only when it is appended (s != NULL: its size is the engine's own page
+ * size), in FIRST_BATCH_BYTES pieces when it is only checked. The table entries are
+ * walked (order, CRC) again here, so a table changed since check_table is caught. */
 static pkv_status scan_pages(reader *r, pkv_session *s)
 {
     pkvi_sfile_info *in = r->info;
     if (in->n_pages == 0)
         return PKV_OK;
-    uint64_t pb = in->page_bytes;
-    uint64_t per = BATCH_BYTES / pb ? BATCH_BYTES / pb : 1;
+    const uint64_t pb = in->page_bytes;
+    const bool pieces = s == NULL && pb > BATCH_BYTES;
+    uint64_t per = pieces || BATCH_BYTES / pb == 0 ? 1 : BATCH_BYTES / pb;
+    if (per > TABLE_CHUNK)
+        per = TABLE_CHUNK;
     if (per > in->n_pages)
         per = in->n_pages;
-    unsigned char *buf = alloc_aligned(per * pb);
-    if (buf == NULL)
+    const uint64_t piece = pieces ? FIRST_BATCH_BYTES : per * pb;
+    unsigned char *buf = alloc_aligned(piece);
+    unsigned char *ents = malloc((size_t)(per * ENTRY_BYTES));
+    if (buf == NULL || ents == NULL) {
+        free(buf);
+        free(ents);
         return fail(r, PKV_ENOMEM, "out of memory");
+    }
     pkv_status st = PKV_OK;
-    uint32_t layer = 0;
-    uint64_t idx = 0;   /* page index within `layer` */
-    for (uint64_t k = 0; k < in->n_pages && st == PKV_OK; k += per) {
-        uint64_t cnt = in->n_pages - k < per ? in->n_pages - k : per;
-        if (transfer(r->io, false, r->fd, buf, cnt * pb, in->data_off + k * pb) != PKV_OK) {
+    table_walk w = {0};
+    /* Reads start at FIRST_BATCH_BYTES and double up to the buffer's size as pages
+     * verify: a file damaged early (a forgery of holes) touches a MiB of it. */
+    uint64_t step = FIRST_BATCH_BYTES;
+    for (uint64_t k = 0, cnt = 0; k < in->n_pages && st == PKV_OK; k += cnt) {
+        cnt = pieces ? 1 : step / pb;
+        cnt = cnt < 1 ? 1 : cnt > per ? per : cnt;
+        if (cnt > in->n_pages - k)
+            cnt = in->n_pages - k;
+        if (transfer(r->io, false, r->fd, ents, cnt * ENTRY_BYTES,
+                     r->header_bytes + k * ENTRY_BYTES) != PKV_OK) {
+            st = fail(r, PKV_EIO, "read error");
+            break;
+        }
+        table_walk at = w;   /* the (layer, index) of entry k */
+        if (!walk_entries(in, &w, ents, cnt)) {
+            st = fail(r, PKV_ECORRUPT, "page table entries out of order");
+            break;
+        }
+        if (!pieces && transfer(r->io, false, r->fd, buf, cnt * pb,
+                                in->data_off + k * pb) != PKV_OK) {
             st = fail(r, PKV_EIO, "read error");
             break;
         }
         for (uint64_t j = 0; j < cnt; j++) {
-            while (idx * in->block_tokens >= in->layer_len[layer]) {
-                layer++;
-                idx = 0;
+            while (at.index >= layer_pages(in->layer_len[at.layer], in->block_tokens)) {
+                at.layer++;
+                at.index = 0;
             }
-            const unsigned char *page = buf + j * pb;
-            uint64_t len = in->layer_len[layer];
-            uint64_t np = len / in->block_tokens + (len % in->block_tokens != 0);
-            uint32_t tok = page_tokens(len, np, idx, in->block_tokens);
-            if (pkvi_crc32c(0, page, (size_t)pb) != get32(r->table + (k + j) * ENTRY_BYTES + 4))
+            uint64_t len = in->layer_len[at.layer];
+            uint32_t tok = page_tokens(len, layer_pages(len, in->block_tokens), at.index,
+                                       in->block_tokens);
+            uint32_t crc = 0;
+            bool pad_ok = true;
+            if (!pieces) {
+                const unsigned char *page = buf + j * pb;
+                crc = pkvi_crc32c(0, page, (size_t)pb);
+                pad_ok = padding_zero(page, 0, pb, in->n_kv_heads, in->block_tokens,
+                                      r->rows_bytes, tok);
+            } else {
+                for (uint64_t o = 0, n = 0; o < pb && st == PKV_OK; o += n) {
+                    n = pb - o < piece ? pb - o : piece;
+                    if (transfer(r->io, false, r->fd, buf, n, in->data_off + k * pb + o) !=
+                        PKV_OK) {
+                        st = fail(r, PKV_EIO, "read error");
+                        break;
+                    }
+                    crc = pkvi_crc32c(crc, buf, (size_t)n);
+                    pad_ok = padding_zero(buf, o, n, in->n_kv_heads, in->block_tokens,
+                                          r->rows_bytes, tok) && pad_ok;
+                }
+                if (st != PKV_OK)
+                    break;
+            }
+            if (crc != get32(ents + j * ENTRY_BYTES + 4))
                 st = fail(r, PKV_ECORRUPT, "page checksum mismatch");
-            else if (!padding_zero(page, in->n_kv_heads, in->block_tokens, r->rows_bytes, tok))
+            else if (!pad_ok)
                 st = fail(r, PKV_ECORRUPT, "nonzero padding in a partly filled page");
             if (st != PKV_OK) {
                 in->bad_page = k + j;
-                in->bad_layer = layer;
-                in->bad_index = idx;
+                in->bad_layer = at.layer;
+                in->bad_index = at.index;
                 break;
             }
             if (s != NULL) {
+                const uint32_t layer = at.layer;
+                const unsigned char *page = buf + j * pb;
                 st = pkvi_session_push_page(s, layer, page, tok);
                 if (st != PKV_OK) {
                     r->why = "could not add a page to the session";
                     break;
                 }
             }
-            idx++;
+            at.index++;
         }
+        step = step * 2 < BATCH_BYTES ? step * 2 : BATCH_BYTES;
     }
+    if (st == PKV_OK && w.crc != r->table_crc)
+        st = fail(r, PKV_ECORRUPT, "page table checksum mismatch");
     free(buf);
+    free(ents);
     return st;
 }
 
@@ -407,7 +529,6 @@ static void reader_close(reader *r)
 {
     if (r->fd >= 0)
         close(r->fd);
-    free(r->table);
 }
 
 void pkvi_sfile_info_free(pkvi_sfile_info *info)
@@ -432,6 +553,8 @@ pkv_status pkvi_sfile_verify(pkvi_io *io, const char *path, pkvi_sfile_info *inf
     pkv_status st = open_file(&r, path);
     if (st == PKV_OK)
         st = read_header(&r);
+    if (st == PKV_OK)
+        st = check_table(&r);
     if (st == PKV_OK)
         st = scan_pages(&r, NULL);
     reader_close(&r);
@@ -477,7 +600,9 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
     if (st == PKV_OK) {
         st = read_header(&r);
         /* A header that is sound but of another engine says so even when the layout
-         * checks after the CRC failed: the caller's real problem is the mismatch. */
+         * checks after the CRC failed: the caller's real problem is the mismatch. And
+         * it says so before anything past the header is read: a file of another
+         * geometry may claim any number of pages. */
         if (info.header_sound && (st == PKV_OK || st == PKV_ECORRUPT)) {
             const char *why0 = r.why;
             pkv_status mst = match_engine(&r, e);
@@ -487,6 +612,8 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
                 r.why = why0;
         }
     }
+    if (st == PKV_OK)
+        st = check_table(&r);
     if (st == PKV_OK)
         st = scan_pages(&r, NULL);                 /* pass 1: verify everything */
     if (st == PKV_OK) {
@@ -604,7 +731,7 @@ static pkv_status write_page(writer *w, const pkv_engine *e, const unsigned char
 }
 
 /* Temporary name: the target path, the pid and 64 random bits. Never built from
- * anything but the caller's own path. */
+ * anything but the caller's own path. clean_stale() recognises exactly this pattern. */
 static char *temp_name(const char *path)
 {
     uint64_t rnd = 0;
@@ -620,16 +747,61 @@ static char *temp_name(const char *path)
     return t;
 }
 
-/* fsync the directory holding path, so the rename itself is durable. */
-static pkv_status sync_dir(pkvi_io *io, const char *path)
+/* Whether a directory entry is named like temp_name's: "X.tmp-PID-HEX16". */
+static bool temp_pattern(const char *name)
+{
+    const char *t = NULL;
+    for (const char *p = strstr(name, ".tmp-"); p != NULL; p = strstr(p + 1, ".tmp-"))
+        t = p;
+    if (t == NULL || t == name)
+        return false;
+    const char *p = t + 5;
+    size_t digits = strspn(p, "0123456789");
+    if (digits == 0 || p[digits] != '-')
+        return false;
+    p += digits + 1;
+    return strspn(p, "0123456789abcdef") == 16 && p[16] == '\0';
+}
+
+/* The directory holding path ("." for a bare name), malloc'd. */
+static char *dir_of(const char *path)
 {
     const char *slash = strrchr(path, '/');
-    char *dir = slash == NULL ? strdup(".")
-                : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
-    if (dir == NULL)
-        return PKV_ENOMEM;
+    return slash == NULL ? strdup(".")
+           : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
+}
+
+/* Remove the temporaries that killed saves left in dir: entries named like
+ * temp_name's, regular files of this user, that no save holds (a save keeps an
+ * exclusive flock on its temporary from creation to rename). Best effort: an entry
+ * that cannot be checked is left alone. */
+static void clean_stale(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    const int dfd = dirfd(d);
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (!temp_pattern(de->d_name))
+            continue;
+        int fd = openat(dfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && S_ISREG(a.st_mode) && a.st_uid == geteuid() &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(dfd, de->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino)
+            (void)unlinkat(dfd, de->d_name, 0);   /* under our lock: no save holds it */
+        close(fd);
+    }
+    closedir(d);
+}
+
+/* fsync a directory, so a rename in it is durable. */
+static pkv_status sync_dir(pkvi_io *io, const char *dir)
+{
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
     if (fd < 0)
         return PKV_EIO;
     pkv_status st = pkvi_io_fsync(io, fd);
@@ -637,13 +809,87 @@ static pkv_status sync_dir(pkvi_io *io, const char *path)
     return st;
 }
 
-pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
-                                const char **why)
+/* An unnamed file in dir (O_TMPFILE), locked, that can later be linked through
+ * /proc/self/fd; -1 where the file system, the kernel or a missing /proc forbid it. */
+static int open_unnamed(const char *dir)
+{
+#ifdef O_TMPFILE
+    int fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    char proc[64];
+    struct stat sb;
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    if (stat(proc, &sb) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+#else
+    (void)dir;
+    return -1;
+#endif
+}
+
+/* A new named temporary next to path, created exclusively, 0600, locked. *tmp gets
+ * its name. PKV_EIO if it cannot be created (the reason in errno's domain is lost on
+ * purpose: the caller reports EIO), PKV_ENOMEM. */
+static pkv_status open_named(const char *path, char **tmp, int *out)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        char *t = temp_name(path);
+        if (t == NULL)
+            return PKV_ENOMEM;
+        int fd = open(t, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0) {
+            free(t);
+            if (errno == EEXIST)
+                continue;
+            return PKV_EIO;
+        }
+        /* A concurrent clean_stale may have taken it between open and flock (it then
+         * unlinks it): the lock fails or the name is gone; take another name. */
+        struct stat sb;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &sb) == 0 && sb.st_nlink > 0) {
+            *tmp = t;
+            *out = fd;
+            return PKV_OK;
+        }
+        close(fd);
+        free(t);
+    }
+    return PKV_EIO;
+}
+
+/* Give the complete, fsynced unnamed file fd the name *tmp (a fresh temp_name). */
+static pkv_status link_unnamed(int fd, const char *path, char **tmp)
+{
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    for (int tries = 0; tries < 8; tries++) {
+        char *t = temp_name(path);
+        if (t == NULL)
+            return PKV_ENOMEM;
+        if (linkat(AT_FDCWD, proc, AT_FDCWD, t, AT_SYMLINK_FOLLOW) == 0) {
+            *tmp = t;
+            return PKV_OK;
+        }
+        int err = errno;
+        free(t);
+        if (err != EEXIST)
+            return PKV_EIO;
+    }
+    return PKV_EIO;
+}
+
+pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
+                                  unsigned flags, const char **why)
 {
     const char *w_why = "invalid arguments";
     if (why != NULL)
         *why = w_why;
-    if (s == NULL || path == NULL || *path == '\0' || io == NULL)
+    if (s == NULL || path == NULL || *path == '\0' || io == NULL ||
+        (flags & ~PKVI_SAVE_NAMED_TEMP) != 0)
         return PKV_EINVAL;
     if (s->e->variants) { /* see match_engine */
         if (why)
@@ -660,7 +906,7 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
         return PKV_EINVAL;
 
     uint64_t n_pages = 0, hbytes = HEADER_FIXED + 8ull * L, table_end = 0, data_off;
-    if (hbytes > UINT32_MAX)
+    if (hbytes > PKVI_SFILE_MAX_HEADER)   /* more layers than the format holds */
         return PKV_EINVAL;
     for (uint32_t l = 0; l < L; l++)
         if (!pkvi_add(n_pages, s->layers[l].n_pages, &n_pages))
@@ -672,7 +918,7 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
 
     pkv_status st = PKV_ENOMEM;
     bool created = false;   /* tmp exists and is ours: unlink it on failure */
-    int fd = -1;
+    char *tmp = NULL;       /* the temporary's name, once it has one */
     uint64_t k = 0;
     unsigned char *head = calloc(1, (size_t)data_off);   /* header, table, zero gap */
     writer w = {.io = io, .fd = -1};
@@ -685,29 +931,29 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
     if (w.stage_cap < e->page_bytes)
         w.stage_cap = e->page_bytes;
     w.stage = alloc_aligned(w.stage_cap);
-    char *tmp = temp_name(path);
+    char *dir = dir_of(path);
     w_why = "out of memory";
-    if (head == NULL || w.stage == NULL || tmp == NULL)
+    if (head == NULL || w.stage == NULL || dir == NULL)
         goto out;
 
+    /* Step 1: the temporary. Unnamed (O_TMPFILE) where the file system allows it, so
+     * a save killed before step 5 leaves nothing; else named, exclusive. Either is
+     * locked (flock) until the rename, which is how clean_stale tells the
+     * temporaries of killed saves from those of saves in progress. */
+    clean_stale(dir);
     st = PKV_EIO;
     w_why = "cannot create the temporary file";
-    for (int tries = 0; tries < 8 && w.fd < 0; tries++) {
-        w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (w.fd < 0 && errno == EEXIST) {
-            free(tmp);
-            if ((tmp = temp_name(path)) == NULL) {
-                st = PKV_ENOMEM;
+    w.fd = (flags & PKVI_SAVE_NAMED_TEMP) ? -1 : open_unnamed(dir);
+    if (w.fd < 0) {
+        if ((st = open_named(path, &tmp, &w.fd)) != PKV_OK) {
+            if (st == PKV_ENOMEM)
                 w_why = "out of memory";
-                goto out;
-            }
-            continue;
-        }
-        if (w.fd < 0)
             goto out;
+        }
         created = true;
     }
-    if (w.fd < 0 || fchmod(w.fd, 0600) != 0)  /* exactly 0600, whatever the umask */
+    st = PKV_EIO;
+    if (fchmod(w.fd, 0600) != 0)  /* exactly 0600, whatever the umask */
         goto out;
 
     w_why = "write error";
@@ -762,12 +1008,11 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
     w_why = "fsync failed";
     if ((st = pkvi_io_fsync(io, w.fd)) != PKV_OK)
         goto out;
-    fd = w.fd;
-    w.fd = -1;
-    if (close(fd) != 0) {
-        st = PKV_EIO;
-        w_why = "close failed";
-        goto out;
+    if (tmp == NULL) {   /* complete and durable: now it may have a name */
+        w_why = "cannot link the temporary file";
+        if ((st = link_unnamed(w.fd, path, &tmp)) != PKV_OK)
+            goto out;
+        created = true;
     }
     if (rename(tmp, path) != 0) {
         st = PKV_EIO;
@@ -775,20 +1020,37 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
         goto out;
     }
     created = false;   /* it is the target now: never unlink it */
-    st = sync_dir(io, path);
+    /* Closed only now: the lock must cover the name until the rename. The data is
+     * already durable (fsync), so a failing close means an unknown state of the
+     * file system, reported like a failing directory fsync. */
+    if (close(w.fd) != 0) {
+        w.fd = -1;
+        st = PKV_EIO;
+        w_why = "close failed (the file is in place)";
+        goto out;
+    }
+    w.fd = -1;
+    st = sync_dir(io, dir);
     w_why = st == PKV_OK ? "ok" : "directory fsync failed (the file is in place)";
 
 out:
+    if (created)
+        unlink(tmp);     /* while still locked: no one else may take the name */
     if (w.fd >= 0)
         close(w.fd);
-    if (created)
-        unlink(tmp);
     free(tmp);
+    free(dir);
     free(w.stage);
     free(head);
     if (why != NULL)
         *why = w_why;
     return st;
+}
+
+pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
+                                const char **why)
+{
+    return pkvi_session_save_opts(s, path, io, 0, why);
 }
 
 pkv_status pkv_session_save(pkv_session *s, const char *path)

@@ -1,10 +1,16 @@
 /*
  * pool.c - the page pool: fixed-size, aligned page buffers from a private jemalloc
  * arena (or aligned_alloc when built with -Djemalloc=disabled), a small cache of free
- * buffers for reuse, and the memory budget.
+ * buffers for reuse, and the memory budget. Arenas of destroyed engines are purged
+ * and reused by later engines (see "idle arenas" below).
  *
  * Owns page *buffers* and their counts. It does not own page descriptors, reference
- * counts or spilling (session.c, spill.c). Every function runs under e->lock.
+ * counts or spilling (session.c, spill.c). Every function runs under e->lock, but
+ * init and fini (no other thread knows the engine yet, or any more) and
+ * pkvi_pool_allocator_bytes, which reads only fields fixed from init to fini
+ * (use_jemalloc, arena, page_bytes) so that stats need not hold e->lock while
+ * jemalloc refreshes its statistics. The idle arenas have their own lock,
+ * idle_lock, taken only by init and fini.
  *
  * Invariants:
  *   allocated == in_use + n_free          (every buffer is held or cached)
@@ -23,6 +29,7 @@
 
 #if PKV_HAVE_JEMALLOC
 #include <jemalloc/jemalloc.h>
+#include <pthread.h>
 #endif
 
 /* Free buffers kept for reuse: at most this many bytes (or 4 pages), so a session
@@ -69,6 +76,63 @@ static void buf_free(pkvi_pool *p, void *buf)
     free(buf);
 }
 
+#if PKV_HAVE_JEMALLOC
+/*
+ * Arenas of destroyed engines, idle, for the next engines to take (the one piece of
+ * process-wide state, documented in pagedkv.h at pkv_engine_destroy).
+ *
+ * Why not arena.<i>.destroy: jemalloc 5.3 reuses a destroyed arena's index, but not
+ * its address space. The arena's base mappings are only purged (with retain, the
+ * default on Linux), so every new arena maps fresh memory, and the global radix tree
+ * that maps addresses to extents grows leaves for it that are never freed. Measured
+ * (10,000 cycles of arenas.create, 8 x 64 KiB mallocx, dallocx, arena.<i>.destroy):
+ * RSS +40 MiB, stats.metadata 2.8 -> 42.5 MB, VmSize +20 GB. Purging an arena and
+ * handing it to the next engine instead: RSS +180 KiB over the same 10,000 cycles.
+ *
+ * An idle arena holds no allocation and no dirty page (purged), only jemalloc's
+ * metadata for it: there are at most as many arenas as engines were ever alive at
+ * once (past IDLE_ARENAS_MAX idle ones, an arena is destroyed after all).
+ */
+#define IDLE_ARENAS_MAX 256u
+static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned idle_arenas[IDLE_ARENAS_MAX]; /* [n_idle], guarded by idle_lock */
+static unsigned n_idle;                       /* idle_lock */
+
+static bool arena_take(unsigned *out)
+{
+    bool got = false;
+    pthread_mutex_lock(&idle_lock);
+    if (n_idle > 0) {
+        *out = idle_arenas[--n_idle];
+        got = true;
+    }
+    pthread_mutex_unlock(&idle_lock);
+    if (got)
+        return true;
+    size_t sz = sizeof *out;
+    return mallctl("arenas.create", out, &sz, NULL, 0) == 0;
+}
+
+/* Give back an arena that holds no allocation. */
+static void arena_give(unsigned arena)
+{
+    char name[64];
+    snprintf(name, sizeof name, "arena.%u.purge", arena); /* its pages go to the OS */
+    mallctl(name, NULL, NULL, NULL, 0);
+    bool kept = false;
+    pthread_mutex_lock(&idle_lock);
+    if (n_idle < IDLE_ARENAS_MAX) {
+        idle_arenas[n_idle++] = arena;
+        kept = true;
+    }
+    pthread_mutex_unlock(&idle_lock);
+    if (!kept) {
+        snprintf(name, sizeof name, "arena.%u.destroy", arena);
+        mallctl(name, NULL, NULL, NULL, 0);
+    }
+}
+#endif
+
 pkv_status pkvi_pool_init(pkvi_pool *p, uint64_t page_bytes, uint64_t budget_bytes)
 {
     memset(p, 0, sizeof *p);
@@ -93,8 +157,7 @@ pkv_status pkvi_pool_init(pkvi_pool *p, uint64_t page_bytes, uint64_t budget_byt
     }
 #if PKV_HAVE_JEMALLOC
     unsigned arena = 0;
-    size_t sz = sizeof arena;
-    if (mallctl("arenas.create", &arena, &sz, NULL, 0) != 0)
+    if (!arena_take(&arena))
         return PKV_ENOMEM;
     p->use_jemalloc = true;
     p->arena = arena;
@@ -112,12 +175,11 @@ void pkvi_pool_fini(pkvi_pool *p)
     p->free_list = NULL;
     p->free_slots = 0;
 #if PKV_HAVE_JEMALLOC
-    if (p->use_jemalloc && p->allocated == 0) {
-        /* Give the arena's memory back. Only legal once every buffer is freed. */
-        char name[64];
-        snprintf(name, sizeof name, "arena.%u.destroy", p->arena);
-        mallctl(name, NULL, NULL, NULL, 0);
-    }
+    /* Only an arena that holds nothing may serve another engine (its stats must
+     * start from zero there); one that still holds buffers is left as it is. */
+    if (p->use_jemalloc && p->allocated == 0)
+        arena_give(p->arena);
+    p->use_jemalloc = false;
 #endif
 }
 
@@ -182,7 +244,7 @@ void pkvi_pool_put(pkvi_pool *p, void *buf)
     p->allocated--;
 }
 
-uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p)
+uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p, uint64_t allocated)
 {
 #if PKV_HAVE_JEMALLOC
     if (p->use_jemalloc) {
@@ -203,7 +265,7 @@ uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p)
         return (uint64_t)small + (uint64_t)large;
     }
 #endif
-    return p->allocated * p->page_bytes;
+    return allocated * p->page_bytes;
 }
 
 pkv_status pkvi_page_create(pkvi_pool *p, pkvi_page **out)

@@ -60,8 +60,10 @@ PKVI_HIDDEN void pkvi_pool_put(pkvi_pool *p, void *buf);
 /* Whether one more page fits the budget right now (free-list reuse always fits). */
 PKVI_HIDDEN bool pkvi_pool_can_get(const pkvi_pool *p);
 /* Bytes jemalloc reports for the arena (stats.arenas.<i>.small/large allocated);
- * without jemalloc: allocated * page_bytes. */
-PKVI_HIDDEN uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p);
+ * without jemalloc: `allocated` (the caller's copy of p->allocated, taken under
+ * e->lock) * page_bytes. Call it without e->lock: it reads only fields fixed for the
+ * pool's life, and jemalloc's epoch refresh is slow (~25 us). */
+PKVI_HIDDEN uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p, uint64_t allocated);
 
 /* A new resident descriptor with refs = 1 and a buffer from the pool (counted in
  * in_use). PKV_ENOMEM past the budget or when the allocator fails; nothing taken. */

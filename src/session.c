@@ -117,10 +117,10 @@ static pkv_status make_room(pkv_engine *e, uint64_t n)
                 pages[nv++] = pg;
             }
         }
-    pkv_status st = nv < need ? PKV_ENOMEM : pkvi_spill_write(e->spill, p, pages, nv);
+    pkv_status st = nv < need ? PKV_ENOMEM : pkvi_spill_write(e->spill, p, pages, nv, need);
     for (uint64_t v = 0; v < nv; v++) {
         vic[v].pg->tally = 0;
-        if (st == PKV_OK)
+        if (st == PKV_OK && !vic[v].pg->data) /* written (a retry may write fewer) */
             sync_holders(e, vic[v].t, vic[v].layer, vic[v].index, vic[v].pg);
     }
     free(order);

@@ -10,6 +10,11 @@
  * A failed write keeps every page resident; a failed read keeps every page spilled;
  * nothing is lost either way.
  *
+ * Slots: free slots (inside the file) are used before the file grows. A failed batch
+ * puts the slot state back exactly as it was, and when it had to grow the file it is
+ * retried into the free slots alone: a full disk stops only the spills that do not fit
+ * the room the file already has.
+ *
  * Privacy (SPEC §5): the file is O_TMPFILE (no name at all) where the file system has
  * it, else created 0600 with O_EXCL under a fixed name pattern and unlinked at once.
  */
@@ -20,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct pkvi_spill {
@@ -139,11 +145,42 @@ static uint32_t slot_runs(const pkvi_spill *sp, bool write, pkvi_page *const *pa
     return nr;
 }
 
+/* Write pages[0..n) to slots in one batch: free slots first (they lie inside the
+ * file), then new slots at the end of the file. On failure the slot state is exactly
+ * as it was - the free list and the file's end restored, and the file cut back if a
+ * partial write grew it - so the slots that failed are not first in line for the
+ * next batch (a full disk would then fail every later spill, even one that fits the
+ * free room); the pages keep their memory and `slot` says where each would have
+ * gone. Sorts pages by slot. bufs, iov and reqs hold n entries. */
+static pkv_status write_batch(pkvi_spill *sp, uint64_t page_bytes, pkvi_page **pages,
+                              uint64_t n, void **bufs, struct iovec *iov, pkvi_io_req *reqs)
+{
+    const uint64_t free0 = sp->n_free, end0 = sp->next_slot;
+    for (uint64_t v = 0; v < n; v++)
+        pages[v]->slot = slot_take(sp);
+    qsort(pages, (size_t)n, sizeof *pages, by_slot);
+    for (uint64_t v = 0; v < n; v++)
+        bufs[v] = pages[v]->data;
+    const uint32_t nr = slot_runs(sp, true, pages, bufs, (uint32_t)n, page_bytes, iov, reqs);
+    const pkv_status st = pkvi_io_submit(sp->io, reqs, nr);
+    if (st != PKV_OK) {
+        /* slot_take only popped the free list: its entries are still in place */
+        sp->n_free = free0;
+        sp->next_slot = end0;
+        struct stat fs;
+        if (fstat(sp->fd, &fs) == 0 && (uint64_t)fs.st_size > end0 * page_bytes &&
+            ftruncate(sp->fd, (off_t)(end0 * page_bytes)) != 0) {
+            /* the file keeps the failed bytes: disk space only, never read */
+        }
+    }
+    return st;
+}
+
 pkv_status pkvi_spill_write(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *pages,
-                            uint64_t n)
+                            uint64_t n, uint64_t need)
 {
     if (n == 0)
-        return PKV_OK;
+        return need ? PKV_ENOMEM : PKV_OK;
     if (n > UINT32_MAX)
         return PKV_ENOMEM;
     pkvi_page **order = malloc((size_t)n * sizeof *order);
@@ -151,25 +188,26 @@ pkv_status pkvi_spill_write(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *page
     struct iovec *iov = malloc((size_t)n * sizeof *iov);
     void **bufs = malloc((size_t)n * sizeof *bufs);
     pkv_status st = PKV_ENOMEM;
+    uint64_t m = n;
     if (order && reqs && iov && bufs) {
         memcpy(order, pages, (size_t)n * sizeof *order);
-        for (uint64_t v = 0; v < n; v++)
-            order[v]->slot = slot_take(sp);
-        qsort(order, (size_t)n, sizeof *order, by_slot);
-        for (uint64_t v = 0; v < n; v++)
-            bufs[v] = order[v]->data;
-        const uint32_t nr = slot_runs(sp, true, order, bufs, (uint32_t)n, p->page_bytes,
-                                      iov, reqs);
-        st = pkvi_io_submit(sp->io, reqs, nr);
-        for (uint64_t v = 0; v < n; v++) {
-            pkvi_page *pg = order[v];
-            if (st == PKV_OK) {
-                pkvi_pool_put(p, pg->data);
-                pg->data = NULL;
-                p->spilled++;
-            } else {
-                slot_give(sp, pg->slot); /* the page stays resident */
-            }
+        const uint64_t reusable = sp->n_free;
+        st = write_batch(sp, p->page_bytes, order, n, bufs, iov, reqs);
+        if (st != PKV_OK && n > reusable && reusable >= need) {
+            /* The batch grew the file and failed: perhaps the disk is full, or the
+             * file reached a size limit. The free slots lie inside the file and can
+             * still take pages, so retry with as many pages as they hold (enough for
+             * the call): those write_batch gave the free slots, below the file's end. */
+            m = 0;
+            for (uint64_t v = 0; v < n; v++)
+                if (order[v]->slot < sp->next_slot)
+                    order[m++] = order[v];
+            st = write_batch(sp, p->page_bytes, order, m, bufs, iov, reqs);
+        }
+        for (uint64_t v = 0; st == PKV_OK && v < m; v++) {
+            pkvi_pool_put(p, order[v]->data);
+            order[v]->data = NULL;
+            p->spilled++;
         }
     }
     free(order);

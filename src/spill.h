@@ -25,10 +25,13 @@ PKVI_HIDDEN const char *pkvi_spill_backend(const pkvi_spill *sp);   /* "io_uring
 /* The io object (tests inject faults through it). */
 PKVI_HIDDEN pkvi_io *pkvi_spill_io(pkvi_spill *sp);
 /* Write n distinct resident pages to the file in one batch, then give their buffers
- * back to the pool: each becomes SPILLED. On failure (PKV_EIO, PKV_ENOMEM) every page
- * stays resident and no slot is lost. */
+ * back to the pool: each written page becomes SPILLED (data == NULL). When a batch
+ * that grew the file fails and the file's free slots hold at least `need` pages, the
+ * first of them that fit are written instead (a full disk stops only what does not
+ * fit): PKV_OK then, with fewer pages spilled - the caller looks at each page's data.
+ * On failure (PKV_EIO, PKV_ENOMEM) every page stays resident and no slot is lost. */
 PKVI_HIDDEN pkv_status pkvi_spill_write(pkvi_spill *sp, pkvi_pool *p,
-                                        pkvi_page *const *pages, uint64_t n);
+                                        pkvi_page *const *pages, uint64_t n, uint64_t need);
 /* Read n distinct spilled pages back in one batch into buffers from the pool (the
  * caller made room): each becomes RESIDENT. On failure every page stays spilled. */
 PKVI_HIDDEN pkv_status pkvi_spill_read(pkvi_spill *sp, pkvi_pool *p,

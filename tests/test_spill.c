@@ -11,9 +11,12 @@
 #include "internal.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { NH = 8, G = 2, D = 32, BT = 8, LAYERS = 2 };
@@ -265,6 +268,120 @@ END_TEST
 START_TEST(faults_uring) { faults_keep_data(false); }
 END_TEST
 
+/* The spill file's size through /proc/self/fd (the file has no name of its own, or
+ * a removed one): the descriptor whose target is in spill_dir. -1 if not found. */
+static long long spill_file_bytes(void)
+{
+    DIR *dp = opendir("/proc/self/fd");
+    long long size = -1;
+    struct dirent *de;
+    while (dp && (de = readdir(dp))) {
+        char p[300], target[512];
+        snprintf(p, sizeof p, "/proc/self/fd/%s", de->d_name);
+        ssize_t n = readlink(p, target, sizeof target - 1);
+        if (n <= 0)
+            continue;
+        target[n] = '\0';
+        struct stat fs;
+        if (strncmp(target, spill_dir, strlen(spill_dir)) == 0 &&
+            target[strlen(spill_dir)] == '/' && stat(p, &fs) == 0 && S_ISREG(fs.st_mode))
+            size = (long long)fs.st_size;
+    }
+    if (dp)
+        closedir(dp);
+    return size;
+}
+
+/* A full disk (here: RLIMIT_FSIZE at the spill file's size, so writes inside the file
+ * work and growing it fails) must not stop spills that fit the file's free slots:
+ * a failed batch that wanted new slots is retried into the free room, and its slots
+ * do not stay first in line for the next batch. */
+static void full_disk_uses_free_room(bool sync)
+{
+    if (!backend_usable(sync))
+        return;
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 50 + sync);
+    pkv_engine *e = engine(24, sync), *twin = engine(0, false);
+    pkv_session *a, *b, *c, *ta, *tb, *tc;
+    pkv_session_create(e, &a);
+    pkv_session_create(e, &b);
+    pkv_session_create(e, &c);
+    pkv_session_create(twin, &ta);
+    pkv_session_create(twin, &tb);
+    pkv_session_create(twin, &tc);
+    grow(a, ta, &r, 48); /* 12 pages */
+    grow(b, tb, &r, 40); /* 10 pages: 22 of 24 */
+    grow(c, tc, &r, 32); /* 8 more: a and b spill (a batch of 16 slots) */
+    pkv_stats st;
+    pkv_engine_stats(e, &st);
+    ck_assert_uint_ge(st.pages_spilled, 6);
+    /* a's slots become free room inside the file */
+    pkv_session_destroy(a);
+    pkv_session_destroy(ta);
+    pkv_engine_stats(e, &st);
+    const long long fbytes = spill_file_bytes();
+    ck_assert_msg(fbytes > 0, "spill file not found under %s", spill_dir);
+    const uint64_t slots = (uint64_t)fbytes / st.page_bytes;
+    ck_assert_uint_gt(slots, st.pages_spilled);
+    const uint64_t room = slots - st.pages_spilled;
+    ck_assert_uint_lt(room, 16); /* a batch of 16 must grow the file */
+
+    struct rlimit old;
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*old_sig)(int) = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {.rlim_cur = (rlim_t)fbytes, .rlim_max = old.rlim_max};
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    /* Grow c page by page until an append fails: the free room must be used first.
+     * (A failed append leaves the session as it was, so the twin skips it too.) */
+    const uint64_t spilled0 = st.pages_spilled;
+    pkv_status s = PKV_OK;
+    uint32_t pages = 0;
+    float k[KD], v[KD];
+    while (s == PKV_OK && pages < 64) {
+        for (uint32_t t = 0; t < BT && s == PKV_OK; t++) {
+            pkvt_fill(&r, k, KD, -1, 1);
+            pkvt_fill(&r, v, KD, -1, 1);
+            s = pkv_append(c, pages % LAYERS, k, v); /* layers stay within the budget */
+            if (s == PKV_OK)
+                ck_assert_int_eq(pkv_append(tc, pages % LAYERS, k, v), PKV_OK);
+        }
+        pages += s == PKV_OK;
+        ck_assert(pkvi_engine_check(e));
+    }
+    pkv_engine_stats(e, &st);
+    const long long fbytes_after = spill_file_bytes();
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, old_sig);
+    printf("full disk (%s): %llu free slots, %u pages appended, %llu more spilled, "
+           "then status %s\n", sync ? "sync" : "io_uring", (unsigned long long)room, pages,
+           (unsigned long long)(st.pages_spilled - spilled0), pkv_status_str(s));
+    ck_assert_int_eq(s, PKV_EIO); /* the room ran out: growing the file fails */
+    ck_assert_msg(st.pages_spilled == spilled0 + room,
+                  "%llu of %llu free slots used before the file had to grow",
+                  (unsigned long long)(st.pages_spilled - spilled0),
+                  (unsigned long long)room);
+    ck_assert_int_eq(fbytes_after, fbytes);
+    /* nothing was lost, and with the limit gone the file grows again */
+    same_decode(b, tb, 0, &r, "b after the full disk");
+    same_decode(c, tc, 0, &r, "c after the full disk");
+    same_decode(b, tb, 1, &r, "b layer 1");
+    grow(c, tc, &r, 16);
+    same_decode(c, tc, 1, &r, "c after the limit");
+    ck_assert(pkvi_engine_check(e));
+    pkv_session_destroy(b);
+    pkv_session_destroy(c);
+    pkv_session_destroy(tb);
+    pkv_session_destroy(tc);
+    pkv_engine_destroy(e);
+    pkv_engine_destroy(twin);
+}
+
+START_TEST(full_disk_sync) { full_disk_uses_free_room(true); }
+END_TEST
+START_TEST(full_disk_uring) { full_disk_uses_free_room(false); }
+END_TEST
+
 /* Decode needs a whole layer resident: a layer larger than the budget cannot be
  * decoded (PKV_ENOMEM), and the session survives intact. */
 START_TEST(layer_larger_than_budget)
@@ -323,6 +440,8 @@ int main(void)
     tcase_add_test(tc, faults_sync);
     tcase_add_test(tc, faults_uring);
     tcase_add_test(tc, layer_larger_than_budget);
+    tcase_add_test(tc, full_disk_sync);
+    tcase_add_test(tc, full_disk_uring);
     suite_add_tcase(s, tc);
     int rc = pkvt_run(s);
     rmdir(spill_dir);

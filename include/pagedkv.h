@@ -296,6 +296,8 @@ typedef struct {
     uint32_t n_layers, n_heads, n_kv_heads, head_dim, block_tokens;
     pkv_dtype kv_dtype;
     float    scale;
+    uint32_t head_dim_v;       /* width of V rows (version 2; head_dim in version 1) */
+    uint32_t n_variant_layers; /* layers with a window, soft-cap or sink logits (v2) */
     uint64_t page_bytes;       /* bytes of one page in the file */
     uint64_t n_pages;          /* pages in the file, all layers */
     uint64_t data_offset;      /* file offset of page 0 */

@@ -61,7 +61,9 @@ PKVI_HIDDEN bool pkvi_crc32c_hw_available(void);
 
 /* ---- persist.c: the session file (docs/file-format.md) -------------------------------- */
 
-#define PKVI_SFILE_VERSION 1u
+/* The newest version this build writes and reads; it reads every version from 1 on
+ * and writes the oldest that holds a session (version 1 for plain engines). */
+#define PKVI_SFILE_VERSION 2u
 #define PKVI_SFILE_ALIGN 4096u
 /* The largest header_bytes of any version (docs/file-format.md, versioning rules): a
  * reader refuses a larger one as damage before it allocates or reads anything for it.
@@ -74,7 +76,8 @@ typedef struct {
     bool header_sound;         /* magic, header CRC and version checked */
     uint32_t version;
     uint32_t n_layers, n_heads, n_kv_heads, head_dim;
-    uint32_t dtype_code;       /* file code: 0 f32, 1 f16, 2 bf16 */
+    uint32_t dtype_code;       /* file code: 0 f32, 1 f16, 2 bf16, 3 q8, 4 q4 (v2) */
+    uint32_t head_dim_v;       /* v2; head_dim in a version-1 file */
     uint32_t block_tokens;
     uint32_t scale_bits;       /* IEEE-754 binary32 bits of the softmax scale */
     uint64_t page_bytes;
@@ -82,6 +85,11 @@ typedef struct {
     uint64_t data_off;         /* offset of page 0 */
     uint64_t file_bytes;
     uint64_t *layer_len;       /* [n_layers] positions per layer, owned (or NULL) */
+    pkv_layer_config *layer_cfg; /* [n_layers] (v2; zeros in v1), owned, sink_logits
+                                  pointing into `logits` (or NULL) */
+    float *logits;             /* the sink logits of every layer that has them, owned */
+    uint64_t *hole_hi;         /* [n_layers]: a windowed layer's first page kept after
+                                  its released ones (0: none released), owned */
     uint64_t bad_page;         /* file index of the first page that failed its checks,
                                   UINT64_MAX if none did */
     uint32_t bad_layer;        /* ... its layer and index within the layer */

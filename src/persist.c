@@ -45,6 +45,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,11 @@ enum {
     OFF_BLOCK_TOKENS = 36, OFF_SCALE = 40, OFF_FLAGS = 44, OFF_PAGE_BYTES = 48,
     OFF_N_PAGES = 56, OFF_TABLE_OFF = 64, OFF_DATA_OFF = 72, OFF_TABLE_CRC = 80,
     OFF_RESERVED = 84, OFF_LAYER_LEN = 88,
-    HEADER_FIXED = 92,     /* header_bytes = HEADER_FIXED + 8 * n_layers */
+    HEADER_FIXED = 92,     /* v1: header_bytes = HEADER_FIXED + 8 * n_layers */
+    V2_EXTRA = 8,          /* v2, after layer_len: head_dim_v u32, reserved u32 */
+    V2_LAYER = 32,         /* v2, then per layer: window, sink_tokens, rollback_tokens,
+                              softcap bits, has_sink_logits, reserved (u32 each),
+                              hole_hi (u64); then n_heads f32 logits per flagged layer */
     PREFIX_BYTES = 16,     /* magic, version, header_bytes: the same in every version */
     ENTRY_BYTES = 16,      /* page-table entry: layer u32, crc u32, index u64 */
 };
@@ -113,14 +118,30 @@ static bool dtype_to_code(pkv_dtype t, uint32_t *code)
     case PKV_F32: *code = 0; return true;
     case PKV_F16: *code = 1; return true;
     case PKV_BF16: *code = 2; return true;
-    case PKV_Q8:
-    case PKV_Q4: return false; /* not in file format v1 */
+    case PKV_Q8: *code = 3; return true; /* version 2 on */
+    case PKV_Q4: *code = 4; return true;
     }
     return false;
 }
-static uint32_t code_dsize(uint32_t code)
+static pkv_dtype code_to_dtype(uint32_t code)
 {
-    return code == 0 ? 4 : (code == 1 || code == 2) ? 2 : 0;
+    static const pkv_dtype t[] = {PKV_F32, PKV_F16, PKV_BF16, PKV_Q8, PKV_Q4};
+    return t[code < 5 ? code : 0];
+}
+
+/* Bytes of a stored row of n values of a file dtype code; 0 for a code `version`
+ * does not know (v1: 0..2; v2: 0..4). */
+static uint64_t code_row_bytes(uint32_t version, uint32_t code, uint32_t n)
+{
+    if (code > (version >= 2 ? 4u : 2u))
+        return 0;
+    return pkv_row_bytes(code_to_dtype(code), n);
+}
+
+/* Pages a windowed layer keeps for ever for its sinks (its hole starts there). */
+static uint64_t sink_pages_of(const pkv_layer_config *lc, uint32_t bt)
+{
+    return lc->window ? ((uint64_t)lc->sink_tokens + bt - 1) / bt : 0;
 }
 
 static uint32_t float_bits(float f)
@@ -176,7 +197,7 @@ typedef struct {
     pkvi_sfile_info *info;
     uint32_t header_bytes;   /* where the page table starts */
     uint32_t table_crc;      /* the header's CRC of the page table */
-    uint64_t rows_bytes;     /* d * dsize: one K or V row of one group */
+    uint64_t rows_k, rows_v; /* bytes of one K row, one V row of one group */
     const char *why;
 } reader;
 
@@ -227,12 +248,15 @@ static pkv_status read_header(reader *r)
         goto out;
     }
     in->version = get32(h + OFF_VERSION);
-    if (in->version != PKVI_SFILE_VERSION) {
+    if (in->version < 1 || in->version > PKVI_SFILE_VERSION) {
         st = fail(r, PKV_EINVAL, "unsupported format version");
         goto out;
     }
     in->n_layers = get32(h + OFF_N_LAYERS);
-    if (in->n_layers == 0 || hbytes != HEADER_FIXED + 8ull * in->n_layers) {
+    const uint64_t v1_bytes = HEADER_FIXED + 8ull * in->n_layers;
+    const uint64_t v2_min = v1_bytes + V2_EXTRA + (uint64_t)V2_LAYER * in->n_layers;
+    if (in->n_layers == 0 || (in->version == 1 && hbytes != v1_bytes) ||
+        (in->version >= 2 && hbytes < v2_min)) {
         st = fail(r, PKV_ECORRUPT, "header size does not match its layer count");
         goto out;
     }
@@ -253,6 +277,61 @@ static pkv_status read_header(reader *r)
     }
     for (uint32_t l = 0; l < in->n_layers; l++)
         in->layer_len[l] = get64(h + OFF_LAYER_LEN + 8ull * l);
+    /* version 2: V width, per-layer variants, released pages, sink logits */
+    in->head_dim_v = get32(h + OFF_HEAD_DIM);
+    in->layer_cfg = calloc(in->n_layers, sizeof *in->layer_cfg);
+    in->hole_hi = calloc(in->n_layers, sizeof *in->hole_hi);
+    if (in->layer_cfg == NULL || in->hole_hi == NULL) {
+        st = fail(r, PKV_ENOMEM, "out of memory");
+        goto out;
+    }
+    bool ext_ok = true;
+    if (in->version >= 2) {
+        const unsigned char *x = h + v1_bytes - 4; /* where v1's CRC would be */
+        in->head_dim_v = get32(x);
+        ext_ok = get32(x + 4) == 0;
+        uint64_t n_logit_layers = 0;
+        for (uint32_t l = 0; l < in->n_layers; l++) {
+            const unsigned char *y = x + V2_EXTRA + (uint64_t)V2_LAYER * l;
+            pkv_layer_config *lc = &in->layer_cfg[l];
+            lc->window = get32(y);
+            lc->sink_tokens = get32(y + 4);
+            lc->rollback_tokens = get32(y + 8);
+            const uint32_t cap = get32(y + 12);
+            memcpy(&lc->softcap, &cap, sizeof cap);
+            const uint32_t has = get32(y + 16);
+            ext_ok = ext_ok && has <= 1 && get32(y + 20) == 0;
+            n_logit_layers += has == 1;
+            in->hole_hi[l] = get64(y + 24);
+        }
+        /* the logits follow; the header's size must be exactly what they need */
+        uint64_t want = 0;
+        if (!pkvi_mul(n_logit_layers, 4ull * in->n_heads, &want) ||
+            !pkvi_add(want, v2_min, &want) || want != hbytes) {
+            st = fail(r, PKV_ECORRUPT, "header size does not match its layer count");
+            goto out;
+        }
+        if (n_logit_layers) { /* bounded by the header's size */
+            in->logits = malloc((size_t)(n_logit_layers * 4 * in->n_heads));
+            if (in->logits == NULL) {
+                st = fail(r, PKV_ENOMEM, "out of memory");
+                goto out;
+            }
+        }
+        const unsigned char *z = x + V2_EXTRA + (uint64_t)V2_LAYER * in->n_layers;
+        float *next = in->logits;
+        for (uint32_t l = 0; l < in->n_layers; l++) {
+            const unsigned char *y = x + V2_EXTRA + (uint64_t)V2_LAYER * l;
+            if (get32(y + 16) != 1)
+                continue;
+            for (uint32_t i = 0; i < in->n_heads; i++, z += 4) {
+                const uint32_t b = get32(z);
+                memcpy(&next[i], &b, sizeof b);
+            }
+            in->layer_cfg[l].sink_logits = next;
+            next += in->n_heads;
+        }
+    }
     in->header_sound = true;
 
     /* Internal consistency of a header whose CRC matched: our writer never produces
@@ -262,20 +341,36 @@ static pkv_status read_header(reader *r)
         st = fail(r, PKV_ECORRUPT, "reserved header fields are not zero");
         goto out;
     }
-    if (code_dsize(in->dtype_code) == 0) {
+    if (code_row_bytes(in->version, in->dtype_code, 1) == 0) {
         st = fail(r, PKV_EINVAL, "unknown dtype code");
         goto out;
     }
+    if (!ext_ok) {
+        st = fail(r, PKV_ECORRUPT, "reserved header fields are not zero");
+        goto out;
+    }
     if (in->n_heads == 0 || g == 0 || in->n_heads % g != 0 || in->head_dim == 0 ||
-        bt == 0) {
+        in->head_dim_v == 0 || bt == 0) {
         st = fail(r, PKV_ECORRUPT, "header geometry is invalid");
         goto out;
     }
-    uint64_t row = 0, pb = 0, n_pages = 0, end = 0;
-    bool ok = pkvi_mul(in->head_dim, code_dsize(in->dtype_code), &row) &&
-              pkvi_mul(row, 2ull * bt, &pb) && pkvi_mul(pb, g, &pb);
-    for (uint32_t l = 0; ok && l < in->n_layers; l++)
-        ok = pkvi_add(n_pages, layer_pages(in->layer_len[l], bt), &n_pages);
+    const uint64_t rk = code_row_bytes(in->version, in->dtype_code, in->head_dim);
+    const uint64_t rv = code_row_bytes(in->version, in->dtype_code, in->head_dim_v);
+    uint64_t pb = 0, n_pages = 0, end = 0;
+    bool ok = pkvi_mul(rk + rv, bt, &pb) && pkvi_mul(pb, g, &pb);
+    for (uint32_t l = 0; ok && l < in->n_layers; l++) {
+        /* a layer's pages less those its window released: [sink pages, hole_hi) */
+        const pkv_layer_config *lc = &in->layer_cfg[l];
+        const uint64_t np = layer_pages(in->layer_len[l], bt), sp = sink_pages_of(lc, bt);
+        const uint64_t hole = in->hole_hi[l] ? in->hole_hi[l] - sp : 0;
+        const uint64_t span = (uint64_t)lc->window + lc->rollback_tokens;
+        const uint64_t keep = in->layer_len[l] > span ? (in->layer_len[l] - span) / bt : 0;
+        ok = (lc->window || (!lc->sink_tokens && !lc->rollback_tokens && !in->hole_hi[l])) &&
+             (!in->hole_hi[l] || (in->hole_hi[l] > sp && in->hole_hi[l] <= keep &&
+                                  in->hole_hi[l] < np)) &&
+             isfinite(lc->softcap) && lc->softcap >= 0.0f &&
+             pkvi_add(n_pages, np - hole, &n_pages);
+    }
     uint64_t table_end = 0;
     ok = ok && pkvi_mul(in->n_pages, ENTRY_BYTES, &table_end) &&
          pkvi_add(table_end, hbytes, &table_end) && table_end <= UINT64_MAX - PKVI_SFILE_ALIGN;
@@ -286,7 +381,8 @@ static pkv_status read_header(reader *r)
         st = fail(r, PKV_ECORRUPT, "header fields are inconsistent");
         goto out;
     }
-    r->rows_bytes = row;
+    r->rows_k = rk;
+    r->rows_v = rv;
     r->header_bytes = hbytes;
     r->table_crc = get32(h + OFF_TABLE_CRC);
     if (in->file_bytes < end) {
@@ -310,6 +406,38 @@ typedef struct {
     uint32_t crc;            /* CRC-32C of the entries walked */
 } table_walk;
 
+/* The first page index of layer l the file holds, and the one after idx: a windowed
+ * layer's released pages [sink pages, hole_hi) are not in the file. */
+static uint64_t first_index(const pkvi_sfile_info *in, uint32_t l)
+{
+    return in->hole_hi[l] && sink_pages_of(&in->layer_cfg[l], in->block_tokens) == 0
+               ? in->hole_hi[l] : 0;
+}
+
+static uint64_t next_index(const pkvi_sfile_info *in, uint32_t l, uint64_t idx)
+{
+    idx++;
+    if (in->hole_hi[l] && idx == sink_pages_of(&in->layer_cfg[l], in->block_tokens))
+        idx = in->hole_hi[l];
+    return idx;
+}
+
+/* Move w to the next layer that has pages to hold, when its current one is done. */
+static void walk_settle(const pkvi_sfile_info *in, table_walk *w)
+{
+    while (w->index >= layer_pages(in->layer_len[w->layer], in->block_tokens) &&
+           w->layer + 1 < in->n_layers) {
+        w->layer++;
+        w->index = first_index(in, w->layer);
+    }
+}
+
+static table_walk walk_start(const pkvi_sfile_info *in)
+{
+    table_walk w = {0, first_index(in, 0), 0};
+    return w;
+}
+
 /* Check entries [0, n) of buf (the next n of the table) against their expected
  * (layer, index), folding them into the CRC. False at the first one out of order. */
 static bool walk_entries(const pkvi_sfile_info *in, table_walk *w, const unsigned char *buf,
@@ -317,14 +445,11 @@ static bool walk_entries(const pkvi_sfile_info *in, table_walk *w, const unsigne
 {
     w->crc = pkvi_crc32c(w->crc, buf, (size_t)(n * ENTRY_BYTES));
     for (uint64_t k = 0; k < n; k++) {
-        while (w->index >= layer_pages(in->layer_len[w->layer], in->block_tokens)) {
-            w->layer++;
-            w->index = 0;
-        }
+        walk_settle(in, w);
         const unsigned char *ent = buf + k * ENTRY_BYTES;
         if (get32(ent) != w->layer || get64(ent + 8) != w->index)
             return false;
-        w->index++;
+        w->index = next_index(in, w->layer, w->index);
     }
     return true;
 }
@@ -344,7 +469,7 @@ static pkv_status check_table(reader *r)
     if (cap && buf == NULL)
         return fail(r, PKV_ENOMEM, "out of memory");
     pkv_status st = PKV_OK;
-    table_walk w = {0};
+    table_walk w = walk_start(in);
     for (uint64_t k = 0; k < in->n_pages && st == PKV_OK; k += per) {
         uint64_t cnt = in->n_pages - k < per ? in->n_pages - k : per;
         if (transfer(r->io, false, r->fd, buf, cnt * ENTRY_BYTES,
@@ -372,24 +497,26 @@ static uint32_t page_tokens(uint64_t len, uint64_t np, uint64_t i, uint32_t bt)
 }
 
 /* Whether the bytes [off, off + n) of a page (given at p, i.e. page byte `off` is p[0])
- * are zero wherever they fall on the rows past `tokens` of a group's K or V. */
+ * are zero wherever they fall on the rows past `tokens` of a group's K or V (rows of
+ * rk and rv bytes). */
 static bool padding_zero(const unsigned char *p, uint64_t off, uint64_t n, uint32_t g,
-                         uint32_t bt, uint64_t row, uint32_t tokens)
+                         uint32_t bt, uint64_t rk, uint64_t rv, uint32_t tokens)
 {
     if (tokens == bt)
         return true;
-    const uint64_t block = (uint64_t)bt * row, used = (uint64_t)tokens * row;
-    /* each group: K block then V block, each `used` bytes of rows then padding */
-    uint64_t first = off / block, last = (off + n - 1) / block;
-    for (uint64_t b = first; b <= last && b < 2ull * g; b++) {
-        uint64_t lo = b * block + used, hi = (b + 1) * block;
-        if (lo < off)
-            lo = off;
-        if (hi > off + n)
-            hi = off + n;
-        if (lo < hi && !all_zero(p + (lo - off), hi - lo))
-            return false;
-    }
+    const uint64_t stride = (uint64_t)bt * (rk + rv);
+    /* each group: K block then V block, each `tokens` rows then padding */
+    for (uint64_t gi = off / stride; gi < g && gi * stride < off + n; gi++)
+        for (int kv = 0; kv < 2; kv++) {
+            const uint64_t row = kv ? rv : rk, base = gi * stride + (kv ? bt * rk : 0);
+            uint64_t lo = base + (uint64_t)tokens * row, hi = base + (uint64_t)bt * row;
+            if (lo < off)
+                lo = off;
+            if (hi > off + n)
+                hi = off + n;
+            if (lo < hi && !all_zero(p + (lo - off), hi - lo))
+                return false;
+        }
     return true;
 }
 
@@ -420,7 +547,7 @@ static pkv_status scan_pages(reader *r, pkv_session *s)
         return fail(r, PKV_ENOMEM, "out of memory");
     }
     pkv_status st = PKV_OK;
-    table_walk w = {0};
+    table_walk w = walk_start(in);
     /* Reads start at FIRST_BATCH_BYTES and double up to the buffer's size as pages
      * verify: a file damaged early (a forgery of holes) touches a MiB of it. */
     uint64_t step = FIRST_BATCH_BYTES;
@@ -445,10 +572,7 @@ static pkv_status scan_pages(reader *r, pkv_session *s)
             break;
         }
         for (uint64_t j = 0; j < cnt; j++) {
-            while (at.index >= layer_pages(in->layer_len[at.layer], in->block_tokens)) {
-                at.layer++;
-                at.index = 0;
-            }
+            walk_settle(in, &at);
             uint64_t len = in->layer_len[at.layer];
             uint32_t tok = page_tokens(len, layer_pages(len, in->block_tokens), at.index,
                                        in->block_tokens);
@@ -458,7 +582,7 @@ static pkv_status scan_pages(reader *r, pkv_session *s)
                 const unsigned char *page = buf + j * pb;
                 crc = pkvi_crc32c(0, page, (size_t)pb);
                 pad_ok = padding_zero(page, 0, pb, in->n_kv_heads, in->block_tokens,
-                                      r->rows_bytes, tok);
+                                      r->rows_k, r->rows_v, tok);
             } else {
                 for (uint64_t o = 0, n = 0; o < pb && st == PKV_OK; o += n) {
                     n = pb - o < piece ? pb - o : piece;
@@ -469,7 +593,7 @@ static pkv_status scan_pages(reader *r, pkv_session *s)
                     }
                     crc = pkvi_crc32c(crc, buf, (size_t)n);
                     pad_ok = padding_zero(buf, o, n, in->n_kv_heads, in->block_tokens,
-                                          r->rows_bytes, tok) && pad_ok;
+                                          r->rows_k, r->rows_v, tok) && pad_ok;
                 }
                 if (st != PKV_OK)
                     break;
@@ -487,13 +611,16 @@ static pkv_status scan_pages(reader *r, pkv_session *s)
             if (s != NULL) {
                 const uint32_t layer = at.layer;
                 const unsigned char *page = buf + j * pb;
-                st = pkvi_session_push_page(s, layer, page, tok);
+                if (at.index == in->hole_hi[layer] && at.index > 0) /* past the hole */
+                    st = pkvi_session_skip_pages(s, layer, at.index);
+                if (st == PKV_OK)
+                    st = pkvi_session_push_page(s, layer, page, tok);
                 if (st != PKV_OK) {
                     r->why = "could not add a page to the session";
                     break;
                 }
             }
-            at.index++;
+            at.index = next_index(in, at.layer, at.index);
         }
         step = step * 2 < BATCH_BYTES ? step * 2 : BATCH_BYTES;
     }
@@ -536,7 +663,13 @@ void pkvi_sfile_info_free(pkvi_sfile_info *info)
     if (info == NULL)
         return;
     free(info->layer_len);
+    free(info->layer_cfg);
+    free(info->logits);
+    free(info->hole_hi);
     info->layer_len = NULL;
+    info->layer_cfg = NULL;
+    info->logits = NULL;
+    info->hole_hi = NULL;
 }
 
 pkv_status pkvi_sfile_verify(pkvi_io *io, const char *path, pkvi_sfile_info *info,
@@ -566,15 +699,24 @@ pkv_status pkvi_sfile_verify(pkvi_io *io, const char *path, pkvi_sfile_info *inf
 /* A sound header of another engine is another format for this engine: EINVAL. */
 static pkv_status match_engine(reader *r, const pkv_engine *e)
 {
-    /* file format v1 has no field for SPEC §8's variants (windows, sinks, soft-caps,
-     * V widths): an engine with any of them is another format for now */
-    if (e->variants)
-        return fail(r, PKV_EINVAL, "engine has attention variants (SPEC 8), which file format v1 cannot hold");
     const pkvi_sfile_info *in = r->info;
     uint32_t code = 0;
     if (in->n_layers != e->cfg.n_layers || in->n_heads != e->cfg.n_heads ||
-        in->n_kv_heads != e->cfg.n_kv_heads || in->head_dim != e->cfg.head_dim)
+        in->n_kv_heads != e->cfg.n_kv_heads || in->head_dim != e->cfg.head_dim ||
+        in->head_dim_v != e->cfg.head_dim_v)
         return fail(r, PKV_EINVAL, "the file's geometry differs from the engine's");
+    /* every layer's variant (a version-1 file's are all plain causal) */
+    for (uint32_t l = 0; l < in->n_layers; l++) {
+        const pkv_layer_config *a = &in->layer_cfg[l], *b = &e->layers[l];
+        bool same = a->window == b->window && a->sink_tokens == b->sink_tokens &&
+                    a->rollback_tokens == b->rollback_tokens &&
+                    float_bits(a->softcap) == float_bits(b->softcap) &&
+                    !a->sink_logits == !b->sink_logits;
+        for (uint32_t i = 0; same && a->sink_logits && i < in->n_heads; i++)
+            same = float_bits(a->sink_logits[i]) == float_bits(b->sink_logits[i]);
+        if (!same)
+            return fail(r, PKV_EINVAL, "the file's attention variants differ from the engine's");
+    }
     if (!dtype_to_code(e->cfg.kv_dtype, &code) || code != in->dtype_code)
         return fail(r, PKV_EINVAL, "the file's dtype differs from the engine's");
     if (in->block_tokens != e->cfg.block_tokens)
@@ -717,12 +859,12 @@ static pkv_status write_page(writer *w, const pkv_engine *e, const unsigned char
         memcpy(dst, data, (size_t)pb);
     } else {
         /* Only the valid rows of each group's K and V; the rest is zero. */
-        uint64_t row = e->row_bytes, block = (uint64_t)bt * row;
+        const uint64_t rk = e->row_bytes, rv = e->row_bytes_v, stride = (uint64_t)bt * (rk + rv);
         memset(dst, 0, (size_t)pb);
         for (uint32_t gi = 0; gi < e->cfg.n_kv_heads; gi++) {
-            uint64_t base = 2 * block * gi;
-            memcpy(dst + base, data + base, (size_t)(tokens * row));
-            memcpy(dst + base + block, data + base + block, (size_t)(tokens * row));
+            const uint64_t base = stride * gi;
+            memcpy(dst + base, data + base, (size_t)(tokens * rk));
+            memcpy(dst + base + bt * rk, data + base + bt * rk, (size_t)(tokens * rv));
         }
     }
     *crc = pkvi_crc32c(0, dst, (size_t)pb);
@@ -891,25 +1033,28 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
     if (s == NULL || path == NULL || *path == '\0' || io == NULL ||
         (flags & ~PKVI_SAVE_NAMED_TEMP) != 0)
         return PKV_EINVAL;
-    if (s->e->variants) { /* see match_engine */
-        if (why)
-            *why = "engine has attention variants (SPEC 8), which file format v1 cannot hold";
-        return PKV_EINVAL;
-    }
     const pkv_engine *e = s->e;
     const pkv_config *c = &e->cfg;
     uint32_t L = c->n_layers, bt = c->block_tokens, code = 0;
     /* The format's page layout is [g][K bt rows | V bt rows]; the engine's must match. */
     if (!dtype_to_code(c->kv_dtype, &code) || e->kp.v_offset != bt * e->row_bytes ||
-        e->kp.group_stride != 2 * e->kp.v_offset ||
+        e->kp.group_stride != bt * (e->row_bytes + e->row_bytes_v) ||
         e->page_bytes != (uint64_t)c->n_kv_heads * e->kp.group_stride)
         return PKV_EINVAL;
+    /* The oldest version that holds the session: 1 for a plain engine (so readers of
+     * version 1 still read what it saves), 2 with variants or block dtypes. */
+    const uint32_t version = e->variants || code > 2 ? 2u : 1u;
+    uint64_t n_logit_layers = 0;
+    for (uint32_t l = 0; l < L; l++)
+        n_logit_layers += e->layers[l].sink_logits != NULL;
 
     uint64_t n_pages = 0, hbytes = HEADER_FIXED + 8ull * L, table_end = 0, data_off;
+    if (version >= 2)
+        hbytes += V2_EXTRA + (uint64_t)V2_LAYER * L + 4ull * c->n_heads * n_logit_layers;
     if (hbytes > PKVI_SFILE_MAX_HEADER)   /* more layers than the format holds */
         return PKV_EINVAL;
     for (uint32_t l = 0; l < L; l++)
-        if (!pkvi_add(n_pages, s->layers[l].n_pages, &n_pages))
+        if (!pkvi_add(n_pages, pkvi_btable_held(&s->layers[l]), &n_pages))
             return PKV_ENOMEM;
     if (!pkvi_mul(n_pages, ENTRY_BYTES, &table_end) ||
         !pkvi_add(table_end, hbytes, &table_end) || table_end > SIZE_MAX / 2)
@@ -966,6 +1111,10 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
             goto out;
         }
         for (uint64_t i = 0; i < ly->n_pages && st == PKV_OK; i++, k++) {
+            if (ly->pages[i] == NULL) { /* released by the window: not in the file */
+                k--;
+                continue;
+            }
             uint32_t crc = 0;
             st = write_page(&w, e, ly->pages[i]->data,
                             page_tokens(ly->len, ly->n_pages, i, bt),
@@ -985,7 +1134,7 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
     }
 
     memcpy(head + OFF_MAGIC, sfile_magic, sizeof sfile_magic);
-    put32(head + OFF_VERSION, PKVI_SFILE_VERSION);
+    put32(head + OFF_VERSION, version);
     put32(head + OFF_HEADER_BYTES, (uint32_t)hbytes);
     put32(head + OFF_N_LAYERS, L);
     put32(head + OFF_N_HEADS, c->n_heads);
@@ -1001,6 +1150,24 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
     put32(head + OFF_TABLE_CRC, pkvi_crc32c(0, head + hbytes, (size_t)(n_pages * ENTRY_BYTES)));
     for (uint32_t l = 0; l < L; l++)
         put64(head + OFF_LAYER_LEN + 8ull * l, s->layers[l].len);
+    if (version >= 2) {
+        unsigned char *x = head + HEADER_FIXED + 8ull * L - 4;
+        put32(x, c->head_dim_v);
+        unsigned char *z = x + V2_EXTRA + (uint64_t)V2_LAYER * L;
+        for (uint32_t l = 0; l < L; l++) {
+            const pkv_layer_config *lc = &e->layers[l];
+            const pkvi_btable *t = &s->layers[l];
+            unsigned char *y = x + V2_EXTRA + (uint64_t)V2_LAYER * l;
+            put32(y, lc->window);
+            put32(y + 4, lc->sink_tokens);
+            put32(y + 8, lc->rollback_tokens);
+            put32(y + 12, float_bits(lc->softcap));
+            put32(y + 16, lc->sink_logits != NULL);
+            put64(y + 24, t->hole_hi > t->hole_lo ? t->hole_hi : 0);
+            for (uint32_t i = 0; lc->sink_logits && i < c->n_heads; i++, z += 4)
+                put32(z, float_bits(lc->sink_logits[i]));
+        }
+    }
     put32(head + hbytes - 4, pkvi_crc32c(0, head, (size_t)hbytes - 4));
     if ((st = transfer(io, true, w.fd, head, data_off, 0)) != PKV_OK)
         goto out;
@@ -1068,7 +1235,7 @@ pkv_status pkv_session_save(pkv_session *s, const char *path)
 
 static pkv_dtype code_dtype(uint32_t code)
 {
-    return code == 1 ? PKV_F16 : code == 2 ? PKV_BF16 : PKV_F32;
+    return code_to_dtype(code);
 }
 
 pkv_status pkv_session_file_check(const char *path, pkv_file_info *info,
@@ -1092,6 +1259,10 @@ pkv_status pkv_session_file_check(const char *path, pkv_file_info *info,
     f.n_heads = in.n_heads;
     f.n_kv_heads = in.n_kv_heads;
     f.head_dim = in.head_dim;
+    f.head_dim_v = in.head_dim_v;
+    for (uint32_t l = 0; in.layer_cfg != NULL && l < in.n_layers; l++)
+        f.n_variant_layers += in.layer_cfg[l].window || in.layer_cfg[l].softcap > 0.0f ||
+                              in.layer_cfg[l].sink_logits;
     f.block_tokens = in.block_tokens;
     f.kv_dtype = code_dtype(in.dtype_code);
     uint32_t bits = in.scale_bits;

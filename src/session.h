@@ -63,6 +63,12 @@ PKVI_HIDDEN void pkvi_session_finish(pkv_session *s, pkvi_reservation *r);
 PKVI_HIDDEN pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer,
                                               const void *bytes, uint32_t tokens);
 
+/* Load of a windowed layer: positions up to page * block_tokens were released when it
+ * was saved; the table gets its hole [sink pages, page) so the next page pushed is
+ * `page`. Only right after the sink pages were pushed; PKV_EINVAL otherwise. */
+PKVI_HIDDEN pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer,
+                                               uint64_t page);
+
 /* Pin `layer` and bring every page of it into memory (spill engines; else a no-op):
  * O(1) for a resident layer. PKV_EIO / PKV_ENOMEM leave the session unchanged. */
 PKVI_HIDDEN pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer);

@@ -12,6 +12,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 /* Causal attention's row `last` over the positions listed in idx[0..n) (in order,
@@ -643,6 +644,151 @@ START_TEST(mla_absorbed_equals_naive)
 }
 END_TEST
 
+
+/* ---- save and load (file format version 2) ------------------------------------------ */
+
+/* A session of every variant, saved and loaded: the loaded one holds the same pages
+ * (a window's released ones stay released), decodes bitwise like the original, and
+ * both go on identically; the file is version 2 and says what it holds. A plain
+ * engine still writes version 1. */
+static void save_load_round_trip(pkv_dtype dt, const geo *G, size_t vi)
+{
+    char dir[] = "/tmp/pkv-variants-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/s.pkv", dir);
+    float logits[3 * 8];
+    pkv_layer_config lc[3];
+    layer_configs(vi, G->h, logits, lc);
+    pkv_engine *e = make_engine(G, dt, lc, 1);
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 30 + vi);
+    const uint32_t T = 64;
+    tokens tk = make_tokens(&r, G, dt, T);
+    const size_t qd = (size_t)G->h * G->d, kd = (size_t)G->g * G->d,
+                 vd = (size_t)G->g * G->dv, od = (size_t)G->h * G->dv;
+    pkv_session *s, *x;
+    ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+    for (uint32_t t = 0; t < 50; t++)
+        for (uint32_t l = 0; l < 3; l++)
+            ck_assert_int_eq(pkv_append(s, l, tk.k + t * kd, tk.v + t * vd), PKV_OK);
+    ck_assert_int_eq(pkv_session_save(s, path), PKV_OK);
+    pkv_file_info info;
+    uint64_t lens[3];
+    ck_assert_int_eq(pkv_session_file_check(path, &info, lens, 3), PKV_OK);
+    ck_assert_uint_eq(info.version, 2);
+    ck_assert_uint_eq(info.head_dim_v, G->dv);
+    ck_assert_uint_eq(lens[0], 50);
+    ck_assert_int_eq(info.kv_dtype, dt);
+    ck_assert_int_eq(pkv_session_load(e, path, &x), PKV_OK);
+    for (uint32_t l = 0; l < 3; l++) {
+        ck_assert_uint_eq(pkv_session_len(x, l), 50);
+        ck_assert_uint_eq(held_pages(x, l), held_pages(s, l));
+    }
+    float a[8 * 20], b[8 * 20];
+    for (uint32_t t = 50; t < T; t++)
+        for (uint32_t l = 0; l < 3; l++) {
+            ck_assert_int_eq(pkv_decode(s, l, tk.q + t * qd, a), PKV_OK);
+            ck_assert_int_eq(pkv_decode(x, l, tk.q + t * qd, b), PKV_OK);
+            ck_assert_msg(memcmp(a, b, od * sizeof *a) == 0, "loaded != saved: layer %u t %u", l, t);
+            ck_assert_int_eq(pkv_append(s, l, tk.k + t * kd, tk.v + t * vd), PKV_OK);
+            ck_assert_int_eq(pkv_append(x, l, tk.k + t * kd, tk.v + t * vd), PKV_OK);
+            ck_assert_uint_le(held_pages(x, l), page_ceiling(&lc[l], G->bt));
+        }
+    ck_assert(pkvi_engine_check(e));
+    /* another engine's variants: EINVAL, nothing loaded */
+    pkv_layer_config other[3];
+    memcpy(other, lc, sizeof other);
+    other[1].softcap = 7.5f;
+    pkv_engine *e2 = make_engine(G, dt, other, 1);
+    pkv_session *y = (pkv_session *)0x1;
+    ck_assert_int_eq(pkv_session_load(e2, path, &y), PKV_EINVAL);
+    ck_assert_ptr_eq(y, (pkv_session *)0x1);
+    /* a flipped byte anywhere in the header is caught */
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    const long size = ftell(f);
+    const uint32_t hbytes = 92 + 8 * 3 + 8 + 32 * 3;
+    for (long off = 16; off < (long)hbytes && off < size; off += 7) {
+        unsigned char c;
+        fseek(f, off, SEEK_SET);
+        ck_assert_uint_eq(fread(&c, 1, 1, f), 1);
+        c ^= 0x10;
+        fseek(f, off, SEEK_SET);
+        fwrite(&c, 1, 1, f);
+        fflush(f);
+        pkv_session *z = NULL;
+        const pkv_status st = pkv_session_load(e, path, &z);
+        ck_assert_msg(st == PKV_ECORRUPT, "byte %ld flipped: %s", off, pkv_status_str(st));
+        c ^= 0x10;
+        fseek(f, off, SEEK_SET);
+        fwrite(&c, 1, 1, f);
+        fflush(f);
+    }
+    fclose(f);
+    ck_assert_int_eq(pkv_session_load(e, path, &y), PKV_OK); /* restored: sound again */
+    pkv_session_destroy(y);
+    pkv_session_destroy(s);
+    pkv_session_destroy(x);
+    pkv_engine_destroy(e);
+    pkv_engine_destroy(e2);
+    free_tokens(&tk);
+    unlink(path);
+    rmdir(dir);
+}
+
+START_TEST(variants_save_and_load)
+{
+    save_load_round_trip(PKV_F16, &geos[0], 0);  /* window 5 | plain | sinks */
+    save_load_round_trip(PKV_F32, &geos[1], 3);  /* dv != dk, softcap, logits */
+    save_load_round_trip(PKV_BF16, &geos[4], 8); /* sinks past the window, logits */
+    save_load_round_trip(PKV_Q8, &geos[2], 2);   /* a block dtype, rollback */
+    save_load_round_trip(PKV_Q4, &geos[0], 6);
+}
+END_TEST
+
+START_TEST(a_plain_engine_still_writes_version_1)
+{
+    char dir[] = "/tmp/pkv-variants-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/s.pkv", dir);
+    pkv_engine *e = pkvt_engine(2, 4, 2, 8, 4, PKV_F16);
+    pkv_session *s;
+    ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+    float kv[16] = {1, 2, 3};
+    for (int t = 0; t < 9; t++)
+        ck_assert_int_eq(pkv_append(s, 0, kv, kv), PKV_OK);
+    ck_assert_int_eq(pkv_session_save(s, path), PKV_OK);
+    pkv_file_info info;
+    ck_assert_int_eq(pkv_session_file_check(path, &info, NULL, 0), PKV_OK);
+    ck_assert_uint_eq(info.version, 1);
+    ck_assert_uint_eq(info.head_dim_v, 8);
+    ck_assert_uint_eq(info.n_variant_layers, 0);
+    pkv_session *x;
+    ck_assert_int_eq(pkv_session_load(e, path, &x), PKV_OK);
+    ck_assert_uint_eq(pkv_session_len(x, 0), 9);
+    /* a version-1 file is plain causal: an engine with variants refuses it */
+    pkv_layer_config lc[2];
+    memset(lc, 0, sizeof lc);
+    lc[1].window = 4;
+    pkv_config c;
+    ck_assert_int_eq(pkv_engine_config(e, &c), PKV_OK);
+    c.layer_cfg = lc;
+    pkv_engine *ev;
+    ck_assert_int_eq(pkv_engine_create(&c, &ev), PKV_OK);
+    pkv_session *y = NULL;
+    ck_assert_int_eq(pkv_session_load(ev, path, &y), PKV_EINVAL);
+    pkv_session_destroy(x);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+    pkv_engine_destroy(ev);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("variants");
@@ -659,6 +805,8 @@ int main(void)
     tcase_add_test(te, windowed_fork_and_truncate);
     tcase_add_test(te, engine_rejects_bad_variants);
     tcase_add_test(te, mla_absorbed_equals_naive);
+    tcase_add_test(te, variants_save_and_load);
+    tcase_add_test(te, a_plain_engine_still_writes_version_1);
     suite_add_tcase(s, te);
     return pkvt_run(s);
 }

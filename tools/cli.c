@@ -525,3 +525,17 @@ const char *cli_variant_describe(const cli_variant *v, uint32_t layers, char *bu
         snprintf(buf + n, cap - n, ", learned sink logits");
     return buf;
 }
+
+uint64_t cli_layer_pages_held(const pkv_session *s, uint32_t l)
+{
+    pkv_page_info info[256];
+    uint64_t held = 0, first = 0, got = 0;
+    do {
+        if (pkv_session_pages(s, l, first, 256, info, &got) != PKV_OK)
+            return UINT64_MAX;
+        for (uint64_t i = 0; i < got; i++)
+            held += info[i].id != 0;
+        first += got;
+    } while (got == 256);
+    return held;
+}

@@ -100,6 +100,9 @@ int cli_variant_check(const char *cmd, const cli_variant *v);
  * when v changes nothing or memory ran out (*oom tells which). Free both. */
 pkv_layer_config *cli_variant_layers(const cli_variant *v, uint32_t layers, uint32_t heads,
                                      float **sink_store, bool *oom);
+/* Pages layer l of s holds now: block-table entries of a live page (a window's
+ * released entries read id 0 in pkv_session_pages). UINT64_MAX if it cannot tell. */
+uint64_t cli_layer_pages_held(const pkv_session *s, uint32_t l);
 /* "window 4096 on 21 of 42 layers (every 2nd), 0 sinks, rollback 0, softcap 50" */
 const char *cli_variant_describe(const cli_variant *v, uint32_t layers, char *buf,
                                  size_t cap);

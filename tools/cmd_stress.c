@@ -361,22 +361,6 @@ static uint64_t ideal_expected(const stress_run *r, uint64_t n)
     return ideal;
 }
 
-/* Pages layer l of s holds now (block-table entries of a live page: a window's
- * released entries read id 0). */
-static uint64_t layer_pages_held(const pkv_session *s, uint32_t l)
-{
-    pkv_page_info info[256];
-    uint64_t held = 0, first = 0, got = 0;
-    do {
-        if (pkv_session_pages(s, l, first, 256, info, &got) != PKV_OK)
-            return UINT64_MAX;
-        for (uint64_t i = 0; i < got; i++)
-            held += info[i].id != 0;
-        first += got;
-    } while (got == 256);
-    return held;
-}
-
 /* The memory report of every session against the formula, at length n; with a window
  * also every windowed layer's pages against the SPEC's rule and ceiling. */
 static void check_memory(stress_run *r, uint64_t n, stress_point *pt)
@@ -402,7 +386,7 @@ static void check_memory(stress_run *r, uint64_t n, stress_point *pt)
         for (uint32_t l = 0; r->windowed && l < o->layers; l++) {
             if (!cli_variant_windowed(&o->v, l))
                 continue;
-            const uint64_t held = layer_pages_held(r->sess[s], l);
+            const uint64_t held = cli_layer_pages_held(r->sess[s], l);
             const uint64_t want = cli_variant_pages_held(&o->v, true, n, r->bt);
             if (held != UINT64_MAX && held > r->window_pages_max)
                 r->window_pages_max = held;

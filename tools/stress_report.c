@@ -338,13 +338,16 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
                "(%llu tokens); pages held per windowed layer at most %llu, SPEC ceiling "
                "%llu\n", (unsigned long long)r->steady_from,
                (unsigned long long)r->window_pages_max, (unsigned long long)r->ceiling);
-    for (int i = 0; i < 2; i++)
+    if (r->windowed)   /* a line through a level latency is no K/V rate */
+        printf("fit: not shown with a window (past it the latency is level, the table "
+               "above); --json keeps decode.fit\n");
+    for (int i = 0; i < 2 && !r->windowed; i++)
         if (fit[i].ok)
             printf("fit of the %s decode over %zu lengths: latency = %.3f us + %.6g us/token "
                    "x context, R^2 = %.5f (%.3f ms per 1M tokens: K/V read at %.2f GB/s)\n",
                    i ? "fastest" : "p50", fit[i].n, fit[i].intercept, fit[i].slope,
                    fit[i].r2, fit[i].slope * 1048576 / 1e3, fit[i].gbps);
-    if (!fit[0].ok)
+    if (!fit[0].ok && !r->windowed)
         printf("fit: needs at least two decode lengths\n");
     printf("memory per session:\n  %7s %12s %9s %12s %12s %12s %12s %10s\n", "session",
            "tokens", "pages", "resident", "shared", "spilled", "ideal", "overhead");

@@ -219,6 +219,14 @@ int cli_check_engine_memory(const char *cmd, const pkv_config *c, const char *bu
         *page_bytes = st.page_bytes;
     if (block_tokens)
         *block_tokens = rc.block_tokens;
+    if (c->mem_budget && c->mem_budget < st.page_bytes && rc.head_dim_v != rc.head_dim)
+        return cli_usage_error(cmd, "%s %llu is smaller than one page, %llu bytes here (%u "
+                                    "kv-heads x %u tokens x (%u + %u) head-dims x %zu "
+                                    "bytes); give at least that, or 0 for no budget",
+                               budget_opt, (unsigned long long)c->mem_budget,
+                               (unsigned long long)st.page_bytes, rc.n_kv_heads,
+                               rc.block_tokens, rc.head_dim, rc.head_dim_v,
+                               pkv_dtype_size(rc.kv_dtype));
     if (c->mem_budget && c->mem_budget < st.page_bytes)
         return cli_usage_error(cmd, "%s %llu is smaller than one page, %llu bytes here (2 x "
                                     "%u kv-heads x %u tokens x %u head-dim x %zu bytes); "

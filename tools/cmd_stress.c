@@ -16,6 +16,10 @@
  *     bytes_ideal == pkv_kv_cache_bytes(layers, g, d, n, 1, dtype_size); with spill,
  *     bytes_resident + bytes_spilled takes the place of bytes_resident. A mismatch is
  *     reported and makes the exit status 1.
+ *   - With variants (SPEC §8) the same identities hold with a windowed layer's pages
+ *     given by cli_variant_pages_held (which never exceeds the ceiling
+ *     ceil(S/bt) + ceil((W+R)/bt) + 1) and its ideal by min(n, S + W + R) positions,
+ *     each g * (d + dv) values; every windowed layer's own pages are checked too.
  *   - Forks are transient: forked, checked and destroyed within one pass, so they do
  *     not change the figures above.
  *   - The SIGINT handler only sets a sig_atomic_t flag; the loop polls it between

@@ -756,6 +756,9 @@ START_TEST(mem_variants)
                       (21ull * 512 + 21 * spec_window_pages(8192, 16, 4096, 0, 0)) *
                           (2ull * 8 * 16 * 256 * 2));
     ck_assert_uint_eq(json_dbl(p.out, "softcap"), 50);
+    /* the probe engine took a few thousand positions, not ctx, and not zero */
+    ck_assert_uint_gt(json_u64(p.out, "probe_tokens"), 4096);
+    ck_assert_uint_lt(json_u64(p.out, "probe_tokens"), 8192);
     ck_assert_msg(has(json_at(p.out, "formula_assumes"), "sinks + window + rollback"),
                   "%s", json_at(p.out, "formula_assumes"));
     proc_free(&p);

@@ -757,6 +757,90 @@ START_TEST(options)
 }
 END_TEST
 
+
+/* ---- attention variants (SPEC §8) ----------------------------------------------- */
+
+/* A window at least the context changes nothing a decode reads: the greedy text of
+ * stories260K is the same with and without --window 100000 (all 5 layers windowed). */
+START_TEST(stories_window_unchanged)
+{
+    if (!have_models("stories_window_unchanged"))
+        return;
+    run_result a = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+                            "-n", "256", "-i", "Once upon a time"));
+    run_result b = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+                            "-n", "256", "-i", "Once upon a time", "--window", "100000"));
+    ck_assert_msg(a.status == 0 && b.status == 0, "exit %d / %d: %s", a.status, b.status,
+                  b.err);
+    ck_assert_msg(strlen(a.out) > 100, "too little text: %s", a.out);
+    ck_assert_msg(strcmp(a.out, b.out) == 0, "text differs with --window 100000:\n%s\n---\n%s",
+                  a.out, b.out);
+    ck_assert_ptr_nonnull(strstr(b.err, "window 100000"));
+    run_free(&a);
+    run_free(&b);
+}
+END_TEST
+
+/* A small window: the run still works (its attention checked against the variant's
+ * dense reference, and end to end) and every layer holds at most the SPEC ceiling of
+ * pages, well below what the positions would need unwindowed. */
+START_TEST(stories_window_bounded)
+{
+    if (!have_models("stories_window_bounded"))
+        return;
+    run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+                            "-n", "400", "--window", "24", "--sinks", "4", "--block-tokens",
+                            "8", "--check", "--check-e2e", "--json"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_ptr_nonnull(strstr(r.out, "\"check\": {\"passed\": true"));
+    ck_assert_ptr_nonnull(strstr(r.out, "\"check_e2e\": {\"passed\": true"));
+    const double ceiling = 1 + 3 + 1;   /* ceil(4/8) + ceil(24/8) + 1 */
+    ck_assert_double_eq(json_num(r.out, "page_ceiling", 0), ceiling);
+    double pos = json_num(r.out, "positions", 0);
+    double blocks = json_num(r.out, "blocks", 0);
+    double held = json_num(r.out, "pages_held_max_layer", 0);
+    double page = json_num(r.out, "page_bytes", 0);
+    ck_assert_msg(pos >= 64, "only %g positions: the window was never full", pos);
+    ck_assert_msg(held <= ceiling && blocks <= 5 * ceiling, "held %g, blocks %g", held,
+                  blocks);
+    ck_assert_msg(blocks < 5 * ((pos + 7) / 8) - 5, "blocks %g: nothing released", blocks);
+    ck_assert_double_eq(json_num(r.out, "bytes_resident", 0), blocks * page);
+    run_free(&r);
+}
+END_TEST
+
+/* The synthetic model with a window and a soft-cap: --check holds every attention
+ * row to the variant's reference; bad variant options are usage errors. */
+START_TEST(synthetic_variants)
+{
+    run_result r = run(ARGS("-n", "80", "--window", "16", "--softcap", "30", "--block-tokens",
+                            "4", "--check", "--json"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_ptr_nonnull(strstr(r.out, "\"check\": {\"passed\": true"));
+    ck_assert_double_eq(json_num(r.out, "softcap", 0), 30);
+    ck_assert_msg(json_num(r.out, "pages_held_max_layer", 0) <= 4 + 1,
+                  "held %g pages", json_num(r.out, "pages_held_max_layer", 0));
+    run_free(&r);
+    r = run(ARGS("--help"));
+    ck_assert_ptr_nonnull(strstr(r.out, "--window"));
+    ck_assert_ptr_nonnull(strstr(r.out, "--sinks"));
+    ck_assert_ptr_nonnull(strstr(r.out, "--softcap"));
+    run_free(&r);
+    static const char *const bad[][3] = {
+        {"--sinks", "4", NULL}, {"--rollback", "2", NULL}, {"--window", "x", NULL},
+        {"--softcap", "-1", NULL},
+    };
+    static const char *const says[] = {"--sinks 4 needs --window", "--rollback 2 needs",
+                                       "--window", "--softcap"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = run((const char *const[]){bad[i][0], bad[i][1], NULL});
+        ck_assert_msg(r.status == 2 && strstr(r.err, says[i]) && !r.out[0],
+                      "'%s %s': exit %d: %s", bad[i][0], bad[i][1], r.status, r.err);
+        run_free(&r);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("generate");
@@ -767,6 +851,7 @@ int main(void)
     tcase_add_test(tc, synthetic_seeded);
     tcase_add_test(tc, options);
     tcase_add_test(tc, synthetic_check_cost);
+    tcase_add_test(tc, synthetic_variants);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("stories260K");
     tcase_set_timeout(tm, 240);
@@ -779,6 +864,8 @@ int main(void)
     tcase_add_test(tm, malformed_files);
     tcase_add_test(tm, stories_utf8_roundtrip);
     tcase_add_test(tm, stories_stop_reasons);
+    tcase_add_test(tm, stories_window_unchanged);
+    tcase_add_test(tm, stories_window_bounded);
     suite_add_tcase(s, tm);
     int rc = pkvt_run(s);
     /* without ../shared/models the stories260K tests could not run: skipped (77),

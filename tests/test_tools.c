@@ -614,6 +614,232 @@ START_TEST(checkers)
 }
 END_TEST
 
+
+/* ---- attention variants (SPEC §8) --------------------------------------------- */
+
+/* Pages one windowed layer of length n holds, from SPEC §8's words (computed here,
+ * not by the tool): the sink pages, and every page with a position a decode at
+ * n - 1 - r (r <= rollback) reads, i.e. a position >= n - window - rollback. */
+static uint64_t spec_window_pages(uint64_t n, uint64_t bt, uint64_t w, uint64_t sinks,
+                                  uint64_t rollback)
+{
+    uint64_t pages = 0;
+    for (uint64_t i = 0; i * bt < n; i++) {
+        uint64_t lo = i * bt, hi = lo + bt - 1;   /* the page's positions */
+        bool sink = lo < sinks;
+        bool read = hi + w + rollback >= n;       /* hi >= n - w - rollback */
+        pages += sink || read;
+    }
+    return pages;
+}
+
+/* A windowed stress run: every layer's pages follow the window's rule and stay under
+ * the SPEC ceiling at every decode point, memory is level once the window is full
+ * (while the context grows 10x), the forks still check out, the plot draws the bound. */
+START_TEST(stress_window)
+{
+    const char *svg = "/tmp/pkvt-window.svg";
+    proc p;
+    run_tool(&p, (const char *[]){"stress", "--ctx", "3000", "--window", "64", "--sinks",
+                                  "4", "--rollback", "5", "--block-tokens", "8", "--layers",
+                                  "2", "--sessions", "2", "--heads", "4", "--kv-heads", "2",
+                                  "--head-dim", "16", "--dtype", "f32", "--fork-every", "700",
+                                  "--reps", "1", "--json", "--quiet", "--svg", svg, NULL});
+    ck_assert_msg(p.status == 0, "exit %d: %s", p.status, p.err);
+    ck_assert(json_valid(p.out));
+    const uint64_t bt = 8, page = 2ull * 2 * 8 * 16 * 4;   /* 2 g bt d f32 */
+    const uint64_t ceiling = 1 + 9 + 1;                     /* ceil(4/8) + ceil(69/8) + 1 */
+    ck_assert_uint_eq(json_u64(p.out, "window.page_ceiling"), ceiling);
+    ck_assert_uint_le(json_u64(p.out, "window.pages_held_max"), ceiling);
+    ck_assert_msg(json_true(p.out, "window.bounded"), "%s", json_at(p.out, "window"));
+    ck_assert_msg(json_true(p.out, "memory_check.exact"), "%s", json_at(p.out, "memory_check"));
+    ck_assert_uint_eq(json_u64(p.out, "forks.mismatches"), 0);
+    ck_assert_uint_ge(json_u64(p.out, "forks.count"), 8);
+    ck_assert_uint_eq(json_u64(p.out, "config.windowed_layers"), 2);
+    const uint64_t held = spec_window_pages(3000, bt, 64, 4, 5);
+    ck_assert_uint_le(held, ceiling);
+    for (int s = 0; s < 2; s++) {
+        char path[64];
+        snprintf(path, sizeof path, "sessions.%d.bytes_resident", s);
+        ck_assert_uint_eq(json_u64(p.out, path), 2 * held * page);
+        snprintf(path, sizeof path, "sessions.%d.tokens", s);
+        ck_assert_uint_eq(json_u64(p.out, path), 2 * 3000);   /* every position counts */
+        snprintf(path, sizeof path, "sessions.%d.bytes_ideal", s);
+        ck_assert_uint_eq(json_u64(p.out, path), 2ull * (4 + 64 + 5) * 2 * 2 * 16 * 4);
+    }
+    /* level memory: past the window every point holds what the rule says, and never
+     * more than the ceiling, in 2 sessions x 2 layers */
+    size_t np = json_len(p.out, "decode.points");
+    size_t level = 0;
+    for (size_t i = 0; i < np; i++) {
+        char path[80];
+        snprintf(path, sizeof path, "decode.points.%zu.ctx", i);
+        uint64_t n = json_u64(p.out, path);
+        snprintf(path, sizeof path, "decode.points.%zu.bytes_resident", i);
+        uint64_t res = json_u64(p.out, path);
+        ck_assert_uint_eq(res, 4 * spec_window_pages(n, bt, 64, 4, 5) * page);
+        ck_assert_uint_le(res, 4 * ceiling * page);
+        snprintf(path, sizeof path, "decode.points.%zu.window_pages_max", i);
+        ck_assert_uint_le(json_u64(p.out, path), ceiling);
+        level += n >= 300;
+    }
+    ck_assert_uint_ge(level, 10);   /* 300 .. 3000 tokens: the flat part is shown */
+    proc_free(&p);
+    char *text = slurp(svg);
+    char root[16];
+    ck_assert(xml_wellformed(text, root, sizeof root));
+    ck_assert_msg(has(text, "<title>SPEC \xc2\xa7" "8 bound: 11 pages/layer</title>"),
+                  "no bound in the plot");
+    ck_assert_msg(has(text, "window 64 on 2 of 2 layer(s)"), "no variant in the title");
+    free(text);
+    unlink(svg);
+
+    /* the text says so too */
+    run_tool(&p, (const char *[]){"stress", "--ctx", "2000", "--window", "100", "--heads", "2",
+                                  "--kv-heads", "1", "--head-dim", "8", "--quiet", NULL});
+    ck_assert_msg(p.status == 0 && has(p.out, "windowed: from ") &&
+                      has(p.out, "SPEC ceiling 8") && has(p.out, "memory check: exact"),
+                  "text: exit %d: %s", p.status, p.out);
+    proc_free(&p);
+}
+END_TEST
+
+/* A real model's pattern: gpt-oss alternates windowed (even) and full layers, with sink
+ * logits; deepseek-v3 stores V rows narrower than K rows. Both reduced in width. */
+START_TEST(stress_presets_pattern)
+{
+    proc p;
+    run_tool(&p, (const char *[]){"stress", "--model-preset", "gpt-oss-20b", "--layers", "4",
+                                  "--heads", "8", "--kv-heads", "2", "--head-dim", "16",
+                                  "--ctx", "900", "--reps", "1", "--json", "--quiet", NULL});
+    ck_assert_msg(p.status == 0, "exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(json_u64(p.out, "config.window"), 128);
+    ck_assert_uint_eq(json_u64(p.out, "config.windowed_layers"), 2);
+    ck_assert(json_true(p.out, "config.sink_logits"));
+    ck_assert(json_true(p.out, "memory_check.exact"));
+    const uint64_t page = 2ull * 2 * 16 * 16 * 2;   /* f16 */
+    const uint64_t want = 2 * ((900 + 15) / 16) + 2 * spec_window_pages(900, 16, 128, 0, 0);
+    ck_assert_uint_eq(json_u64(p.out, "sessions.0.blocks"), want);
+    ck_assert_uint_eq(json_u64(p.out, "sessions.0.bytes_resident"), want * page);
+    proc_free(&p);
+
+    run_tool(&p, (const char *[]){"stress", "--model-preset", "deepseek-v3", "--layers", "1",
+                                  "--heads", "4", "--head-dim", "24", "--head-dim-v", "16",
+                                  "--ctx", "300", "--reps", "1", "--json", "--quiet", NULL});
+    ck_assert_msg(p.status == 0, "exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(json_u64(p.out, "config.kv_heads"), 1);
+    ck_assert_uint_eq(json_u64(p.out, "config.head_dim_v"), 16);
+    ck_assert_uint_eq(json_u64(p.out, "engine.page_bytes"), 16ull * (24 + 16) * 2);
+    ck_assert_uint_eq(json_u64(p.out, "sessions.0.bytes_ideal"), 300ull * (24 + 16) * 2);
+    ck_assert(json_true(p.out, "memory_check.exact"));
+    proc_free(&p);
+}
+END_TEST
+
+/* `pagedkv mem` of the variant presets, against figures computed here from the
+ * models' public configs and SPEC §8. */
+START_TEST(mem_variants)
+{
+    proc p;
+    run_tool(&p, (const char *[]){"mem", "--model-preset", "gemma2-9b", "--ctx", "8192",
+                                  "--json", NULL});
+    ck_assert_msg(p.status == 0 && json_valid(p.out), "gemma: exit %d: %s", p.status, p.err);
+    /* 42 layers, 21 windowed (4096 positions), 21 global (8192), 8 kv heads x 256, f16 */
+    const uint64_t tok = 8ull * (256 + 256) * 2;
+    ck_assert_uint_eq(json_u64(p.out, "formula_bytes"), (21ull * 8192 + 21ull * 4096) * tok);
+    ck_assert_uint_eq(json_u64(p.out, "dense_formula_bytes"), 42ull * 8192 * tok);
+    ck_assert_uint_eq(json_u64(p.out, "page_bytes"), 2ull * 8 * 16 * 256 * 2);
+    ck_assert_uint_eq(json_u64(p.out, "page_ceiling"), 4096 / 16 + 1);
+    ck_assert_uint_eq(json_u64(p.out, "pages_per_windowed_layer"),
+                      spec_window_pages(8192, 16, 4096, 0, 0));
+    ck_assert_uint_eq(json_u64(p.out, "paged_bytes"),
+                      (21ull * 512 + 21 * spec_window_pages(8192, 16, 4096, 0, 0)) *
+                          (2ull * 8 * 16 * 256 * 2));
+    ck_assert_uint_eq(json_dbl(p.out, "softcap"), 50);
+    /* the probe engine took a few thousand positions, not ctx, and not zero */
+    ck_assert_uint_gt(json_u64(p.out, "probe_tokens"), 4096);
+    ck_assert_uint_lt(json_u64(p.out, "probe_tokens"), 8192);
+    ck_assert_msg(has(json_at(p.out, "formula_assumes"), "sinks + window + rollback"),
+                  "%s", json_at(p.out, "formula_assumes"));
+    proc_free(&p);
+
+    /* gpt-oss at a length that is not a multiple of the page: 12 of 24 windowed */
+    run_tool(&p, (const char *[]){"mem", "--model-preset", "gpt-oss-20b", "--ctx", "100003",
+                                  "--json", NULL});
+    ck_assert_msg(p.status == 0, "gpt-oss: exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(json_u64(p.out, "windowed_layers"), 12);
+    ck_assert_uint_eq(json_u64(p.out, "pages_per_windowed_layer"),
+                      spec_window_pages(100003, 16, 128, 0, 0));
+    ck_assert_uint_eq(json_u64(p.out, "page_ceiling"), 128 / 16 + 1);
+    ck_assert_uint_eq(json_u64(p.out, "formula_bytes"),
+                      (12ull * 100003 + 12ull * 128) * 8 * 128 * 2);
+    proc_free(&p);
+
+    /* DeepSeek-V3 MLA: the latent is 576 values, pagedkv stores 576 + 512 */
+    run_tool(&p, (const char *[]){"mem", "--model-preset", "deepseek-v3", "--ctx", "4096",
+                                  "--json", NULL});
+    ck_assert_msg(p.status == 0, "deepseek: exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(json_u64(p.out, "kv_heads"), 1);
+    ck_assert_uint_eq(json_u64(p.out, "head_dim_v"), 512);
+    ck_assert_uint_eq(json_u64(p.out, "page_bytes"), 16ull * (576 + 512) * 2);
+    ck_assert_uint_eq(json_u64(p.out, "formula_bytes"), 61ull * 4096 * (576 + 512) * 2);
+    ck_assert_uint_eq(json_u64(p.out, "mla.latent_bytes"), 61ull * 4096 * 576 * 2);
+    ck_assert_uint_eq(json_u64(p.out, "mla.naive_bytes"),
+                      61ull * 4096 * 128 * (128 + 64 + 128) * 2);
+    ck_assert_msg(has(json_at(p.out, "formula_assumes"), "latent"), "%s",
+                  json_at(p.out, "formula_assumes"));
+    ck_assert_ptr_nonnull(json_at(p.out, "page_ceiling"));
+    ck_assert(strncmp(json_at(p.out, "page_ceiling"), "null", 4) == 0);
+    proc_free(&p);
+
+    /* --measure builds the whole windowed session: the engine agrees to the byte */
+    run_tool(&p, (const char *[]){"mem", "--layers", "3", "--kv-heads", "2", "--head-dim",
+                                  "8", "--head-dim-v", "4", "--ctx", "1234", "--window",
+                                  "50", "--sinks", "3", "--rollback", "9", "--block-tokens",
+                                  "4", "--measure", "--json", NULL});
+    ck_assert_msg(p.status == 0, "measure: exit %d: %s", p.status, p.err);
+    ck_assert(json_true(p.out, "measured.matches"));
+    ck_assert_uint_eq(json_u64(p.out, "measured.blocks"),
+                      3 * spec_window_pages(1234, 4, 50, 3, 9));
+    ck_assert_uint_eq(json_u64(p.out, "measured.bytes_ideal"), 3ull * 62 * 2 * (8 + 4) * 2);
+    proc_free(&p);
+}
+END_TEST
+
+/* Variant options: mistakes are usage errors naming the option. */
+START_TEST(variant_usage)
+{
+    static const bad_args mem_rows[] = {
+        {{"--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--ctx", "9", "--sinks", "4"},
+         "--sinks 4 needs --window"},
+        {{"--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--ctx", "9", "--rollback",
+          "4"}, "--rollback 4 needs --window"},
+        {{"--model-preset", "gemma2-9b", "--ctx", "9", "--head-dim-v", "5000"}, "4096"},
+        {{"--model-preset", "gemma2-9b", "--ctx", "9", "--window", "-1"}, "--window"},
+    };
+    expect_usage_errors("mem", mem_rows, sizeof mem_rows / sizeof mem_rows[0]);
+    static const bad_args stress_rows[] = {
+        {{"--sinks", "4"}, "--sinks 4 needs --window"},
+        {{"--softcap", "-2"}, "--softcap"},
+        {{"--softcap", "nan"}, "--softcap"},
+        {{"--window", "x"}, "--window"},
+        {{"--head-dim-v", "0"}, "--head-dim-v"},
+    };
+    expect_usage_errors("stress", stress_rows, sizeof stress_rows / sizeof stress_rows[0]);
+    static const char *const cmds[] = {"mem", "stress"};
+    for (int i = 0; i < 2; i++) {
+        proc p;
+        run_tool(&p, (const char *[]){cmds[i], "--help", NULL});
+        ck_assert_msg(p.status == 0 && has(p.out, "--window") && has(p.out, "--sinks") &&
+                          has(p.out, "--rollback") && has(p.out, "--head-dim-v") &&
+                          has(p.out, "gemma2-9b") && has(p.out, "gpt-oss-20b") &&
+                          has(p.out, "deepseek-v3"),
+                      "%s --help lacks the variant options: %s", cmds[i], p.out);
+        proc_free(&p);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tools");
@@ -625,6 +851,8 @@ int main(void)
     tcase_add_test(tc, mem_usage);
     tcase_add_test(tc, mem_formula);
     tcase_add_test(tc, engine_memory_usage);
+    tcase_add_test(tc, variant_usage);
+    tcase_add_test(tc, mem_variants);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("stress");
     tcase_set_timeout(tr, 120);
@@ -634,6 +862,8 @@ int main(void)
     tcase_add_test(tr, stress_spill);
     tcase_add_test(tr, stress_sigint);
     tcase_add_test(tr, memory_guard);
+    tcase_add_test(tr, stress_window);
+    tcase_add_test(tr, stress_presets_pattern);
     suite_add_tcase(s, tr);
     return pkvt_run(s);
 }

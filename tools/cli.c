@@ -219,6 +219,14 @@ int cli_check_engine_memory(const char *cmd, const pkv_config *c, const char *bu
         *page_bytes = st.page_bytes;
     if (block_tokens)
         *block_tokens = rc.block_tokens;
+    if (c->mem_budget && c->mem_budget < st.page_bytes && rc.head_dim_v != rc.head_dim)
+        return cli_usage_error(cmd, "%s %llu is smaller than one page, %llu bytes here (%u "
+                                    "kv-heads x %u tokens x (%u + %u) head-dims x %zu "
+                                    "bytes); give at least that, or 0 for no budget",
+                               budget_opt, (unsigned long long)c->mem_budget,
+                               (unsigned long long)st.page_bytes, rc.n_kv_heads,
+                               rc.block_tokens, rc.head_dim, rc.head_dim_v,
+                               pkv_dtype_size(rc.kv_dtype));
     if (c->mem_budget && c->mem_budget < st.page_bytes)
         return cli_usage_error(cmd, "%s %llu is smaller than one page, %llu bytes here (2 x "
                                     "%u kv-heads x %u tokens x %u head-dim x %zu bytes); "
@@ -278,19 +286,27 @@ int cli_check_limits(const char *cmd, const pkv_config *c, const char *geometry_
     /* page bytes = 2 * g * bt * d * size; the factors are < 2^32, so two products of
      * two fit in 64 bits and the last is checked */
     const uint64_t bt = c->block_tokens ? c->block_tokens : 16u;
-    const uint64_t a = 2ull * c->n_kv_heads * c->head_dim, b = bt * pkv_dtype_size(c->kv_dtype);
+    if (c->head_dim_v > CLI_MAX_HEAD_DIM)
+        return cli_usage_error(cmd, "%s %u is beyond the engine's limit of %u%s",
+                               geometry_from ? "head_dim_v" : "--head-dim-v", c->head_dim_v,
+                               CLI_MAX_HEAD_DIM, from);
+    /* with head_dim_v (MLA) a page holds K rows of head_dim and V rows of head_dim_v */
+    const uint64_t dv = c->head_dim_v ? c->head_dim_v : c->head_dim;
+    const uint64_t a = (uint64_t)c->n_kv_heads * (c->head_dim + dv),
+                   b = bt * pkv_dtype_size(c->kv_dtype);
     if (a && b && (a > UINT64_MAX / b || a * b > CLI_MAX_PAGE_BYTES)) {
         char why[64];
         if (a > UINT64_MAX / b)
             snprintf(why, sizeof why, "more than 2^64 bytes");
         else
             snprintf(why, sizeof why, "%llu bytes", (unsigned long long)(a * b));
-        return cli_usage_error(cmd, "%s %u makes one page %s (2 x %u kv-heads x %llu "
-                                    "tokens x %u head-dim x %zu bytes), beyond the engine's "
-                                    "limit of 1 GiB per page%s",
+        return cli_usage_error(cmd, "%s %u makes one page %s (%u kv-heads x %llu "
+                                    "tokens x (%u + %llu) head-dim x %zu bytes), beyond the "
+                                    "engine's limit of 1 GiB per page%s",
                                c->block_tokens ? "--block-tokens" : "the default block size",
                                (unsigned)bt, why, c->n_kv_heads, (unsigned long long)bt,
-                               c->head_dim, pkv_dtype_size(c->kv_dtype), from);
+                               c->head_dim, (unsigned long long)dv,
+                               pkv_dtype_size(c->kv_dtype), from);
     }
     return CLI_OK;
 }
@@ -392,4 +408,142 @@ pkv_config cli_config(uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32
     c.kv_dtype = dtype;
     c.n_threads = threads;
     return c;
+}
+
+/* ---- attention variants --------------------------------------------------------- */
+
+/* The public config.json values of each model (Hugging Face): the geometry of its
+ * attention and the layer pattern; see docs/variants.md. */
+static const cli_variant_preset variant_presets[] = {
+    {"gemma2-9b", "google/gemma-2-9b", 42, 16, 8, 256, 0,
+     {.window = 4096, .every = 2, .softcap = 50.0},
+     "sliding_window 4096 on layers 0, 2, 4, ... (the others global), "
+     "attn_logit_softcapping 50, query_pre_attn_scalar 256 = head_dim (scale 1/16)"},
+    {"gpt-oss-20b", "openai/gpt-oss-20b", 24, 64, 8, 64, 0,
+     {.window = 128, .every = 2, .sink_logits = true},
+     "sliding_window 128 on layers 0, 2, 4, ... (layer_types; the others full), one "
+     "learned sink logit per head on every layer (zeros here: memory does not depend on "
+     "them)"},
+    {"deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 128, 1, 576, 512, {0},
+     "MLA with absorbed up-projections, served as MQA over the latent: kv_lora_rank 512 + "
+     "qk_rope_head_dim 64 = head_dim 576, V = the latent, head_dim_v 512; scale "
+     "1/sqrt(qk_nope 128 + qk_rope 64)"},
+};
+
+const cli_variant_preset *cli_variant_presets(uint32_t *n)
+{
+    *n = (uint32_t)(sizeof variant_presets / sizeof variant_presets[0]);
+    return variant_presets;
+}
+
+const cli_variant_preset *cli_variant_preset_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof variant_presets / sizeof variant_presets[0]; i++)
+        if (strcmp(variant_presets[i].name, name) == 0)
+            return &variant_presets[i];
+    return NULL;
+}
+
+bool cli_opt_any_preset(const char *value, void *dst)
+{
+    if (!cli_preset_find(value) && !cli_variant_preset_find(value))
+        return false;
+    *(const char **)dst = value;
+    return true;
+}
+
+uint32_t cli_variant_windowed_layers(const cli_variant *v, uint32_t layers)
+{
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < layers; l++)
+        n += cli_variant_windowed(v, l);
+    return n;
+}
+
+uint64_t cli_variant_page_ceiling(const cli_variant *v, uint32_t bt)
+{
+    const uint64_t span = (uint64_t)v->window + v->rollback;
+    return ((uint64_t)v->sinks + bt - 1) / bt + (span + bt - 1) / bt + 1;
+}
+
+uint64_t cli_variant_pages_held(const cli_variant *v, bool windowed, uint64_t n, uint32_t bt)
+{
+    const uint64_t pages = (n + bt - 1) / bt;
+    if (!windowed || !v->window)
+        return pages;
+    const uint64_t span = (uint64_t)v->window + v->rollback;
+    const uint64_t sink_pages = ((uint64_t)v->sinks + bt - 1) / bt;
+    /* the first page that holds a position >= n - span */
+    const uint64_t first = n > span ? (n - span) / bt : 0;
+    return first > sink_pages ? sink_pages + (pages - first) : pages;
+}
+
+int cli_variant_check(const char *cmd, const cli_variant *v)
+{
+    if (!v->window && v->sinks)
+        return cli_usage_error(cmd, "--sinks %u needs --window: sink tokens are what a "
+                                    "windowed layer keeps besides its window", v->sinks);
+    if (!v->window && v->rollback)
+        return cli_usage_error(cmd, "--rollback %u needs --window: a full layer keeps "
+                                    "every position anyway", v->rollback);
+    return CLI_OK;
+}
+
+pkv_layer_config *cli_variant_layers(const cli_variant *v, uint32_t layers, uint32_t heads,
+                                     float **sink_store, bool *oom)
+{
+    *sink_store = NULL;
+    *oom = false;
+    if (!cli_variant_any(v))
+        return NULL;
+    pkv_layer_config *lc = calloc(layers, sizeof *lc);
+    float *sinks = v->sink_logits ? calloc(heads, sizeof *sinks) : NULL;
+    if (!lc || (v->sink_logits && !sinks)) {
+        free(lc);
+        free(sinks);
+        *oom = true;
+        return NULL;
+    }
+    for (uint32_t l = 0; l < layers; l++) {
+        if (cli_variant_windowed(v, l))
+            lc[l] = (pkv_layer_config){.window = v->window, .sink_tokens = v->sinks,
+                                       .rollback_tokens = v->rollback};
+        lc[l].softcap = (float)v->softcap;
+        lc[l].sink_logits = sinks;
+    }
+    *sink_store = sinks;
+    return lc;
+}
+
+const char *cli_variant_describe(const cli_variant *v, uint32_t layers, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    if (v->window) {
+        const uint32_t w = cli_variant_windowed_layers(v, layers);
+        n += (size_t)snprintf(buf, cap, "window %u on %u of %u layer(s)%s, %u sink token(s), "
+                              "rollback %u", v->window, w, layers,
+                              v->every > 1 ? " (alternating)" : "", v->sinks, v->rollback);
+    } else {
+        n += (size_t)snprintf(buf, cap, "full causal");
+    }
+    if (n < cap && v->softcap > 0)
+        n += (size_t)snprintf(buf + n, cap - n, ", softcap %g", v->softcap);
+    if (n < cap && v->sink_logits)
+        snprintf(buf + n, cap - n, ", learned sink logits");
+    return buf;
+}
+
+uint64_t cli_layer_pages_held(const pkv_session *s, uint32_t l)
+{
+    pkv_page_info info[256];
+    uint64_t held = 0, first = 0, got = 0;
+    do {
+        if (pkv_session_pages(s, l, first, 256, info, &got) != PKV_OK)
+            return UINT64_MAX;
+        for (uint64_t i = 0; i < got; i++)
+            held += info[i].id != 0;
+        first += got;
+    } while (got == 256);
+    return held;
 }

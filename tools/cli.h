@@ -42,6 +42,71 @@ const cli_preset *cli_presets(uint32_t *n);             /* the table */
  * *(const char **)dst; false for an unknown name. */
 bool cli_opt_preset(const char *value, void *dst);
 
+/* ---- attention variants (SPEC §8) ----------------------------------------------
+ * What --window, --sinks, --rollback, --softcap, --head-dim-v and the variant presets
+ * of stress, mem and generate mean, in one place. */
+
+/* The variant options of one command, as given. `every` is the layer pattern: 0 =
+ * every layer windowed (when window > 0), k = layers l with l % k == 0 windowed and
+ * the others full causal (Gemma 2 and gpt-oss alternate: k = 2, layer 0 windowed).
+ * softcap and sink logits apply to every layer (as in those models). */
+typedef struct {
+    uint32_t window, sinks, rollback, every;
+    double softcap;
+    bool sink_logits;          /* one (zero) learned sink logit per head, every layer */
+} cli_variant;
+
+/* A real model's attention pattern by name (pagedkv mem/stress --model-preset). The
+ * figures are the public config.json values of the model named in `like`. */
+typedef struct {
+    const char *name, *like;
+    uint32_t layers, heads, kv_heads, head_dim, head_dim_v;   /* head_dim_v 0 = head_dim */
+    cli_variant v;
+    const char *note;          /* what the preset assumes, one line */
+} cli_variant_preset;
+#define CLI_VARIANT_PRESET_NAMES "gemma2-9b, gpt-oss-20b, deepseek-v3"
+const cli_variant_preset *cli_variant_preset_find(const char *name); /* NULL if unknown */
+const cli_variant_preset *cli_variant_presets(uint32_t *n);
+/* OPT_CALL check of --model-preset where both tables are accepted (mem, stress). */
+bool cli_opt_any_preset(const char *value, void *dst);
+
+/* Is layer l windowed under v? */
+static inline bool cli_variant_windowed(const cli_variant *v, uint32_t l)
+{
+    return v->window && (v->every == 0 || l % v->every == 0);
+}
+/* Does v change anything (a window, a cap or sink logits)? */
+static inline bool cli_variant_any(const cli_variant *v)
+{
+    return v->window || v->softcap > 0 || v->sink_logits;
+}
+/* Layers of v that are windowed, out of `layers`. */
+uint32_t cli_variant_windowed_layers(const cli_variant *v, uint32_t layers);
+/* SPEC §8's ceiling of pages one windowed layer holds at block size bt:
+ * ceil(sinks / bt) + ceil((window + rollback) / bt) + 1. */
+uint64_t cli_variant_page_ceiling(const cli_variant *v, uint32_t bt);
+/* Pages a layer of length n holds under SPEC §8's release rule: the sink pages and
+ * every page with a position >= n - window - rollback (n - 1 reads back to
+ * n - window; a truncate of up to rollback moves that back by rollback); all
+ * ceil(n / bt) pages for a full layer. Derived from the SPEC, not from the library:
+ * stress checks the engine against it. */
+uint64_t cli_variant_pages_held(const cli_variant *v, bool windowed, uint64_t n,
+                                uint32_t bt);
+/* The checks every command makes of its variant options (cmd names the messages):
+ * --sinks and --rollback need --window; CLI_OK or CLI_USAGE after the message. */
+int cli_variant_check(const char *cmd, const cli_variant *v);
+/* A malloc'ed [layers] array of layer configs for v (sink logits: a malloc'ed [heads]
+ * array of zeros in *sink_store, shared by every layer; NULL without them), or NULL
+ * when v changes nothing or memory ran out (*oom tells which). Free both. */
+pkv_layer_config *cli_variant_layers(const cli_variant *v, uint32_t layers, uint32_t heads,
+                                     float **sink_store, bool *oom);
+/* Pages layer l of s holds now: block-table entries of a live page (a window's
+ * released entries read id 0 in pkv_session_pages). UINT64_MAX if it cannot tell. */
+uint64_t cli_layer_pages_held(const pkv_session *s, uint32_t l);
+/* "window 4096 on 21 of 42 layers (every 2nd), 0 sinks, rollback 0, softcap 50" */
+const char *cli_variant_describe(const cli_variant *v, uint32_t layers, char *buf,
+                                 size_t cap);
+
 /* pkv_config_default() with a geometry, a page size (0 = the library's), a storage
  * dtype and a thread count (0 = online CPUs): what every command's engine starts from.
  * No budget and no spill directory; callers that want them set those fields. */

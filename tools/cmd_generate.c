@@ -15,7 +15,7 @@
  *     is sampled but not yet forwarded). `steps` (-n) counts forwarded positions,
  *     prompt included, as llama2.c's runner does.
  *   - Every buffer is allocated before the first token; the token loop only calls the
- *     library, the model and stdio. (--check's reference, pkv_causal_attention,
+ *     library, the model and stdio. (--check's reference, pkv_attention_reference,
  *     allocates its own double copies: the checker is not the hot path.)
  *   - Sessions 1..N-1 are forks of session 0 taken right after the prompt's prefill,
  *     so they share the prompt's pages; each has its own sampler stream.
@@ -72,8 +72,15 @@ static void usage(FILE *f)
         "  --sessions N        N continuations of one prompt, forked after the prompt so\n"
         "                      they share its pages (default 1)\n"
         "  --threads N         engine threads (default 0 = online CPUs)\n"
+        "  --window W          every layer a sliding window of W positions (SPEC §8;\n"
+        "                      0 = full causal): the cache holds at most ceil(S/bt) +\n"
+        "                      ceil((W+R)/bt) + 1 pages a layer, however long the run\n"
+        "  --sinks S           with --window: the first S positions are attended too\n"
+        "  --rollback R        with --window: R more positions kept for truncates\n"
+        "  --softcap C         attention logits become C*tanh(s/C) (0 = none)\n"
         "  --check             after every step, recompute each layer's attention densely\n"
-        "                      (pkv_causal_attention) from the same Q/K/V; fail if any\n"
+        "                      (pkv_attention_reference, with the variant) from the\n"
+        "                      same Q/K/V; fail if any\n"
         "                      output differs by more than 1e-5 x max|V|. Costs O(n^3)\n"
         "  --check-e2e         afterwards, recompute every step without the cache (one\n"
         "                      causal pass over each session's tokens); fail if a logit\n"
@@ -117,9 +124,17 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
         {.name = "check", .kind = OPT_FLAG, .dst = &o->check},
         {.name = "check-e2e", .kind = OPT_FLAG, .dst = &o->check_e2e},
         {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
+        {.name = "window", .kind = OPT_U32, .dst = &o->v.window, .lo = 0, .hi = UINT32_MAX},
+        {.name = "sinks", .kind = OPT_U32, .dst = &o->v.sinks, .lo = 0, .hi = UINT32_MAX},
+        {.name = "rollback", .kind = OPT_U32, .dst = &o->v.rollback, .lo = 0,
+         .hi = UINT32_MAX},
+        {.name = "softcap", .kind = OPT_DOUBLE, .dst = &o->v.softcap, .dlo = 0, .dhi = 1e30},
     };
-    return cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
-                     NULL);
+    int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
+                       NULL);
+    if (rc != CLI_OK)
+        return rc;
+    return cli_variant_check(CMD, &o->v);
 }
 
 /* ---- allocation ---------------------------------------------------------------- */
@@ -151,7 +166,7 @@ static void gen_free(gen *g)
     void *bufs[] = {g->prompt, g->sess, g->act_sess, g->act, g->tok, g->ntok, g->rng,
                     g->logits, g->row_tok, g->row_pos, g->hq, g->hk, g->hv, g->ref,
                     g->rec_logits, g->coins, g->dense_logits, g->dk, g->dv,
-                    g->dense_tok};
+                    g->dense_tok, g->lc, g->sink_store};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }
@@ -267,10 +282,15 @@ static int gen_setup(gen *g)
     for (uint32_t s = 0; s < N; s++)
         llama_rng_init(&g->rng[s], o->seed ^ ((uint64_t)s * 0x9e3779b97f4a7c15ull));
 
-    const pkv_config cfg = llama_kv_config(c, o->block_tokens,
-                                           o->dtype_set ? o->dtype
-                                                        : o->model_path ? PKV_F32 : PKV_F16,
-                                           o->threads);
+    pkv_config cfg = llama_kv_config(c, o->block_tokens,
+                                     o->dtype_set ? o->dtype
+                                                  : o->model_path ? PKV_F32 : PKV_F16,
+                                     o->threads);
+    bool oom = false;
+    g->lc = cli_variant_layers(&o->v, c->n_layers, c->n_heads, &g->sink_store, &oom);
+    if (oom)
+        return cli_fail(CMD, "out of memory");
+    cfg.layer_cfg = g->lc;
     if (cli_check_limits(CMD, &cfg, o->model_path ? o->model_path : "the synthetic model") !=
         CLI_OK)
         return CLI_USAGE;
@@ -326,12 +346,13 @@ static pkv_status check_rows(gen *g, uint32_t s, uint32_t layer, uint32_t T,
 {
     const llama_config *c = g->c;
     const float *hv = hist(g, g->hv, s, layer, 0, c->kv_dim);
-    pkv_status st = pkv_causal_attention(T, c->n_heads, c->n_kv_heads, c->head_size, 0.0f,
-                                         hist(g, g->hq, s, layer, 0, c->dim),
-                                         hist(g, g->hk, s, layer, 0, c->kv_dim), hv,
-                                         g->ref);
+    pkv_status st = pkv_attention_reference(T, c->n_heads, c->n_kv_heads, c->head_size, 0,
+                                            0.0f, g->lc ? &g->lc[layer] : NULL,
+                                            hist(g, g->hq, s, layer, 0, c->dim),
+                                            hist(g, g->hk, s, layer, 0, c->kv_dim), hv,
+                                            g->ref);
     if (st != PKV_OK) {
-        snprintf(g->err, sizeof g->err, "check: pkv_causal_attention: %s",
+        snprintf(g->err, sizeof g->err, "check: pkv_attention_reference: %s",
                  pkv_status_str(st));
         return st;
     }
@@ -376,8 +397,8 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
             g->dk[i] = pkv_dtype_round(dt, k[i]);
             g->dv[i] = pkv_dtype_round(dt, v[i]);
         }
-        st = pkv_causal_attention(n, c->n_heads, c->n_kv_heads, c->head_size, 0.0f, q,
-                                  g->dk, g->dv, out);
+        st = pkv_attention_reference(n, c->n_heads, c->n_kv_heads, c->head_size, 0, 0.0f,
+                                     g->lc ? &g->lc[layer] : NULL, q, g->dk, g->dv, out);
         if (st != PKV_OK)
             snprintf(g->err, sizeof g->err, "dense recompute: %s", pkv_status_str(st));
         return st;

@@ -16,6 +16,10 @@
  *     bytes_ideal == pkv_kv_cache_bytes(layers, g, d, n, 1, dtype_size); with spill,
  *     bytes_resident + bytes_spilled takes the place of bytes_resident. A mismatch is
  *     reported and makes the exit status 1.
+ *   - With variants (SPEC §8) the same identities hold with a windowed layer's pages
+ *     given by cli_variant_pages_held (which never exceeds the ceiling
+ *     ceil(S/bt) + ceil((W+R)/bt) + 1) and its ideal by min(n, S + W + R) positions,
+ *     each g * (d + dv) values; every windowed layer's own pages are checked too.
  *   - Forks are transient: forked, checked and destroyed within one pass, so they do
  *     not change the figures above.
  *   - The SIGINT handler only sets a sig_atomic_t flag; the loop polls it between
@@ -43,10 +47,21 @@ static void usage(FILE *f)
         "append rate and memory per session, checked to the byte against the formula.\n\n"
         "geometry (default: llama3-8b heads with 1 layer):\n"
         "  --model-preset NAME  llama3-8b, llama3-70b, mistral-7b, llama2-7b, mqa, mha,\n"
-        "                       d64, d256 (explicit flags below override it)\n"
+        "                       d64, d256, or a real model's attention pattern:\n"
+        "                       gemma2-9b, gpt-oss-20b, deepseek-v3 (docs/variants.md);\n"
+        "                       explicit flags below override it\n"
         "  --layers L --heads H --kv-heads G --head-dim D   (H %% G == 0)\n"
         "  --dtype f32|f16|bf16 K/V storage type (default f16)\n"
         "  --block-tokens N     tokens per page (default: the library's, 16)\n"
+        "  --head-dim-v N       width of V rows (default: --head-dim; MLA: 512)\n"
+        "variants (SPEC §8; every layer, or the preset's windowed layers):\n"
+        "  --window W           sliding window: a decode reads the last W positions\n"
+        "                       (0 = full causal); memory and latency stay flat in\n"
+        "                       context, pages held are checked against the ceiling\n"
+        "                       ceil(S/bt) + ceil((W+R)/bt) + 1 per windowed layer\n"
+        "  --sinks S            with --window: the first S positions are kept too\n"
+        "  --rollback R         with --window: R more positions kept for truncates\n"
+        "  --softcap C          logit soft-cap C*tanh(s/C) on every layer (0 = none)\n"
         "run:\n"
         "  --ctx N              tokens per session (default 65536; k/m/g suffixes)\n"
         "  --sessions N         sessions appended round-robin (default 1)\n"
@@ -79,12 +94,24 @@ static void usage(FILE *f)
 static int parse_opts(int argc, char **argv, stress_opts *o)
 {
     bool set_l = false, set_h = false, set_g = false, set_d = false;
+    bool set_w = false, set_s = false, set_r = false, set_c = false, set_dv = false;
     *o = (stress_opts){.ctx = 65536, .sessions = 1, .layers = 1, .heads = 32,
                        .kv_heads = 8, .head_dim = 128, .dtype = PKV_F16, .seed = 1,
                        .points = 64, .reps = 3};
     const cli_opt opts[] = {
         {.name = "model-preset", .kind = OPT_CALL, .dst = &o->preset,
-         .call = cli_opt_preset, .what = "a preset: one of " CLI_PRESET_NAMES},
+         .call = cli_opt_any_preset,
+         .what = "a preset: one of " CLI_PRESET_NAMES ", " CLI_VARIANT_PRESET_NAMES},
+        {.name = "head-dim-v", .kind = OPT_U32, .dst = &o->head_dim_v, .lo = 1,
+         .hi = CLI_MAX_HEAD_DIM, .note = "the engine's limit", .seen = &set_dv},
+        {.name = "window", .kind = OPT_U32, .dst = &o->v.window, .lo = 0, .hi = UINT32_MAX,
+         .seen = &set_w},
+        {.name = "sinks", .kind = OPT_U32, .dst = &o->v.sinks, .lo = 0, .hi = UINT32_MAX,
+         .seen = &set_s},
+        {.name = "rollback", .kind = OPT_U32, .dst = &o->v.rollback, .lo = 0,
+         .hi = UINT32_MAX, .seen = &set_r},
+        {.name = "softcap", .kind = OPT_DOUBLE, .dst = &o->v.softcap, .dlo = 0, .dhi = 1e30,
+         .seen = &set_c},
         {.name = "layers", .kind = OPT_U32, .dst = &o->layers, .lo = 1, .hi = UINT32_MAX,
          .seen = &set_l},
         {.name = "heads", .kind = OPT_U32, .dst = &o->heads, .lo = 1, .hi = UINT32_MAX,
@@ -119,7 +146,21 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
                        NULL);
     if (rc != CLI_OK)
         return rc;
-    if (o->preset) {
+    const cli_variant_preset *vp = o->preset ? cli_variant_preset_find(o->preset) : NULL;
+    if (vp) {
+        /* a real model's pattern: its geometry and variant, flags override each part */
+        const cli_variant given = o->v;
+        o->v = vp->v;
+        if (set_w) o->v.window = given.window;
+        if (set_s) o->v.sinks = given.sinks;
+        if (set_r) o->v.rollback = given.rollback;
+        if (set_c) o->v.softcap = given.softcap;
+        if (!set_l) o->layers = vp->layers;
+        if (!set_h) o->heads = vp->heads;
+        if (!set_g) o->kv_heads = vp->kv_heads;
+        if (!set_d) o->head_dim = vp->head_dim;
+        if (!set_dv) o->head_dim_v = vp->head_dim_v;
+    } else if (o->preset) {
         const cli_preset *p = cli_preset_find(o->preset);
         if (!p)
             return cli_usage_error(CMD, "--model-preset: unknown model '%s'", o->preset);
@@ -128,20 +169,24 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
         if (!set_g) o->kv_heads = p->kv_heads;
         if (!set_d) o->head_dim = p->head_dim;
     }
+    if (cli_variant_check(CMD, &o->v) != CLI_OK)
+        return CLI_USAGE;
     if (o->heads % o->kv_heads != 0)
         return cli_usage_error(CMD, "--heads (%u) must be a multiple of --kv-heads (%u)",
                                o->heads, o->kv_heads);
     /* the plot is written after the run: a path that cannot take it fails now */
     if (o->svg && cli_check_output_file(CMD, "--svg", o->svg) != CLI_OK)
         return CLI_USAGE;
-    const pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim,
-                                    o->block_tokens, o->dtype, o->threads);
+    pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim,
+                              o->block_tokens, o->dtype, o->threads);
+    c.head_dim_v = o->head_dim_v;
     if (cli_check_limits(CMD, &c, NULL) != CLI_OK)
         return CLI_USAGE;
     uint64_t total;
     if (pkv_kv_cache_bytes(o->layers, o->kv_heads, o->head_dim, o->ctx, o->sessions,
                            pkv_dtype_size(o->dtype), &total) != PKV_OK ||
-        (uint64_t)o->heads * o->head_dim > (1u << 24))
+        (uint64_t)o->heads * o->head_dim > (1u << 24) ||
+        (uint64_t)o->heads * o->head_dim_v > (1u << 24))
         return cli_usage_error(CMD, "the geometry or context is too large");
     return CLI_OK;
 }
@@ -211,6 +256,12 @@ static int setup(stress_run *r)
                               o->dtype, o->threads);
     c.mem_budget = o->budget;
     c.spill_dir = o->spill_dir;
+    c.head_dim_v = o->head_dim_v;
+    bool oom = false;
+    r->lc = cli_variant_layers(&o->v, o->layers, o->heads, &r->sink_store, &oom);
+    if (oom)
+        return cli_fail(CMD, "out of memory");
+    c.layer_cfg = r->lc;
     pkv_status st = pkv_engine_create(&c, &r->eng);
     if (st != PKV_OK)
         return cli_fail(CMD, "cannot create the engine: %s", pkv_status_str(st));
@@ -220,6 +271,11 @@ static int setup(stress_run *r)
         (st = pkv_engine_stats(r->eng, &s)) != PKV_OK)
         return cli_fail(CMD, "cannot read the engine's figures: %s", pkv_status_str(st));
     r->bt = rc.block_tokens;
+    r->dv = rc.head_dim_v;
+    r->windowed = cli_variant_windowed_layers(&o->v, o->layers);
+    r->ceiling = r->windowed ? cli_variant_page_ceiling(&o->v, r->bt) : 0;
+    r->steady_from = r->windowed ? (uint64_t)o->v.sinks + o->v.window + o->v.rollback + r->bt
+                                 : 0;
     r->o.threads = rc.n_threads;
     r->page_bytes = s.page_bytes;
     r->isa = s.isa;
@@ -236,21 +292,23 @@ static int setup(stress_run *r)
     /* One block of random rows, cycled with a per-token offset: generating fresh
      * values per token would cost more than the append being measured. */
     size_t gd = (size_t)o->kv_heads * o->head_dim, hd = (size_t)o->heads * o->head_dim;
-    size_t per_row = 2 * gd + hd;
+    size_t gdv = (size_t)o->kv_heads * r->dv, hdv = (size_t)o->heads * r->dv;
+    size_t per_row = gd + gdv + hd;
     size_t rows = ((size_t)4 << 20) / per_row;   /* ~16 MB, at least 17 rows */
     r->rows = (uint32_t)(rows > 1021 ? 1021 : rows < 17 ? 17 : rows);
     r->K = malloc(r->rows * gd * sizeof(float));
-    r->V = malloc(r->rows * gd * sizeof(float));
+    r->V = malloc(r->rows * gdv * sizeof(float));
     r->Q = malloc(r->rows * hd * sizeof(float));
-    r->out = malloc(hd * sizeof(float));
-    r->out2 = malloc(hd * sizeof(float));
+    r->out = malloc(hdv * sizeof(float));
+    r->out2 = malloc(hdv * sizeof(float));
     r->lat = malloc((size_t)o->sessions * o->layers * o->reps * sizeof(float));
+    r->wlat = malloc((size_t)o->sessions * o->layers * o->reps * sizeof(float));
     r->sched = malloc(o->points * sizeof(uint64_t));
-    if (!r->K || !r->V || !r->Q || !r->out || !r->out2 || !r->lat || !r->sched)
+    if (!r->K || !r->V || !r->Q || !r->out || !r->out2 || !r->lat || !r->wlat || !r->sched)
         return cli_fail(CMD, "out of memory");
     uint64_t seed = o->seed;
     fill(r->K, r->rows * gd, &seed);
-    fill(r->V, r->rows * gd, &seed);
+    fill(r->V, r->rows * gdv, &seed);
     fill(r->Q, r->rows * hd, &seed);
 
     /* n_i = ctx^(i/(P-1)): 1 .. ctx, equal ratios; duplicates of short lengths merge */
@@ -284,12 +342,35 @@ static void note(char *buf, uint64_t *count, const char *fmt, ...)
     }
 }
 
-/* The memory report of every session against the formula, at length n. */
+/* Pages the SPEC says a session of length n holds, all layers (cli.h). */
+static uint64_t pages_expected(const stress_run *r, uint64_t n)
+{
+    uint64_t pages = 0;
+    for (uint32_t l = 0; l < r->o.layers; l++)
+        pages += cli_variant_pages_held(&r->o.v, cli_variant_windowed(&r->o.v, l), n, r->bt);
+    return pages;
+}
+
+/* What an unpaged cache of what the decodes can still read needs, at length n: every
+ * position of a full layer, sinks + window + rollback positions of a windowed one;
+ * one position is g * (head_dim + head_dim_v) values. */
+static uint64_t ideal_expected(const stress_run *r, uint64_t n)
+{
+    const stress_opts *o = &r->o;
+    const uint64_t tok = (uint64_t)o->kv_heads * (o->head_dim + r->dv) * r->dsize;
+    const uint64_t keep = (uint64_t)o->v.sinks + o->v.window + o->v.rollback;
+    uint64_t ideal = 0;
+    for (uint32_t l = 0; l < o->layers; l++)
+        ideal += (cli_variant_windowed(&o->v, l) && n > keep ? keep : n) * tok;
+    return ideal;
+}
+
+/* The memory report of every session against the formula, at length n; with a window
+ * also every windowed layer's pages against the SPEC's rule and ceiling. */
 static void check_memory(stress_run *r, uint64_t n, stress_point *pt)
 {
     const stress_opts *o = &r->o;
-    uint64_t pages = (n + r->bt - 1) / r->bt * o->layers, ideal = 0;
-    pkv_kv_cache_bytes(o->layers, o->kv_heads, o->head_dim, n, 1, r->dsize, &ideal);
+    uint64_t pages = pages_expected(r, n), ideal = ideal_expected(r, n);
     for (uint32_t s = 0; s < o->sessions; s++) {
         pkv_memory m;
         pkv_status st = pkv_session_memory(r->sess[s], &m);
@@ -304,6 +385,23 @@ static void check_memory(stress_run *r, uint64_t n, stress_point *pt)
             pt->shared += m.bytes_shared;
             pt->spilled += m.bytes_spilled;
             pt->ideal += m.bytes_ideal;
+            pt->pages += m.blocks;
+        }
+        for (uint32_t l = 0; r->windowed && l < o->layers; l++) {
+            if (!cli_variant_windowed(&o->v, l))
+                continue;
+            const uint64_t held = cli_layer_pages_held(r->sess[s], l);
+            const uint64_t want = cli_variant_pages_held(&o->v, true, n, r->bt);
+            if (held != UINT64_MAX && held > r->window_pages_max)
+                r->window_pages_max = held;
+            if (pt && held != UINT64_MAX && held > pt->window_pages_max)
+                pt->window_pages_max = held;
+            if (held != want || held > r->ceiling)
+                note(r->mismatch, &r->mismatches,
+                     "session %u layer %u at %llu tokens: %llu pages held, the window's "
+                     "rule says %llu, the SPEC ceiling %llu", s, l, (unsigned long long)n,
+                     (unsigned long long)held, (unsigned long long)want,
+                     (unsigned long long)r->ceiling);
         }
         uint64_t held = r->spill ? m.bytes_resident + m.bytes_spilled : m.bytes_resident;
         if (held != pages * r->page_bytes || m.bytes_ideal != ideal ||
@@ -327,6 +425,7 @@ static pkv_status fork_check(stress_run *r, uint32_t s, uint64_t n)
 {
     const stress_opts *o = &r->o;
     size_t hd = (size_t)o->heads * o->head_dim, gd = (size_t)o->kv_heads * o->head_dim;
+    size_t hdv = (size_t)o->heads * r->dv, gdv = (size_t)o->kv_heads * r->dv;
     pkv_session *p = r->sess[s], *c = NULL;
     pkv_status st = pkv_session_fork(p, &c);
     if (st != PKV_OK)
@@ -349,17 +448,20 @@ static pkv_status fork_check(stress_run *r, uint32_t s, uint64_t n)
     if ((st = pkv_decode(p, 0, q, r->out)) != PKV_OK ||
         (st = pkv_decode(c, 0, q, r->out2)) != PKV_OK)
         goto out;
-    if (memcmp(r->out, r->out2, hd * sizeof(float)) != 0)
+    if (memcmp(r->out, r->out2, hdv * sizeof(float)) != 0)
         note(r->fork_msg, &r->fork_bad, "fork of session %u at %llu decodes differently",
              s, (unsigned long long)n);
     for (uint32_t l = 0; l < o->layers; l++)
         if ((st = pkv_append(c, l, row(r, r->K, gd, n + 1, s, l),
-                             row(r, r->V, gd, n + 1, s, l))) != PKV_OK)
+                             row(r, r->V, gdv, n + 1, s, l))) != PKV_OK)
             goto out;
     if ((st = pkv_session_memory(c, &mc)) != PKV_OK)
         goto out;
-    uint64_t want_res = (n / r->bt + 1) * o->layers * pb;     /* ceil((n+1)/bt) */
-    uint64_t want_shared = n / r->bt * o->layers * pb;        /* whole pages stay shared */
+    /* every page the fork holds at n + 1 but its last (new, or copied from the shared
+     * partial tail) is still the parent's; a window may have dropped one more */
+    uint64_t held1 = pages_expected(r, n + 1);
+    uint64_t want_res = held1 * pb;                            /* ceil((n+1)/bt) full */
+    uint64_t want_shared = (held1 - o->layers) * pb;           /* whole pages stay shared */
     if (!r->spill && (mc.bytes_resident != want_res || mc.bytes_shared != want_shared))
         note(r->fork_msg, &r->fork_bad,
              "fork of session %u at %llu after one append: resident %llu (want %llu), "
@@ -368,7 +470,7 @@ static pkv_status fork_check(stress_run *r, uint32_t s, uint64_t n)
              (unsigned long long)mc.bytes_shared, (unsigned long long)want_shared);
     if ((st = pkv_decode(p, 0, q, r->out2)) != PKV_OK)
         goto out;
-    if (memcmp(r->out, r->out2, hd * sizeof(float)) != 0)
+    if (memcmp(r->out, r->out2, hdv * sizeof(float)) != 0)
         note(r->fork_msg, &r->fork_bad,
              "session %u at %llu changed when its fork appended", s, (unsigned long long)n);
 out:
@@ -378,6 +480,19 @@ out:
 
 /* ---- the loop ------------------------------------------------------------------- */
 
+/* Positions one decode at length n reads, averaged over the layers: a windowed layer
+ * reads at most sinks + window. */
+static double read_ctx(const stress_run *r, uint64_t n)
+{
+    const stress_opts *o = &r->o;
+    if (!r->windowed)
+        return (double)n;
+    const uint64_t wmax = (uint64_t)o->v.sinks + o->v.window;
+    const double w = (double)(n < wmax ? n : wmax);
+    return ((double)(o->layers - r->windowed) * (double)n + (double)r->windowed * w) /
+           (double)o->layers;
+}
+
 /* Work left in seconds, from the rates measured so far: appends cost per token,
  * decodes per token of context they read. */
 static double eta(const stress_run *r)
@@ -385,12 +500,14 @@ static double eta(const stress_run *r)
     const stress_opts *o = &r->o;
     double left_tok = (double)(o->ctx - r->done), left_ctx = 0;
     for (size_t i = r->sched_i; i < r->n_sched; i++)
-        left_ctx += (double)r->sched[i];
+        left_ctx += read_ctx(r, r->sched[i]);
     if (o->decode_every) {
         double k = (double)o->decode_every, a = floor((double)r->done / k) + 1,
                b = floor((double)o->ctx / k);
-        if (b >= a)
+        if (b >= a && !r->windowed)
             left_ctx += k * (a + b) * (b - a + 1) / 2;
+        else if (b >= a)
+            left_ctx += (b - a + 1) * read_ctx(r, o->ctx);
     }
     left_ctx *= (double)o->sessions * o->layers * o->reps;
     double per_tok = r->done ? r->append_s / (double)r->done : 0;
@@ -425,7 +542,7 @@ static void progress(stress_run *r, bool tty, double *last, bool final)
 static pkv_status decode_point(stress_run *r, uint64_t n)
 {
     const stress_opts *o = &r->o;
-    size_t hd = (size_t)o->heads * o->head_dim, k = 0;
+    size_t hd = (size_t)o->heads * o->head_dim, hdv = (size_t)o->heads * r->dv, k = 0, kw = 0;
     pkv_status st = PKV_OK;
     for (uint32_t rep = 0; rep < o->reps; rep++)
         for (uint32_t s = 0; s < o->sessions; s++)
@@ -438,14 +555,16 @@ static pkv_status decode_point(stress_run *r, uint64_t n)
                 double dt = cli_now() - t0;
                 if (st != PKV_OK)
                     return st;
-                for (size_t i = 0; i < hd && !r->error[0]; i++)
+                for (size_t i = 0; i < hdv && !r->error[0]; i++)
                     if (!isfinite(r->out[i]))
                         snprintf(r->error, sizeof r->error, "pkv_decode at %llu tokens "
                                  "(session %u, layer %u) returned a non-finite value",
                                  (unsigned long long)n, s, l);
                 r->decode_s += dt;
-                r->decoded_ctx += (double)n;
+                r->decoded_ctx += read_ctx(r, n);
                 r->lat[k++] = (float)(dt * 1e6);
+                if (cli_variant_windowed(&o->v, l))
+                    r->wlat[kw++] = (float)(dt * 1e6);
                 if (!grow((void **)&r->samples, &r->cap_samples, r->n_samples + 1,
                           sizeof(stress_sample)))
                     return PKV_ENOMEM;
@@ -457,10 +576,12 @@ measured:
     if (!grow((void **)&r->points, &r->cap_points, r->n_points + 1, sizeof(stress_point)))
         return PKV_ENOMEM;
     qsort(r->lat, k, sizeof(float), cmp_float);
+    qsort(r->wlat, kw, sizeof(float), cmp_float);
     stress_point *pt = &r->points[r->n_points++];
     *pt = (stress_point){.ctx = n, .min = r->lat[0], .p50 = pct(r->lat, k, 0.5),
                   .p90 = pct(r->lat, k, 0.9),
-                  .max = r->lat[k - 1], .rss = cli_rss_bytes()};
+                  .max = r->lat[k - 1], .rss = cli_rss_bytes(),
+                  .p50_windowed = kw ? pct(r->wlat, kw, 0.5) : NAN};
     check_memory(r, n, pt);
     return PKV_OK;
 }
@@ -468,7 +589,7 @@ measured:
 static void run(stress_run *r)
 {
     const stress_opts *o = &r->o;
-    size_t gd = (size_t)o->kv_heads * o->head_dim;
+    size_t gd = (size_t)o->kv_heads * o->head_dim, gdv = (size_t)o->kv_heads * r->dv;
     bool tty = isatty(STDERR_FILENO);
     double last = 0;
     pkv_status st = PKV_OK;
@@ -484,7 +605,7 @@ static void run(stress_run *r)
         for (uint32_t s = 0; s < o->sessions && st == PKV_OK; s++)
             for (uint32_t l = 0; l < o->layers && st == PKV_OK; l++)
                 st = pkv_append(r->sess[s], l, row(r, r->K, gd, t, s, l),
-                                row(r, r->V, gd, t, s, l));
+                                row(r, r->V, gdv, t, s, l));
         r->append_s += cli_now() - t0;
         if (st != PKV_OK) {
             /* the sessions now differ in length: the summary counts whole passes */
@@ -529,9 +650,12 @@ static void cleanup(stress_run *r)
     free(r->out);
     free(r->out2);
     free(r->lat);
+    free(r->wlat);
     free(r->sched);
     free(r->samples);
     free(r->points);
+    free(r->lc);
+    free(r->sink_store);
 }
 
 int cmd_stress(int argc, char **argv)
@@ -548,12 +672,15 @@ int cmd_stress(int argc, char **argv)
                               r.o.block_tokens, r.o.dtype, r.o.threads);
     c.mem_budget = r.o.budget;
     c.spill_dir = r.o.spill_dir;
+    c.head_dim_v = r.o.head_dim_v;
     uint64_t page = 0;
     uint32_t bt = 0;
     if (cli_check_engine_memory(CMD, &c, "--budget", "--spill-dir", true, &page, &bt) !=
         CLI_OK)
         return CLI_USAGE;
-    uint64_t layer_pages = bt ? (r.o.ctx + bt - 1) / bt : 0;
+    /* a windowed layer holds its ceiling at most; the full ones everything */
+    const bool all_windowed = cli_variant_windowed_layers(&r.o.v, r.o.layers) == r.o.layers;
+    uint64_t layer_pages = bt ? cli_variant_pages_held(&r.o.v, all_windowed, r.o.ctx, bt) : 0;
     if (r.o.budget && r.o.spill_dir && page && layer_pages <= UINT64_MAX / page &&
         r.o.budget < layer_pages * page)
         return cli_usage_error(CMD, "--budget %llu cannot hold one layer of one session "
@@ -568,8 +695,19 @@ int cmd_stress(int argc, char **argv)
      * (--force runs it anyway), near it a warning. A budget bounds what is resident
      * (and with --spill-dir the rest goes to disk), so then it just runs. */
     uint64_t need = 0, ram = cli_avail_mem_bytes();
-    pkv_kv_cache_bytes(r.o.layers, r.o.kv_heads, r.o.head_dim, r.o.ctx, r.o.sessions,
-                       pkv_dtype_size(r.o.dtype), &need);
+    if (!cli_variant_any(&r.o.v) && !r.o.head_dim_v) {
+        pkv_kv_cache_bytes(r.o.layers, r.o.kv_heads, r.o.head_dim, r.o.ctx, r.o.sessions,
+                           pkv_dtype_size(r.o.dtype), &need);
+    } else if (bt) {
+        /* the pages the SPEC lets these layers hold at --ctx (a window bounds them) */
+        uint64_t pages = 0;
+        for (uint32_t l = 0; l < r.o.layers; l++)
+            pages += cli_variant_pages_held(&r.o.v, cli_variant_windowed(&r.o.v, l), r.o.ctx,
+                                            bt);
+        if (__builtin_mul_overflow(pages, page, &need) ||
+            __builtin_mul_overflow(need, (uint64_t)r.o.sessions, &need))
+            need = UINT64_MAX;
+    }
     if (!r.o.budget &&
         cli_memory_guard(CMD, "the K/V cache, with no --budget to bound it,", need, ram,
                          "the available part (MemAvailable) of the machine's physical memory",

@@ -21,6 +21,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "cli.h"
 #include "llama.h"
 #include "llama_kv.h"
 #include "pagedkv.h"
@@ -37,6 +38,7 @@ typedef struct {
     uint64_t seed;
     pkv_dtype dtype;
     bool dtype_set, check, check_e2e, json;
+    cli_variant v;                  /* --window, --sinks, --rollback, --softcap */
 } gen_opts;
 
 enum { MODE_PREFILL, MODE_DECODE, MODE_DENSE };   /* what attn_cb does: gen.mode */
@@ -48,6 +50,8 @@ typedef struct {
     tokenizer tk;
     bool have_tok;
     pkv_engine *eng;
+    pkv_layer_config *lc;           /* [n_layers] the variant of each layer, or NULL */
+    float *sink_store;              /* what lc's sink logits point at (unused: NULL) */
     llama_kv kv;                    /* the model's attention on eng (rows: act_sess) */
     uint32_t N, steps, n_prompt, P; /* P: prompt positions prefilled (<= steps) */
     uint32_t *prompt;               /* [n_prompt] encoded prompt, BOS first */

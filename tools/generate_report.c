@@ -53,6 +53,17 @@ static char *session_text(const gen *g, uint32_t s, size_t *len)
     return buf;
 }
 
+/* Most pages one layer of session s holds (a window bounds it). */
+static uint64_t max_layer_pages(const gen *g, uint32_t s)
+{
+    uint64_t most = 0;
+    for (uint32_t l = 0; l < g->c->n_layers; l++) {
+        uint64_t n = cli_layer_pages_held(g->sess[s], l);
+        most = n != UINT64_MAX && n > most ? n : most;
+    }
+    return most;
+}
+
 static int json_session(const gen *g, json_writer *W, uint32_t s, const pkv_memory *m)
 {
     const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
@@ -90,7 +101,8 @@ static int json_session(const gen *g, json_writer *W, uint32_t s, const pkv_memo
     JSON_U64S(W, {"tokens", m->tokens}, {"blocks", m->blocks},
               {"bytes_resident", m->bytes_resident}, {"bytes_shared", m->bytes_shared},
               {"bytes_ideal", m->bytes_ideal}, {"bytes_overhead", m->bytes_overhead},
-              {"bytes_spilled", m->bytes_spilled});
+              {"bytes_spilled", m->bytes_spilled},
+              {"pages_held_max_layer", max_layer_pages(g, s)});
     json_close(W, '}');
     json_close(W, '}');
     return CLI_OK;
@@ -154,6 +166,13 @@ int gen_report(gen *g)
         JSON_U64S(W, {"block_tokens", cfg.block_tokens}, {"page_bytes", es.page_bytes},
                   {"n_threads", cfg.n_threads});
         json_str(W, "isa", es.isa);
+        JSON_U64S(W, {"window", o->v.window}, {"sinks", o->v.sinks},
+                  {"rollback", o->v.rollback});
+        json_num(W, "softcap", o->v.softcap);
+        if (o->v.window)
+            json_u64(W, "page_ceiling", cli_variant_page_ceiling(&o->v, cfg.block_tokens));
+        else
+            json_str(W, "page_ceiling", NULL);
         json_close(W, '}');
         json_u64(W, "steps", g->steps);
         json_fmt(W, "temperature", "%g", o->temperature);
@@ -184,6 +203,12 @@ int gen_report(gen *g)
                     (unsigned long long)m.blocks, cli_bytes(m.bytes_resident, b1),
                     cli_bytes(m.bytes_shared, b2), cli_bytes(m.bytes_ideal, b3),
                     cli_bytes(m.bytes_overhead, b4));
+            if (o->v.window)
+                fprintf(stderr, "    window %u (sinks %u, rollback %u): at most %llu pages "
+                                "held in a layer, SPEC §8 ceiling %llu\n", o->v.window,
+                        o->v.sinks, o->v.rollback, (unsigned long long)max_layer_pages(g, s),
+                        (unsigned long long)cli_variant_page_ceiling(&o->v,
+                                                                     cfg.block_tokens));
         }
     }
     uint64_t engine_bytes = es.pages_in_use * es.page_bytes;
@@ -237,7 +262,7 @@ int gen_report(gen *g)
             tps, pkv_dtype_name(cfg.kv_dtype), cfg.n_threads, es.isa,
             o->check ? ", --check time excluded" : "");
     if (o->check)
-        fprintf(stderr, "check: passed, %llu attention rows vs pkv_causal_attention, max "
+        fprintf(stderr, "check: passed, %llu attention rows vs pkv_attention_reference, max "
                         "|diff| %.3g, worst %.4f of the tolerance (%.0e x max|V|), %.2f s\n",
                 (unsigned long long)g->n_checked, g->check_maxerr, g->check_worst,
                 CHECK_REL, g->check_secs);

@@ -78,9 +78,38 @@ static line_fit fit_latency(const stress_run *r, bool fastest)
     f.slope = sxy / sxx;
     f.intercept = my - f.slope * mx;
     f.r2 = syy > 0 ? sxy * sxy / (sxx * syy) : 1.0;
-    double bytes = 2.0 * r->o.kv_heads * r->o.head_dim * (double)r->dsize;
+    double bytes = (double)r->o.kv_heads * (r->o.head_dim + r->dv) * (double)r->dsize;
     f.gbps = f.slope > 0 ? bytes / (f.slope * 1e-6) / 1e9 : 0;
     return f;
+}
+
+/* A windowed run beyond steady_from: memory and latency should be level there. */
+typedef struct {
+    size_t n;                           /* points at ctx >= steady_from */
+    uint64_t ctx_lo, ctx_hi;
+    double p50_lo, p50_hi;              /* us, windowed layers' decodes */
+    uint64_t res_lo, res_hi;            /* bytes resident, all sessions */
+} steady;
+
+static steady steady_range(const stress_run *r)
+{
+    steady st = {0};
+    for (size_t i = 0; r->windowed && i < r->n_points; i++) {
+        const stress_point *p = &r->points[i];
+        if (p->ctx < r->steady_from)
+            continue;
+        if (st.n++ == 0) {
+            st.ctx_lo = p->ctx;
+            st.p50_lo = st.p50_hi = p->p50_windowed;
+            st.res_lo = st.res_hi = p->resident;
+        }
+        st.ctx_hi = p->ctx;
+        st.p50_lo = fmin(st.p50_lo, p->p50_windowed);
+        st.p50_hi = fmax(st.p50_hi, p->p50_windowed);
+        st.res_lo = p->resident < st.res_lo ? p->resident : st.res_lo;
+        st.res_hi = p->resident > st.res_hi ? p->resident : st.res_hi;
+    }
+    return st;
 }
 
 /* Octave buckets [2^k, 2^(k+1)) of every timed decode; sorts r->samples. */
@@ -105,7 +134,8 @@ static size_t make_buckets(stress_run *r, bucket *b)
 }
 
 static void print_json(const stress_run *r, const line_fit fit[2], const bucket *b, size_t nb,
-                       const pkv_memory *mem, const pkv_stats *es, double elapsed)
+                       const pkv_memory *mem, const pkv_stats *es, double elapsed,
+                       const steady *sr)
 {
     const stress_opts *o = &r->o;
     json_writer w = {stdout, true, false}, *W = &w;
@@ -123,7 +153,31 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
     json_str(W, "spill_dir", o->spill_dir);
     JSON_U64S(W, {"seed", o->seed});
     json_str(W, "model_preset", o->preset);
+    JSON_U64S(W, {"head_dim_v", r->dv}, {"window", o->v.window}, {"sinks", o->v.sinks},
+              {"rollback", o->v.rollback}, {"window_every", o->v.every},
+              {"windowed_layers", r->windowed});
+    json_num(W, "softcap", o->v.softcap);
+    json_bool(W, "sink_logits", o->v.sink_logits);
     json_close(W, '}');
+    if (!r->windowed) {
+        json_str(W, "window", NULL);
+    } else {
+        json_open(W, "window", '{');
+        JSON_U64S(W, {"page_ceiling", r->ceiling}, {"pages_held_max", r->window_pages_max},
+                  {"steady_from", r->steady_from});
+        json_bool(W, "bounded", r->window_pages_max <= r->ceiling && r->mismatches == 0);
+        if (!sr->n) {
+            json_str(W, "steady", NULL);
+        } else {
+            json_open(W, "steady", '{');
+            JSON_U64S(W, {"points", sr->n}, {"ctx_lo", sr->ctx_lo}, {"ctx_hi", sr->ctx_hi},
+                      {"bytes_resident_lo", sr->res_lo}, {"bytes_resident_hi", sr->res_hi});
+            json_num(W, "p50_us_lo", sr->p50_lo);
+            json_num(W, "p50_us_hi", sr->p50_hi);
+            json_close(W, '}');
+        }
+        json_close(W, '}');
+    }
     json_str(W, "isa", r->isa);
     json_str(W, "io_backend", r->io);
     JSON_U64S(W, {"tokens", r->done});
@@ -152,7 +206,9 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
         json_num(W, "max_us", p->max);
         JSON_U64S(W, {"bytes_resident", p->resident}, {"bytes_shared", p->shared},
                   {"bytes_spilled", p->spilled}, {"bytes_ideal", p->ideal},
-                  {"rss_bytes", p->rss});
+                  {"rss_bytes", p->rss}, {"pages", p->pages},
+                  {"window_pages_max", p->window_pages_max});
+        json_num(W, "p50_windowed_us", p->p50_windowed);
         json_close(W, '}');
     }
     json_close(W, ']');
@@ -214,7 +270,8 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
 }
 
 static void print_text(const stress_run *r, const line_fit fit[2], const bucket *b, size_t nb,
-                       const pkv_memory *mem, const pkv_stats *es, double elapsed)
+                       const pkv_memory *mem, const pkv_stats *es, double elapsed,
+                       const steady *sr)
 {
     const stress_opts *o = &r->o;
     char b1[32], b2[32], b3[32], b4[32], b5[32];
@@ -222,6 +279,11 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
            "%u, head-dim %u, %s, %u tokens/page, %u thread(s), isa %s, io %s\n",
            o->sessions, (unsigned long long)o->ctx, o->layers, o->heads, o->kv_heads,
            o->head_dim, pkv_dtype_name(o->dtype), r->bt, o->threads, r->isa, r->io);
+    if (cli_variant_any(&o->v) || r->dv != o->head_dim) {
+        char vd[256];
+        printf("variant: %s; head-dim-v %u\n", cli_variant_describe(&o->v, o->layers, vd,
+                                                                     sizeof vd), r->dv);
+    }
     if (cli_interrupted())
         printf("interrupted at %llu tokens: the figures below cover the work so far\n",
                (unsigned long long)r->done);
@@ -243,13 +305,49 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
         printf("  %-22s %8zu %12.1f %12.1f %12.1f\n", range, b[i].n, b[i].p50, b[i].p90,
                b[i].max);
     }
-    for (int i = 0; i < 2; i++)
+    /* the point of a window: memory and latency against context, side by side */
+    const bool mixed = r->windowed && r->windowed < o->layers;
+    printf("latency and memory against context (the last decode point of each octave):\n"
+           "  %12s %12s%s %14s %12s%s\n", "context", "p50 us",
+           mixed ? "  windowed us" : "", "resident", "pages",
+           r->windowed ? "  pages/windowed layer (ceiling)" : "");
+    for (size_t i = 0; i < r->n_points; i++) {
+        const stress_point *p = &r->points[i];
+        if (i + 1 < r->n_points && ilog2(r->points[i + 1].ctx) == ilog2(p->ctx))
+            continue;
+        printf("  %12llu %12.1f", (unsigned long long)p->ctx, p->p50);
+        if (mixed)
+            printf(" %12.1f", p->p50_windowed);
+        printf(" %14s %12llu", cli_bytes(p->resident, b1), (unsigned long long)p->pages);
+        if (r->windowed)
+            printf("  %llu (%llu)", (unsigned long long)p->window_pages_max,
+                   (unsigned long long)r->ceiling);
+        printf("\n");
+    }
+    if (r->windowed && sr->n)
+        printf("windowed: from %llu to %llu tokens (%zu points past sinks + window + "
+               "rollback + a page) the windowed layers' p50 latency %.1f..%.1f us, "
+               "resident %s..%s%s; pages held per windowed layer at most %llu, SPEC "
+               "ceiling %llu\n",
+               (unsigned long long)sr->ctx_lo, (unsigned long long)sr->ctx_hi, sr->n,
+               sr->p50_lo, sr->p50_hi, cli_bytes(sr->res_lo, b1), cli_bytes(sr->res_hi, b2),
+               mixed ? " (the full layers grow with context)" : "",
+               (unsigned long long)r->window_pages_max, (unsigned long long)r->ceiling);
+    else if (r->windowed)
+        printf("windowed: the context never passed sinks + window + rollback + a page "
+               "(%llu tokens); pages held per windowed layer at most %llu, SPEC ceiling "
+               "%llu\n", (unsigned long long)r->steady_from,
+               (unsigned long long)r->window_pages_max, (unsigned long long)r->ceiling);
+    if (r->windowed)   /* a line through a level latency is no K/V rate */
+        printf("fit: not shown with a window (past it the latency is level, the table "
+               "above); --json keeps decode.fit\n");
+    for (int i = 0; i < 2 && !r->windowed; i++)
         if (fit[i].ok)
             printf("fit of the %s decode over %zu lengths: latency = %.3f us + %.6g us/token "
                    "x context, R^2 = %.5f (%.3f ms per 1M tokens: K/V read at %.2f GB/s)\n",
                    i ? "fastest" : "p50", fit[i].n, fit[i].intercept, fit[i].slope,
                    fit[i].r2, fit[i].slope * 1048576 / 1e3, fit[i].gbps);
-    if (!fit[0].ok)
+    if (!fit[0].ok && !r->windowed)
         printf("fit: needs at least two decode lengths\n");
     printf("memory per session:\n  %7s %12s %9s %12s %12s %12s %12s %10s\n", "session",
            "tokens", "pages", "resident", "shared", "spilled", "ideal", "overhead");
@@ -284,12 +382,13 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
 static int write_svg(const stress_run *r, const line_fit *fit)
 {
     size_t n = r->n_points;
-    double *buf = calloc(n * 8 + 4, sizeof(double));
+    double *buf = calloc(n * 8 + 8, sizeof(double));
     if (!buf)
         return -1;
     double *x = buf, *p50 = x + n, *p90 = p50 + n, *fl = p90 + n,
            *res = fl + n, *ideal = res + n, *spill = ideal + n, *rss = spill + n;
     double *bx = rss + n, *by = bx + 2;   /* the budget: a level line over the data */
+    double *cx = by + 2, *cy = cx + 2;     /* SPEC §8's ceiling of a windowed run */
     double maxlat = 0;
     for (size_t i = 0; i < n; i++)
         maxlat = fmax(maxlat, r->points[i].p90);
@@ -320,11 +419,24 @@ static int write_svg(const stress_run *r, const line_fit *fit)
         snprintf(lat_title + strlen(lat_title), sizeof lat_title - strlen(lat_title),
                  ": %.3g %s per 1M tokens", per_m >= 1000 ? per_m / 1000 : per_m,
                  per_m >= 1000 ? "s" : "ms");
+    if (r->windowed)   /* a line through a level latency says nothing */
+        snprintf(lat_title, sizeof lat_title, "decode latency of one layer vs context "
+                 "(window %u on %u of %u layers)", r->o.v.window, r->windowed, r->o.layers);
+    const bool draw_fit = fit->ok && !r->windowed;
+    double *wl = calloc(n + 1, sizeof(double));
+    if (!wl) {
+        free(buf);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        wl[i] = r->points[i].p50_windowed / div;
     svg_series lat[] = {
         {.name = "p50", .x = x, .y = p50, .n = n, .line = true, .markers = true},
         {.name = "p90", .x = x, .y = p90, .n = n, .markers = true},
         {.name = fitname, .x = x, .y = fl, .n = fit->ok ? n : 0, .line = true,
          .dashed = true, .color = "#000000"},
+        {.name = "p50 of the windowed layers", .x = x, .y = wl, .n = n, .line = true,
+         .markers = true},
     };
     const stress_opts *o = &r->o;
     char budget_name[64];
@@ -333,7 +445,16 @@ static int write_svg(const stress_run *r, const line_fit *fit)
     bx[0] = n ? x[0] : 1;
     bx[1] = n ? x[n - 1] : 1;
     by[0] = by[1] = (double)o->budget;
-    svg_series memser[5] = {
+    /* every layer windowed: the ceiling bounds all of it, a level line */
+    const stress_opts *oo = &r->o;
+    char ceil_name[96];
+    const bool bound = r->windowed == oo->layers && r->windowed;
+    snprintf(ceil_name, sizeof ceil_name, "SPEC \xc2\xa7" "8 bound: %llu pages/layer",
+             (unsigned long long)r->ceiling);
+    cx[0] = n ? x[0] : 1;
+    cx[1] = n ? x[n - 1] : 1;
+    cy[0] = cy[1] = (double)(r->ceiling * r->page_bytes * oo->layers * oo->sessions);
+    svg_series memser[6] = {
         {.name = "resident (paged)", .x = x, .y = res, .n = n, .line = true, .markers = true},
         {.name = "ideal (formula)", .x = x, .y = ideal, .n = n, .line = true, .dashed = true},
         {.name = "process RSS", .x = x, .y = rss, .n = n, .line = true},
@@ -342,6 +463,9 @@ static int write_svg(const stress_run *r, const line_fit *fit)
     if (any_spill)
         memser[n_mem++] = (svg_series){.name = "spilled", .x = x, .y = spill, .n = n,
                                        .line = true};
+    if (bound)
+        memser[n_mem++] = (svg_series){.name = ceil_name, .x = cx, .y = cy, .n = n ? 2 : 0,
+                                       .line = true, .dashed = true, .color = "#d62728"};
     if (o->budget)
         memser[n_mem++] = (svg_series){.name = budget_name, .x = bx, .y = by, .n = n ? 2 : 0,
                                        .line = true, .dashed = true, .color = "#7f7f7f"};
@@ -354,17 +478,27 @@ static int write_svg(const stress_run *r, const line_fit *fit)
         {.title = lat_title, .x = xa,
          .y = {.label = ms ? "latency (ms)" : "latency (us)", .log = o->svg_logx,
                .from_zero = true},
-         .series = lat, .n_series = fit->ok ? 3 : 2},
+         .series = lat, .n_series = draw_fit ? 3 : 2},
         {.title = "K/V memory of all sessions vs context", .x = xa,
          .y = {.label = "memory", .log = o->svg_logx, .format = SVG_FMT_BYTES,
                .from_zero = true},
          .series = memser, .n_series = n_mem},
     };
     char title[256];
+    char vd[200] = "";
+    if (cli_variant_any(&o->v))
+        cli_variant_describe(&o->v, o->layers, vd, sizeof vd);
     snprintf(title, sizeof title, "pagedkv stress: %u session(s), %u layer(s), h %u, g %u, "
-             "d %u, %s, %u tokens/page, isa %s", o->sessions, o->layers, o->heads,
-             o->kv_heads, o->head_dim, pkv_dtype_name(o->dtype), r->bt, r->isa);
+             "d %u, %s, %u tokens/page, isa %s%s%s", o->sessions, o->layers, o->heads,
+             o->kv_heads, o->head_dim, pkv_dtype_name(o->dtype), r->bt, r->isa,
+             vd[0] ? "; " : "", vd);
+    /* mixed layers: the windowed layers' own latency, level, next to the mean */
+    if (r->windowed && r->windowed < o->layers) {
+        lat[2] = lat[3];
+        panels[0].n_series = 3;
+    }
     int rc = svg_write_file(o->svg, title, panels, 2);
+    free(wl);
     free(buf);
     return rc;
 }
@@ -375,6 +509,7 @@ int stress_report(stress_run *r)
     double elapsed = cli_now() - r->t_start;
     line_fit fit[2] = {fit_latency(r, false), fit_latency(r, true)};
     bucket b[64];
+    const steady sr = steady_range(r);
     size_t nb = make_buckets(r, b);
     pkv_memory *mem = calloc(o->sessions, sizeof *mem);
     pkv_stats es = {0};
@@ -382,9 +517,9 @@ int stress_report(stress_run *r)
     for (uint32_t s = 0; mem && s < o->sessions; s++)
         pkv_session_memory(r->sess[s], &mem[s]);
     if (o->json)
-        print_json(r, fit, b, nb, mem, &es, elapsed);
+        print_json(r, fit, b, nb, mem, &es, elapsed, &sr);
     else
-        print_text(r, fit, b, nb, mem, &es, elapsed);
+        print_text(r, fit, b, nb, mem, &es, elapsed, &sr);
     fflush(stdout);
     free(mem);
     int rc = r->error[0] || r->mismatches || r->fork_bad ? CLI_FAIL

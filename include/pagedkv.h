@@ -168,7 +168,9 @@ typedef struct {
     uint64_t bytes_resident;   /* bytes of those pages now in memory */
     uint64_t bytes_shared;     /* part of bytes_resident shared with other sessions */
     uint64_t bytes_spilled;    /* bytes of this session's pages now on disk */
-    uint64_t bytes_ideal;      /* what an unpaged cache of exactly these tokens needs */
+    uint64_t bytes_ideal;      /* what an unpaged cache of exactly these tokens needs
+                                  (a windowed layer: of the positions it must keep,
+                                  its sinks and its last window + rollback ones) */
     uint64_t bytes_overhead;   /* block tables and other bookkeeping */
 } pkv_memory;
 /* Exact memory figures of one session. PKV_EINVAL for NULL. */

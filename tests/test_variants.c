@@ -789,6 +789,71 @@ START_TEST(a_plain_engine_still_writes_version_1)
 }
 END_TEST
 
+
+/* A spill engine under a tight budget with windowed, sink and soft-capped layers: three
+ * sessions take turns, so each one's pages go to disk and come back; every decode is
+ * bitwise what a twin engine without a budget gives. */
+START_TEST(variants_under_spill)
+{
+    char dir[] = "/tmp/pkv-variants-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    const geo G = {4, 2, 8, 8, 4};
+    float logits[3 * 8];
+    pkv_layer_config lc[3];
+    layer_configs(3, G.h, logits, lc); /* window 7 + sinks 3 + softcap + logits | plain | ... */
+    pkv_config c = pkv_config_default();
+    c.n_layers = 3;
+    c.n_heads = G.h;
+    c.n_kv_heads = G.g;
+    c.head_dim = G.d;
+    c.block_tokens = G.bt;
+    c.kv_dtype = PKV_F16;
+    c.layer_cfg = lc;
+    c.n_threads = 1;
+    pkv_engine *twin;
+    ck_assert_int_eq(pkv_engine_create(&c, &twin), PKV_OK);
+    c.spill_dir = dir;
+    c.mem_budget = 24ull * (2ull * G.g * G.bt * G.d * 2); /* 24 pages: one session's worth */
+    pkv_engine *e;
+    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 40);
+    const uint32_t T = 40;
+    tokens tk = make_tokens(&r, &G, PKV_F16, T);
+    const size_t qd = 32, kd = 16, od = 32;
+    pkv_session *s[3], *w[3];
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(pkv_session_create(e, &s[i]), PKV_OK);
+        ck_assert_int_eq(pkv_session_create(twin, &w[i]), PKV_OK);
+    }
+    uint64_t spilled_max = 0;
+    for (uint32_t t = 0; t < T; t++)
+        for (int i = 0; i < 3; i++)
+            for (uint32_t l = 0; l < 3; l++) {
+                const float *k = tk.k + ((t + 7 * (uint32_t)i) % T) * kd;
+                ck_assert_int_eq(pkv_append(s[i], l, k, k), PKV_OK);
+                ck_assert_int_eq(pkv_append(w[i], l, k, k), PKV_OK);
+                float a[32], b[32];
+                ck_assert_int_eq(pkv_decode(s[i], l, tk.q + t * qd, a), PKV_OK);
+                ck_assert_int_eq(pkv_decode(w[i], l, tk.q + t * qd, b), PKV_OK);
+                ck_assert_msg(memcmp(a, b, od * sizeof *a) == 0, "spill changed a decode");
+                pkv_stats st;
+                ck_assert_int_eq(pkv_engine_stats(e, &st), PKV_OK);
+                spilled_max = st.pages_spilled > spilled_max ? st.pages_spilled : spilled_max;
+            }
+    ck_assert_uint_gt(spilled_max, 0); /* the budget really made pages go to disk */
+    ck_assert(pkvi_engine_check(e));
+    for (int i = 0; i < 3; i++) {
+        pkv_session_destroy(s[i]);
+        pkv_session_destroy(w[i]);
+    }
+    pkv_engine_destroy(e);
+    pkv_engine_destroy(twin);
+    free_tokens(&tk);
+    rmdir(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("variants");
@@ -807,6 +872,7 @@ int main(void)
     tcase_add_test(te, mla_absorbed_equals_naive);
     tcase_add_test(te, variants_save_and_load);
     tcase_add_test(te, a_plain_engine_still_writes_version_1);
+    tcase_add_test(te, variants_under_spill);
     suite_add_tcase(s, te);
     return pkvt_run(s);
 }

@@ -121,6 +121,14 @@ typedef struct pkv_session pkv_session;
  *   an existing directory.
  * PKV_ENOMEM: the allocator failed. PKV_EIO: the spill file could not be created. */
 PKV_API pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out);
+/* Why pkv_engine_create would refuse cfg: runs the same checks (geometry, limits,
+ * dtype, scale, variants, page size, budget, spill_dir, and PKV_FORCE_ISA, the
+ * environment variable that forces the kernels: scalar, avx2 or avx512) and returns
+ * the same status, writing a one-line English reason into why (why_size bytes,
+ * NUL-terminated; "" on PKV_OK; why may be NULL). Creates nothing and allocates
+ * nothing; thread-safe. PKV_OK does not promise creation: memory and the spill file
+ * can still fail (PKV_ENOMEM, PKV_EIO). */
+PKV_API pkv_status pkv_config_explain(const pkv_config *cfg, char *why, size_t why_size);
 /* Destroy the engine. Every session of it must have been destroyed first (sessions
  * still alive are destroyed here, and their handles become invalid). NULL: no-op.
  * Process-wide state: each engine's pages come from a jemalloc arena of its own; on

@@ -11,6 +11,7 @@
 #include "pkv_config.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
@@ -59,53 +60,109 @@ static uint32_t online_cpus(void)
     return n > 0 && n < 1024 ? (uint32_t)n : 1;
 }
 
-pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out)
+/* Write the reason of a rejection into why (size n; may be NULL) and return st. */
+__attribute__((format(printf, 4, 5)))
+static pkv_status reject(char *why, size_t n, pkv_status st, const char *fmt, ...)
 {
-    if (!cfg || !out)
-        return PKV_EINVAL;
+    if (why && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, n, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+/* The checks of pkv_engine_create, each with its reason (why may be NULL). */
+static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, size_t n)
+{
+    if (!cfg)
+        return reject(why, n, PKV_EINVAL, "no configuration (cfg is NULL)");
     pkv_config c = *cfg;
     if (c.n_layers == 0 || c.n_heads == 0 || c.n_kv_heads == 0 || c.head_dim == 0)
-        return PKV_EINVAL;
+        return reject(why, n, PKV_EINVAL,
+                      "n_layers %u, n_heads %u, n_kv_heads %u, head_dim %u: each must be > 0",
+                      c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
     if (c.n_heads % c.n_kv_heads != 0)
-        return PKV_EINVAL;
-    if (c.n_heads / c.n_kv_heads > PKVI_MAX_GROUP_HEADS || c.head_dim > PKVI_MAX_HEAD_DIM ||
-        c.n_kv_heads > PKVI_MAX_KV_HEADS)
-        return PKV_EINVAL;
+        return reject(why, n, PKV_EINVAL, "n_heads %u is not a multiple of n_kv_heads %u",
+                      c.n_heads, c.n_kv_heads);
+    if (c.n_heads / c.n_kv_heads > PKVI_MAX_GROUP_HEADS)
+        return reject(why, n, PKV_EINVAL,
+                      "%u query heads per KV group exceed the engine limit %u",
+                      c.n_heads / c.n_kv_heads, PKVI_MAX_GROUP_HEADS);
+    if (c.head_dim > PKVI_MAX_HEAD_DIM)
+        return reject(why, n, PKV_EINVAL, "head_dim %u exceeds the engine limit %u",
+                      c.head_dim, PKVI_MAX_HEAD_DIM);
+    if (c.n_kv_heads > PKVI_MAX_KV_HEADS)
+        return reject(why, n, PKV_EINVAL, "n_kv_heads %u exceeds the engine limit %u",
+                      c.n_kv_heads, PKVI_MAX_KV_HEADS);
     if (pkv_row_bytes(c.kv_dtype, 1) == 0)
-        return PKV_EINVAL;
+        return reject(why, n, PKV_EINVAL, "kv_dtype %d is not a storage type",
+                      (int)c.kv_dtype);
     if (c.block_tokens == 0)
         c.block_tokens = PKVI_DEFAULT_BLOCK_TOKENS;
     if (!isfinite(c.scale) || c.scale < 0)
-        return PKV_EINVAL;
+        return reject(why, n, PKV_EINVAL, "scale %g: must be finite and >= 0 (0 = default)",
+                      (double)c.scale);
     if (c.scale == 0)
         c.scale = (float)(1.0 / sqrt((double)c.head_dim));
     if (c.n_threads == 0)
         c.n_threads = online_cpus();
     if (c.n_threads > 1024)
-        return PKV_EINVAL;
+        return reject(why, n, PKV_EINVAL, "n_threads %u exceeds the engine limit 1024",
+                      c.n_threads);
     if (c.head_dim_v == 0)
         c.head_dim_v = c.head_dim;
     if (c.head_dim_v > PKVI_MAX_HEAD_DIM)
-        return PKV_EINVAL;
+        return reject(why, n, PKV_EINVAL, "head_dim_v %u exceeds the engine limit %u",
+                      c.head_dim_v, PKVI_MAX_HEAD_DIM);
     for (uint32_t l = 0; c.layer_cfg && l < c.n_layers; l++)
         if (!pkvi_layer_config_ok(&c.layer_cfg[l], c.n_heads))
-            return PKV_EINVAL;
+            return reject(why, n, PKV_EINVAL,
+                          "layer %u: sink_tokens or rollback_tokens need a window; softcap "
+                          "must be finite and >= 0; sink logits must be finite",
+                          l);
     /* page bytes = g * bt * (row_bytes(dk) + row_bytes(dv)), checked */
     uint64_t pb;
     if (!pkvi_mul(c.n_kv_heads, c.block_tokens, &pb) ||
         !pkvi_mul(pb, (uint64_t)pkv_row_bytes(c.kv_dtype, c.head_dim) +
                           pkv_row_bytes(c.kv_dtype, c.head_dim_v), &pb) ||
         pb > PKVI_MAX_PAGE_BYTES)
-        return PKV_EINVAL;
+        return reject(why, n, PKV_EINVAL,
+                      "a page of %u tokens would exceed the engine limit of 1 GiB",
+                      c.block_tokens);
     if (c.mem_budget && c.mem_budget < pb)
-        return PKV_EINVAL;
+        return reject(why, n, PKV_EINVAL,
+                      "mem_budget %llu bytes is smaller than one page (%llu bytes)",
+                      (unsigned long long)c.mem_budget, (unsigned long long)pb);
     if (c.spill_dir) {
         struct stat st;
         if (c.spill_dir[0] == '\0' || stat(c.spill_dir, &st) != 0 || !S_ISDIR(st.st_mode))
-            return PKV_EINVAL;
+            return reject(why, n, PKV_EINVAL, "spill_dir '%s' is not an existing directory",
+                          c.spill_dir);
     }
-    *out = c;
+    const char *isa = NULL;
+    if (pkvi_kernels_check_force(&isa) != PKV_OK)
+        return reject(why, n, PKV_EINVAL,
+                      "PKV_FORCE_ISA=%s: this CPU (and OS) cannot run it, or it is not "
+                      "one of scalar, avx2, avx512", isa);
+    if (out)
+        *out = c;
+    if (why && n)
+        why[0] = '\0';
     return PKV_OK;
+}
+
+pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out)
+{
+    if (!out)
+        return PKV_EINVAL;
+    return resolve(cfg, out, NULL, 0);
+}
+
+pkv_status pkv_config_explain(const pkv_config *cfg, char *why, size_t why_size)
+{
+    return resolve(cfg, NULL, why, why_size);
 }
 
 pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)

@@ -923,10 +923,70 @@ START_TEST(rss_follows_the_figures)
 }
 END_TEST
 
+/* pkv_config_explain: the status pkv_engine_create gives, with the reason named. */
+START_TEST(config_explain_names_the_reason)
+{
+    pkv_config c = pkv_config_default();
+    char why[256];
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "must be > 0"));
+    c.n_layers = 2;
+    c.n_heads = 8;
+    c.n_kv_heads = 2;
+    c.head_dim = 5000;
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
+    ck_assert_str_eq(why, "head_dim 5000 exceeds the engine limit 4096");
+    pkv_engine *e = NULL;
+    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL); /* the same verdict */
+    c.head_dim = 64;
+    c.n_kv_heads = 3;
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
+    ck_assert_str_eq(why, "n_heads 8 is not a multiple of n_kv_heads 3");
+    c.n_kv_heads = 2;
+    c.n_threads = 100000;
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "n_threads 100000"));
+    c.n_threads = 1;
+    c.block_tokens = 99999999;
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "1 GiB"));
+    c.block_tokens = 16;
+    c.spill_dir = "/nonexistent/pkv";
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "/nonexistent/pkv"));
+    c.spill_dir = NULL;
+    char tiny[8];
+    c.mem_budget = 1;
+    ck_assert_int_eq(pkv_config_explain(&c, tiny, sizeof tiny), PKV_EINVAL);
+    ck_assert_uint_eq(strlen(tiny), sizeof tiny - 1); /* cut, terminated */
+    c.mem_budget = 0;
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_OK);
+    ck_assert_str_eq(why, "");
+    ck_assert_int_eq(pkv_config_explain(&c, NULL, 0), PKV_OK);
+    ck_assert_int_eq(pkv_config_explain(NULL, why, sizeof why), PKV_EINVAL);
+    /* the forced kernels: a name this host cannot run, or no ISA at all */
+    const char *old = getenv("PKV_FORCE_ISA");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("PKV_FORCE_ISA", "avx9", 1);
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "PKV_FORCE_ISA=avx9"));
+    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL);
+    setenv("PKV_FORCE_ISA", "scalar", 1);
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_OK);
+    if (saved) {
+        setenv("PKV_FORCE_ISA", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("PKV_FORCE_ISA");
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("session");
     TCase *tc = tcase_create("core");
+    tcase_add_test(tc, config_explain_names_the_reason);
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, incremental_equals_causal);
     tcase_add_test(tc, decode_rows_match_public_oracle);

@@ -448,8 +448,14 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
             pkv_status st = build(o, p, dt, T, false, ctx, kv, pool_tokens, &e, &s);
             if (st != PKV_OK) {
                 destroy(&e, &s);
-                rc = cli_fail(CMD, "building a %s session of %llu tokens: %s",
-                              pkv_dtype_name(dt), (unsigned long long)ctx, pkv_status_str(st));
+                char why[256] = "";
+                const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
+                                                o->block_tokens, dt, T);
+                if (st == PKV_EINVAL)
+                    pkv_config_explain(&c, why, sizeof why);
+                rc = cli_fail(CMD, "building a %s session of %llu tokens: %s%s%s",
+                              pkv_dtype_name(dt), (unsigned long long)ctx, pkv_status_str(st),
+                              why[0] ? ": " : "", why);
                 goto done;
             }
             pkv_config cfg;

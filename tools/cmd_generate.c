@@ -295,11 +295,12 @@ static int gen_setup(gen *g)
         CLI_OK)
         return CLI_USAGE;
     st = pkv_engine_create(&cfg, &g->eng);
-    if (st == PKV_EINVAL)
-        return cli_usage_error(CMD, "the engine rejects this configuration (block "
-                                    "tokens %u): %s", o->block_tokens, pkv_status_str(st));
-    if (st != PKV_OK)
+    if (st != PKV_OK) {
+        char why[256];
+        if (pkv_config_explain(&cfg, why, sizeof why) != PKV_OK)
+            return cli_usage_error(CMD, "the engine rejects this configuration: %s", why);
         return cli_fail(CMD, "cannot create the engine: %s", pkv_status_str(st));
+    }
     st = pkv_session_create(g->eng, &g->sess[0]);
     if (st != PKV_OK)
         return cli_fail(CMD, "cannot create a session: %s", pkv_status_str(st));

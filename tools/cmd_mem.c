@@ -346,16 +346,17 @@ static int make_engine(const mem_opts *o, pkv_engine **e)
     bool oom = false;
     const pkv_config c = mem_config(o, &lc, &sinks, &oom);
     pkv_status st = oom ? PKV_ENOMEM : pkv_engine_create(&c, e);
+    char why[256] = "";
+    if (st == PKV_EINVAL)
+        pkv_config_explain(&c, why, sizeof why);
     free(lc);
     free(sinks);
     if (st != PKV_OK)
         return cli_fail(CMD, "the library refuses this geometry (layers %u, heads %u, "
-                             "kv-heads %u, head-dim %u, block-tokens %u, %s): %s%s",
+                             "kv-heads %u, head-dim %u, block-tokens %u, %s): %s%s%s",
                         o->layers, o->heads, o->kv_heads, o->head_dim, o->block_tokens,
-                        pkv_dtype_name(o->dtype), pkv_status_str(st),
-                        st == PKV_EINVAL ? " (pkv_engine_create in pagedkv.h lists its "
-                                           "limits, e.g. pages of at most 1 GiB)"
-                                         : "");
+                        pkv_dtype_name(o->dtype), pkv_status_str(st), why[0] ? ": " : "",
+                        why);
     return CLI_OK;
 }
 

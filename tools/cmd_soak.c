@@ -173,8 +173,12 @@ static bool setup(soak *S)
     c.mem_budget = o->budget_pages * S->page_bytes;
     c.spill_dir = S->dir;
     pkv_status st = pkv_engine_create(&c, &S->e);
-    if (st != PKV_OK)
-        return soak_fail(S, "pkv_engine_create: %s", pkv_status_str(st));
+    if (st != PKV_OK) {
+        char why[256] = "";
+        pkv_config_explain(&c, why, sizeof why);
+        return soak_fail(S, "pkv_engine_create: %s%s%s", pkv_status_str(st), why[0] ? ": " : "",
+                         why);
+    }
     pkv_engine_config(S->e, &S->cfg);
     S->kd = o->kv_heads * o->head_dim;
     S->qd = o->heads * o->head_dim;

@@ -263,8 +263,12 @@ static int setup(stress_run *r)
         return cli_fail(CMD, "out of memory");
     c.layer_cfg = r->lc;
     pkv_status st = pkv_engine_create(&c, &r->eng);
-    if (st != PKV_OK)
+    if (st != PKV_OK) {
+        char why[256];
+        if (pkv_config_explain(&c, why, sizeof why) != PKV_OK)
+            return cli_fail(CMD, "cannot create the engine: %s", why);
         return cli_fail(CMD, "cannot create the engine: %s", pkv_status_str(st));
+    }
     pkv_config rc;
     pkv_stats s;
     if ((st = pkv_engine_config(r->eng, &rc)) != PKV_OK ||

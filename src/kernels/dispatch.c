@@ -112,6 +112,13 @@ bool pkvi_isa_supported(const char *isa)
     return false;
 }
 
+pkv_status pkvi_kernels_check_force(const char **name)
+{
+    const char *force = getenv("PKV_FORCE_ISA");
+    *name = force;
+    return force && *force && !pkvi_isa_supported(force) ? PKV_EINVAL : PKV_OK;
+}
+
 pkv_status pkvi_kernels_select(const pkvi_kernels **out)
 {
     if (!out)

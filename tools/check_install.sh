@@ -1,0 +1,58 @@
+#!/bin/sh
+# check_install.sh BUILD_DIR - the README's two link recipes, from an installed tree:
+# a program linked with the shared library, and one linked with libpagedkv.a as an
+# archive (no libpagedkv.so needed at run time). Run by .ci/run; exits non-zero on
+# any failure.
+#
+# `meson install --destdir D` puts the files under D, but pagedkv.pc still names the
+# configured prefix: PKG_CONFIG_SYSROOT_DIR=D makes pkg-config prefix its -I and -L
+# paths with D (the README says so too).
+set -eu
+build=${1:?usage: tools/check_install.sh BUILD_DIR}
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+meson install -C "$build" --destdir "$root" >/dev/null
+pc=$(find "$root" -name pagedkv.pc | head -1)
+[ -n "$pc" ] || { echo "check_install: no pagedkv.pc was installed" >&2; exit 1; }
+export PKG_CONFIG_PATH="$(dirname "$pc")" PKG_CONFIG_SYSROOT_DIR="$root"
+libdir=$(dirname "$(dirname "$pc")")
+
+cat >"$root/app.c" <<'C'
+#include <pagedkv.h>
+#include <stdio.h>
+int main(void)
+{
+    pkv_config c = pkv_config_default();
+    c.n_layers = 1; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 8;
+    pkv_engine *e;
+    if (pkv_engine_create(&c, &e) != PKV_OK)
+        return 1;
+    pkv_session *s;
+    float kv[16] = {1}, q[32] = {1}, out[32];
+    if (pkv_session_create(e, &s) != PKV_OK || pkv_append(s, 0, kv, kv) != PKV_OK ||
+        pkv_decode(s, 0, q, out) != PKV_OK)
+        return 1;
+    printf("pagedkv %s: out[0] = %g\n", pkv_version(), (double)out[0]);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+    return out[0] == 1.0f ? 0 : 1;
+}
+C
+cc=${CC:-cc}
+# 1. shared: the plain recipe
+# shellcheck disable=SC2046
+$cc -o "$root/app_shared" "$root/app.c" $(pkg-config --cflags --libs pagedkv)
+LD_LIBRARY_PATH="$libdir" "$root/app_shared"
+readelf -d "$root/app_shared" | grep -q 'NEEDED.*libpagedkv' ||
+    { echo "check_install: the shared recipe did not link libpagedkv.so" >&2; exit 1; }
+# 2. the archive: -l:libpagedkv.a names the file, so the linker cannot pick the .so
+#    that sits beside it (plain --static still would)
+# shellcheck disable=SC2046
+$cc -o "$root/app_static" "$root/app.c" $(pkg-config --cflags pagedkv) \
+    $(pkg-config --static --libs pagedkv | sed 's/-lpagedkv\b/-l:libpagedkv.a/')
+"$root/app_static"
+if readelf -d "$root/app_static" | grep -q 'NEEDED.*libpagedkv'; then
+    echo "check_install: the archive recipe still needs libpagedkv.so" >&2
+    exit 1
+fi
+echo "check_install: shared and archive recipes build and run from an installed tree"

@@ -194,6 +194,12 @@ typedef struct {
                                   size class (without jemalloc: those pages' bytes) */
     uint64_t mem_budget;
 } pkv_stats;
+/* The reason of the most recent failed call on e or on one of its sessions, as one
+ * English line (e.g. "pkv_decode: layer 3 is empty"), into buf (size bytes,
+ * NUL-terminated; "" before any failure). Calls that succeed leave it as it was. With
+ * several threads failing at once it is one of their reasons; a thread that needs its
+ * own should read it right after its failure. PKV_EINVAL for NULL or size 0. */
+PKV_API pkv_status pkv_engine_last_error(const pkv_engine *e, char *buf, size_t size);
 /* Engine-wide figures; safe to call from any thread. PKV_EINVAL for NULL. */
 PKV_API pkv_status pkv_engine_stats(const pkv_engine *e, pkv_stats *out);
 

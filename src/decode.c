@@ -390,17 +390,21 @@ static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
                               pkv_session *const *sessions, const float *q, float *out)
 {
     if (layer >= e->cfg.n_layers)
-        return PKV_EINVAL;
+        return pkvi_fail(e, PKV_EINVAL, "decode: layer %u, but the engine has %u", layer,
+                         e->cfg.n_layers);
     PKVI_BOUNDARY_CHECK(e);
     for (uint32_t i = 0; i < n; i++)
         if (!sessions[i] || sessions[i]->e != e)
-            return PKV_EINVAL;
+            return pkvi_fail(e, PKV_EINVAL, "decode: session %u is NULL or of another engine",
+                             i);
     const pkv_status dup = distinct(sessions, n);
     if (dup != PKV_OK)
-        return dup;
+        return pkvi_fail(e, dup, dup == PKV_EINVAL ? "pkv_decode_batch: a session is in the "
+                                                     "batch twice" : "out of memory");
     for (uint32_t i = 0; i < n; i++)
         if (sessions[i]->layers[layer].len == 0)
-            return PKV_ESTATE;
+            return pkvi_fail(e, PKV_ESTATE, "decode: layer %u of session %u is empty", layer,
+                             i);
 
     const size_t qd = (size_t)e->cfg.n_heads * e->cfg.head_dim;
     const size_t od = (size_t)e->cfg.n_heads * e->cfg.head_dim_v;
@@ -465,9 +469,13 @@ static uint32_t tile_max(const pkv_engine *e, uint32_t layer)
 pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *q,
                        const float *k, const float *v, float *out)
 {
-    if (!s || !q || !k || !v || !out || n == 0 || layer >= s->e->cfg.n_layers)
+    if (!s)
         return PKV_EINVAL;
     pkv_engine *e = s->e;
+    if (!q || !k || !v || !out || n == 0 || layer >= e->cfg.n_layers)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_prefill: %s",
+                         layer >= e->cfg.n_layers ? "layer out of range"
+                         : n == 0 ? "n is 0" : "q, k, v or out is NULL");
     PKVI_BOUNDARY_CHECK(e);
     const pkvi_btable *t = &s->layers[layer];
     const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, dv = e->cfg.head_dim_v;

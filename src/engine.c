@@ -194,6 +194,7 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     e->kp.v_offset = (size_t)(c.block_tokens * e->row_bytes);
     e->kp.group_stride = (size_t)(c.block_tokens * (e->row_bytes + e->row_bytes_v));
     pthread_mutex_init(&e->lock, NULL);
+    pthread_mutex_init(&e->err_lock, NULL);
 
     /* per-layer variants: a copy of the array and of every sink-logit vector */
     e->layers = calloc(c.n_layers, sizeof *e->layers);
@@ -272,6 +273,7 @@ void pkv_engine_destroy(pkv_engine *e)
     pkvi_threads_destroy(e->threads);
     pkvi_pool_fini(&e->pool); /* a no-op on the zeroed pool of a failed create */
     pthread_mutex_destroy(&e->lock);
+    pthread_mutex_destroy(&e->err_lock);
     for (uint32_t l = 0; e->layers && l < e->cfg.n_layers; l++)
         free((float *)e->layers[l].sink_logits);
     free(e->layers);

@@ -73,12 +73,20 @@ struct pkv_engine {
     pkv_session *sessions;       /* doubly linked list of live sessions; lock */
     uint64_t n_sessions;         /* lock */
 
+    pthread_mutex_t err_lock;    /* guards err alone (error.c) */
+    char err[256];               /* reason of the most recent failed call; err_lock */
+
     /* Test hook (tests/ only; NULL otherwise): called by an append after its pages
      * are reserved and the lock is dropped, just before it writes the rows - where a
      * descheduled writer once let another session's rollback share its page. */
     void (*hook_before_write)(void *ctx);
     void *hook_ctx;
 };
+
+/* Record why a call on e failed (printf format; pkv_engine_last_error reads it) and
+ * return st, so failure paths read `return pkvi_fail(e, PKV_EINVAL, "...", ...)`. */
+PKVI_HIDDEN pkv_status pkvi_fail(pkv_engine *e, pkv_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Validate cfg (SPEC §2 rules); on success *out is cfg with defaults resolved. */
 PKVI_HIDDEN pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out);

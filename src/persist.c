@@ -787,8 +787,11 @@ pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out)
     pkv_status st = pkvi_io_open(false, &io);
     if (st != PKV_OK)
         return st;
-    st = pkvi_session_load_io(e, path, io, out, NULL);
+    const char *why = NULL;
+    st = pkvi_session_load_io(e, path, io, out, &why);
     pkvi_io_close(io);
+    if (st != PKV_OK)
+        return pkvi_fail(e, st, "pkv_session_load: %s: %s", path, why ? why : "failed");
     return st;
 }
 
@@ -1228,8 +1231,11 @@ pkv_status pkv_session_save(pkv_session *s, const char *path)
     pkv_status st = pkvi_io_open(false, &io);
     if (st != PKV_OK)
         return st;
-    st = pkvi_session_save_io(s, path, io, NULL);
+    const char *why = NULL;
+    st = pkvi_session_save_io(s, path, io, &why);
     pkvi_io_close(io);
+    if (st != PKV_OK)
+        return pkvi_fail(s->e, st, "pkv_session_save: %s: %s", path, why ? why : "failed");
     return st;
 }
 

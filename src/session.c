@@ -233,6 +233,9 @@ pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer)
     else
         s->lru = ++e->clock;
     pthread_mutex_unlock(&e->lock);
+    if (st != PKV_OK)
+        return pkvi_fail(e, st, "layer %u: its spilled pages could not be brought back (%s)",
+                         layer, st == PKV_EIO ? "a read failed" : "the budget has no room");
     return st;
 }
 
@@ -289,10 +292,18 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
     if (st != PKV_OK) {
         if (e->spill)
             t->pins--;
+        const uint64_t budget = e->pool.budget_pages;
         pthread_mutex_unlock(&e->lock);
         if (fresh != small)
             free(fresh);
-        return st;
+        if (st == PKV_EIO)
+            return pkvi_fail(e, st, "layer %u: a spilled page could not be read back", layer);
+        if (budget)
+            return pkvi_fail(e, st, "layer %u: %llu more page(s) do not fit the budget of %llu "
+                             "pages%s", layer, (unsigned long long)(n_new + cow),
+                             (unsigned long long)budget,
+                             e->spill ? " (nothing more could be spilled)" : " (no spill_dir)");
+        return pkvi_fail(e, st, "layer %u: out of memory", layer);
     }
     /* Nothing fails from here on. */
     if (cow) { /* copy-on-write: the only copy a fork ever causes */
@@ -503,7 +514,9 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
         if (s->layers[l].len > max_len)
             max_len = s->layers[l].len;
     if (n_tokens > max_len)
-        return PKV_ERANGE;
+        return pkvi_fail(e, PKV_ERANGE, "pkv_session_truncate: %llu is past every layer's "
+                         "length (the longest holds %llu)", (unsigned long long)n_tokens,
+                         (unsigned long long)max_len);
     /* a windowed layer goes back only as far as what a decode at n - 1 reads is held */
     const uint64_t bt = e->cfg.block_tokens;
     for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
@@ -513,7 +526,10 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
             continue;
         const uint64_t lo = n_tokens > w ? n_tokens - w : 0;
         if (lo < t->hole_hi * bt && n_tokens > t->hole_lo * bt)
-            return PKV_ERANGE;
+            return pkvi_fail(e, PKV_ERANGE, "pkv_session_truncate: layer %u's window released "
+                             "positions below %llu, which a decode at %llu would read",
+                             l, (unsigned long long)(t->hole_hi * bt),
+                             (unsigned long long)(n_tokens - 1));
     }
     pthread_mutex_lock(&e->lock);
     for (uint32_t l = 0; l < e->cfg.n_layers; l++)
@@ -525,8 +541,13 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
 
 pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k, const float *v)
 {
-    if (!s || !k || !v || layer >= s->e->cfg.n_layers)
+    if (!s)
         return PKV_EINVAL;
+    if (layer >= s->e->cfg.n_layers)
+        return pkvi_fail(s->e, PKV_EINVAL, "pkv_append: layer %u, but the engine has %u",
+                         layer, s->e->cfg.n_layers);
+    if (!k || !v)
+        return pkvi_fail(s->e, PKV_EINVAL, "pkv_append: k or v is NULL");
     PKVI_BOUNDARY_CHECK(s->e);
     pkvi_reservation r;
     const pkv_status st = pkvi_session_reserve(s, layer, 1, &r);

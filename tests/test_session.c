@@ -982,11 +982,64 @@ START_TEST(config_explain_names_the_reason)
 }
 END_TEST
 
+/* pkv_engine_last_error: the reason of the latest failure, named. */
+START_TEST(last_error_names_the_failure)
+{
+    pkv_engine *e = pkvt_engine(2, 4, 2, 8, 4, PKV_F32);
+    char why[256];
+    ck_assert_int_eq(pkv_engine_last_error(e, why, sizeof why), PKV_OK);
+    ck_assert_str_eq(why, "");
+    pkv_session *s;
+    ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+    float kv[16] = {0}, q[32] = {0}, out[32];
+    ck_assert_int_eq(pkv_append(s, 7, kv, kv), PKV_EINVAL);
+    pkv_engine_last_error(e, why, sizeof why);
+    ck_assert_str_eq(why, "pkv_append: layer 7, but the engine has 2");
+    ck_assert_int_eq(pkv_decode(s, 1, q, out), PKV_ESTATE);
+    pkv_engine_last_error(e, why, sizeof why);
+    ck_assert_str_eq(why, "decode: layer 1 of session 0 is empty");
+    ck_assert_int_eq(pkv_append(s, 0, kv, kv), PKV_OK); /* success keeps the last reason */
+    pkv_engine_last_error(e, why, sizeof why);
+    ck_assert_str_eq(why, "decode: layer 1 of session 0 is empty");
+    ck_assert_int_eq(pkv_session_truncate(s, 9), PKV_ERANGE);
+    pkv_engine_last_error(e, why, sizeof why);
+    ck_assert_ptr_nonnull(strstr(why, "the longest holds 1"));
+    pkv_session *x = NULL;
+    ck_assert_int_eq(pkv_session_load(e, "/nonexistent/file.pkv", &x), PKV_EIO);
+    pkv_engine_last_error(e, why, sizeof why);
+    ck_assert_ptr_nonnull(strstr(why, "pkv_session_load: /nonexistent/file.pkv"));
+    char tiny[5];
+    ck_assert_int_eq(pkv_engine_last_error(e, tiny, sizeof tiny), PKV_OK);
+    ck_assert_str_eq(tiny, "pkv_");
+    ck_assert_int_eq(pkv_engine_last_error(e, tiny, 0), PKV_EINVAL);
+    ck_assert_int_eq(pkv_engine_last_error(NULL, tiny, sizeof tiny), PKV_EINVAL);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+    /* the budget names itself */
+    pkv_config c = pkv_config_default();
+    c.n_layers = 1;
+    c.n_heads = c.n_kv_heads = 1;
+    c.head_dim = 4;
+    c.block_tokens = 1;
+    c.mem_budget = 2 * 2 * 4 * 4;
+    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
+    ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+    ck_assert_int_eq(pkv_append(s, 0, kv, kv), PKV_OK);
+    ck_assert_int_eq(pkv_append(s, 0, kv, kv), PKV_OK);
+    ck_assert_int_eq(pkv_append(s, 0, kv, kv), PKV_ENOMEM);
+    pkv_engine_last_error(e, why, sizeof why);
+    ck_assert_str_eq(why, "layer 0: 1 more page(s) do not fit the budget of 2 pages (no spill_dir)");
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("session");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, config_explain_names_the_reason);
+    tcase_add_test(tc, last_error_names_the_failure);
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, incremental_equals_causal);
     tcase_add_test(tc, decode_rows_match_public_oracle);

@@ -15,8 +15,10 @@
  *            page_bytes = 2 * g * block_tokens * d * sizeof(kv_dtype).
  *
  * Shapes (row-major, head-major)
- *   q, out   [n_heads][head_dim]        float
- *   k, v     [n_kv_heads][head_dim]     float
+ *   q        [n_heads][head_dim]        float
+ *   k        [n_kv_heads][head_dim]     float
+ *   v        [n_kv_heads][head_dim_v]   float (head_dim_v = head_dim unless configured)
+ *   out      [n_heads][head_dim_v]      float
  *   Query head i reads KV group i / (n_heads / n_kv_heads).
  *
  * Conventions
@@ -117,8 +119,11 @@ typedef struct pkv_session pkv_session;
  * PKV_EINVAL: cfg or out NULL; a geometry field 0; n_heads % n_kv_heads != 0; unknown
  *   dtype; scale negative or not finite; page size overflowing or absurd (> 1 GiB);
  *   beyond the engine's limits (n_heads / n_kv_heads > 256, n_kv_heads > 65536,
- *   head_dim > 4096, n_threads > 1024); a budget smaller than one page; spill_dir not
- *   an existing directory.
+ *   head_dim or head_dim_v > 4096, n_threads > 1024); a budget smaller than one page;
+ *   spill_dir not an existing directory; a layer_cfg entry with sink_tokens or
+ *   rollback_tokens but no window, a negative or non-finite softcap, or a non-finite
+ *   sink logit; PKV_FORCE_ISA naming kernels this host cannot run.
+ *   pkv_config_explain says which.
  * PKV_ENOMEM: the allocator failed. PKV_EIO: the spill file could not be created. */
 PKV_API pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out);
 /* Why pkv_engine_create would refuse cfg: runs the same checks (geometry, limits,
@@ -149,14 +154,16 @@ PKV_API pkv_status pkv_session_fork(pkv_session *src, pkv_session **out);
 /* Release the session's references to its pages. NULL: no-op. */
 PKV_API void pkv_session_destroy(pkv_session *s);
 
-/* Append one token's K and V ([n_kv_heads][head_dim] floats each) to `layer`.
+/* Append one token's K ([n_kv_heads][head_dim] floats) and V ([n_kv_heads][head_dim_v]:
+ * head_dim unless the config sets head_dim_v) to `layer`.
  * Cached data never moves. PKV_EINVAL (NULL, bad layer), PKV_ENOMEM (no page under
  * the budget after spilling; session unchanged), PKV_EIO (a spilled tail page could
  * not be read back; session unchanged). */
 PKV_API pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k,
                               const float *v);
-/* Single-query attention of q ([n_heads][head_dim]) over every cached token of `layer`;
- * out is [n_heads][head_dim]. Never allocates for a resident session.
+/* Single-query attention of q ([n_heads][head_dim]) over every cached token of `layer`
+ * (the ones its layer_cfg attends: a window, sinks, soft-cap, sink logits; SPEC §8);
+ * out is [n_heads][head_dim_v]. Never allocates for a resident session.
  * PKV_EINVAL (NULL, bad layer), PKV_ESTATE (layer empty), PKV_EIO/PKV_ENOMEM (spilled
  * pages could not be brought back; nothing changed).
  * Decode holds every page of the layer in memory at once. With a spill_dir, appends
@@ -225,12 +232,15 @@ PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
                                     float *out);
 
 /* Write the session to `path` atomically (temporary file, fsync, rename, directory
- * fsync), mode 0600. Format: docs/file-format.md. PKV_EINVAL, PKV_EIO, PKV_ENOMEM. */
+ * fsync), mode 0600. Format: docs/file-format.md (version 1 for a plain engine, 2 with
+ * attention variants or Q8/Q4 pages). PKV_EINVAL, PKV_EIO, PKV_ENOMEM. */
 PKV_API pkv_status pkv_session_save(pkv_session *s, const char *path);
-/* Read a session file into a new session of e. The whole file is validated before
- * the session is built: PKV_EINVAL for a file that is not a session file (magic), or
- * a sound file of another version, geometry, dtype or block size; PKV_ECORRUPT for any
- * other damage; PKV_EIO, PKV_ENOMEM. Nothing is half-loaded. */
+/* Read a session file (format versions 1 and 2, docs/file-format.md) into a new
+ * session of e. The whole file is validated before the session is built: PKV_EINVAL
+ * for a file that is not a session file (magic), or a sound file of an unknown version
+ * or of another geometry, dtype, block size, scale or attention variant;
+ * PKV_ECORRUPT for any other damage; PKV_EIO, PKV_ENOMEM. Nothing is half-loaded.
+ * pkv_engine_last_error names the cause. */
 PKV_API pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out);
 
 /* 2 * layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_value.

@@ -241,10 +241,7 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     st = pkvi_kernels_select(&e->kern);
     if (st != PKV_OK)
         goto fail;
-    /* The block types (Q8, Q4) have scalar and AVX2 kernels so far: an AVX-512 engine
-     * reads them with the AVX2 one (and says so in pkv_engine_stats' isa). */
-    if ((c.kv_dtype == PKV_Q8 || c.kv_dtype == PKV_Q4) && strcmp(e->kern->isa, "avx512") == 0)
-        e->kern = &pkvi_kernels_avx2;
+    e->kern = pkvi_kernels_for_dtype(e->kern, c.kv_dtype);
     st = pkvi_pool_init(&e->pool, e->page_bytes, c.mem_budget);
     if (st != PKV_OK)
         goto fail;

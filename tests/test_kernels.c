@@ -566,6 +566,68 @@ static double ulp_of(double x)
     return ldexp(1.0, e - 1 - 23);
 }
 
+/* Soft-capped scores (SPEC §8): with K rows 0 and 1 and V rows 0 and 1, a query q <= 0
+ * scores s = c * tanh(q / c) <= 0 on row 1 and 0 on row 0, so the state's max stays 0 and
+ * acc = exp(s). The score the kernel used, log(acc), is held to c * tanh(q / c) in
+ * double: within 4 ulp of the score plus what exp's 2 ulp add (2^-22), for caps of 2.5 to
+ * 50 and q from -0 down to deep saturation. */
+START_TEST(softcap_accuracy)
+{
+    const uint32_t hg = PKVI_MAX_GROUP_HEADS;
+    const float caps[] = {2.5f, 30.0f, 50.0f};
+    const float page[4] = {0.0f, 1.0f, 0.0f, 1.0f};
+    const void *pages[1] = {page};
+    float q[PKVI_MAX_GROUP_HEADS], m[PKVI_MAX_GROUP_HEADS], l[PKVI_MAX_GROUP_HEADS];
+    float acc[PKVI_MAX_GROUP_HEADS];
+    const uint64_t seed = pkvt_seed();
+    const uint32_t rounds = pkvt_quick() ? 20 : 200;
+    for (size_t ki = 0; ki < n_all; ki++) {
+        const pkvi_kernels *k = all[ki];
+        if (!usable(k, "softcap_accuracy"))
+            continue;
+        double worst = 0, worst_q = 0, worst_c = 0;
+        for (size_t ci = 0; ci < sizeof caps / sizeof *caps; ci++) {
+            const float c = caps[ci];
+            pkvi_kparams kp = {.head_dim = 1, .block_tokens = 2, .hg = hg, .dtype = PKV_F32,
+                               .scale = 1.0f, .softcap = c, .group_stride = 4 * sizeof(float),
+                               .v_offset = 2 * sizeof(float)};
+            pkvt_rng r;
+            pkvt_rng_init(&r, seed ^ 0x7a);
+            for (uint32_t round = 0; round < rounds; round++) {
+                for (uint32_t h = 0; h < hg; h++) {
+                    if (round % 3 == 0) /* around the series / exp switch at |q/c| = 0.4 */
+                        q[h] = -c * pkvt_uniform(&r, 0.3f, 0.5f);
+                    else if (round % 3 == 1) /* small */
+                        q[h] = -c * pkvt_uniform(&r, 0.0f, 1.0f) *
+                               ldexpf(1.0f, -(int)pkvt_below(&r, 20));
+                    else
+                        q[h] = -pkvt_uniform(&r, 0.0f, 4.0f * c);
+                    m[h] = -INFINITY;
+                    l[h] = 0.0f;
+                    acc[h] = 0.0f;
+                }
+                attend1(k, &kp, pages, 1, 2, 0, q, m, l, acc);
+                for (uint32_t h = 0; h < hg; h++) {
+                    const double want = (double)c * tanh((double)q[h] / c);
+                    const double got = log((double)acc[h]);
+                    const double bound = 4 * ulp_of(fabs(want)) + 0x1p-22;
+                    const double err = fabs(got - want) / bound;
+                    if (!(err <= worst)) {
+                        worst = isnan(err) ? INFINITY : err;
+                        worst_q = q[h];
+                        worst_c = c;
+                    }
+                }
+            }
+        }
+        printf("softcap_accuracy: %s worst error %.3f of the bound (q = %.9g, cap %g)\n",
+               k->isa, worst, worst_q, worst_c);
+        ck_assert_msg(worst <= 1.0, "%s softcap: %.3f of the bound at q = %.9g, cap %g (seed 0x%llx)",
+                      k->isa, worst, worst_q, worst_c, (unsigned long long)seed);
+    }
+}
+END_TEST
+
 START_TEST(exp_accuracy)
 {
     const uint32_t hg = PKVI_MAX_GROUP_HEADS;
@@ -926,6 +988,7 @@ int main(void)
     TCase *tc = tcase_create("kernels");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, exp_accuracy);
+    tcase_add_test(tc, softcap_accuracy);
     tcase_add_test(tc, continuation);
     tcase_add_test(tc, groups_and_stacked_heads);
     tcase_add_test(tc, vs_double_reference);

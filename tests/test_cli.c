@@ -543,7 +543,7 @@ START_TEST(bootstrap_unknown_mode)
                       "bootstrap %s: exit %d, stderr %s", modes[m][0], p.status, p.err);
         struct stat st;
         ck_assert_msg(stat(log, &st) != 0, "bootstrap %s ran commands first:\n%s",
-                      modes[m][0], pkvt_slurp(log, NULL));
+                      modes[m][0], (char *)pkvt_slurp(log, NULL));
         pkvt_proc_free(&p);
     }
     /* the stubs are really on the path: a known mode runs them */

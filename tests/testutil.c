@@ -235,11 +235,12 @@ void pkvt_append_random(pkv_session *s, pkvt_rng *r, uint32_t layer, uint64_t n,
 {
     pkv_config c;
     ck_assert_int_eq(pkv_engine_config(s->e, &c), PKV_OK);
-    const size_t gd = pkvt_mul(c.n_kv_heads, c.head_dim);
-    float *k = pkvt_calloc(gd, sizeof(float)), *v = pkvt_calloc(gd, sizeof(float));
+    const size_t gk = pkvt_mul(c.n_kv_heads, c.head_dim);
+    const size_t gv = pkvt_mul(c.n_kv_heads, c.head_dim_v ? c.head_dim_v : c.head_dim);
+    float *k = pkvt_calloc(gk, sizeof(float)), *v = pkvt_calloc(gv, sizeof(float));
     for (uint64_t t = 0; t < n; t++) {
-        pkvt_fill(r, k, gd, -k_abs, k_abs);
-        pkvt_fill(r, v, gd, -v_abs, v_abs);
+        pkvt_fill(r, k, gk, -k_abs, k_abs);
+        pkvt_fill(r, v, gv, -v_abs, v_abs);
         ck_assert_int_eq(pkv_append(s, layer, k, v), PKV_OK);
     }
     free(k);
@@ -440,24 +441,24 @@ int pkvt_dir_entries(const char *dir, const char *except)
     return n;
 }
 
-unsigned char *pkvt_read_file(const char *path, size_t *len)
+void *pkvt_read_file(const char *path, size_t *len)
 {
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return NULL;
     size_t n = 0;
-    unsigned char *b = (unsigned char *)read_fd(fd, &n);
+    char *b = read_fd(fd, &n);
     close(fd);
     if (len)
         *len = n;
     return b;
 }
 
-char *pkvt_slurp(const char *path, size_t *len)
+void *pkvt_slurp(const char *path, size_t *len)
 {
-    unsigned char *b = pkvt_read_file(path, len);
+    void *b = pkvt_read_file(path, len);
     ck_assert_msg(b != NULL, "cannot open %s: %s", path, strerror(errno));
-    return (char *)b;
+    return b;
 }
 
 void pkvt_write_file(const char *path, const void *bytes, size_t n)

@@ -152,9 +152,9 @@ int pkvt_dir_entries(const char *dir, const char *except);
 
 /* The whole file, NUL-terminated (one byte past *len, which may be NULL; freed by the
  * caller), or NULL when it cannot be opened (errno says why). A read error fails. */
-unsigned char *pkvt_read_file(const char *path, size_t *len);
+void *pkvt_read_file(const char *path, size_t *len);
 /* pkvt_read_file, failing the test when the file cannot be opened. */
-char *pkvt_slurp(const char *path, size_t *len);
+void *pkvt_slurp(const char *path, size_t *len);
 /* Creates or truncates path to exactly these n bytes. */
 void pkvt_write_file(const char *path, const void *bytes, size_t n);
 

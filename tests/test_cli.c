@@ -14,13 +14,10 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- helpers -------------------------------------------------------------------- */
-
-static void run(proc *p, const char *const *args)
-{
-    run_tool(p, args);
-}
 
 /* The last line of text (without its newline), in buf. */
 static const char *last_line(const char *text, char *buf, size_t cap)
@@ -47,8 +44,8 @@ typedef struct { const char *argv[12]; const char *says; } usage_row;
 static void expect_usage(const usage_row *rows, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        proc p;
-        run(&p, rows[i].argv);
+        pkvt_proc p;
+        p = pkvt_tool(rows[i].argv, NULL);
         char shown[256] = "";
         for (size_t j = 0; rows[i].argv[j]; j++)
             snprintf(shown + strlen(shown), sizeof shown - strlen(shown), " %s",
@@ -60,7 +57,7 @@ static void expect_usage(const usage_row *rows, size_t n)
         ck_assert_msg(has(p.err, "--help"), "pagedkv%s: no hint to --help: %s", shown,
                       p.err);
         ck_assert_msg(p.out[0] == 0, "pagedkv%s wrote to stdout: %s", shown, p.out);
-        proc_free(&p);
+        pkvt_proc_free(&p);
     }
 }
 
@@ -78,16 +75,16 @@ START_TEST(option_forms)
     };
     char *first = NULL;
     for (size_t i = 0; i < 3; i++) {
-        proc p;
-        run(&p, forms[i]);
+        pkvt_proc p;
+        p = pkvt_tool(forms[i], NULL);
         ck_assert_msg(p.status == 0, "mem form %zu: exit %d: %s", i, p.status, p.err);
-        ck_assert_msg(json_valid(p.out), "mem form %zu: not JSON: %s", i, p.out);
-        ck_assert_uint_eq(json_u64(p.out, "formula_bytes"), 1u << 30);
+        ck_assert_msg(pkvt_json_valid(p.out), "mem form %zu: not JSON: %s", i, p.out);
+        ck_assert_uint_eq(pkvt_json_u64(p.out, "formula_bytes"), 1u << 30);
         if (!first)
             first = strdup(p.out);
         else
             ck_assert_str_eq(p.out, first);
-        proc_free(&p);
+        pkvt_proc_free(&p);
     }
     free(first);
     first = NULL;
@@ -98,26 +95,26 @@ START_TEST(option_forms)
         {"generate", "--steps=5", "--seed=7", "--temperature=0.5", "--top-p", "0.8", NULL},
     };
     for (size_t i = 0; i < 3; i++) {
-        proc p;
-        run(&p, gen[i]);
+        pkvt_proc p;
+        p = pkvt_tool(gen[i], NULL);
         ck_assert_msg(p.status == 0, "generate form %zu: exit %d: %s", i, p.status, p.err);
         ck_assert_msg(p.out[0] != 0, "generate form %zu printed nothing", i);
         if (!first)
             first = strdup(p.out);
         else
             ck_assert_str_eq(p.out, first);
-        proc_free(&p);
+        pkvt_proc_free(&p);
     }
     free(first);
     /* a different seed gives other tokens: the forms above were really parsed */
-    proc p;
-    run(&p, (const char *[]){"generate", "-n5", "-s8", "-t0.5", "-p0.8", NULL});
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"generate", "-n5", "-s8", "-t0.5", "-p0.8", NULL}, NULL);
     ck_assert_int_eq(p.status, 0);
-    proc q;
-    run(&q, (const char *[]){"generate", "-n5", "-s7", "-t0.5", "-p0.8", NULL});
+    pkvt_proc q;
+    q = pkvt_tool((const char *[]){"generate", "-n5", "-s7", "-t0.5", "-p0.8", NULL}, NULL);
     ck_assert_msg(strcmp(p.out, q.out) != 0, "seeds 7 and 8 gave the same tokens: %s", p.out);
-    proc_free(&p);
-    proc_free(&q);
+    pkvt_proc_free(&p);
+    pkvt_proc_free(&q);
 }
 END_TEST
 
@@ -127,13 +124,13 @@ START_TEST(help_and_mistakes)
     static const char *const cmds[] = {"mem", "stress", "bench", "generate", "inspect", "soak"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         for (int h = 0; h < 2; h++) {
-            proc p;
-            run(&p, (const char *[]){cmds[i], h ? "-h" : "--help", NULL});
+            pkvt_proc p;
+            p = pkvt_tool((const char *[]){cmds[i], h ? "-h" : "--help", NULL}, NULL);
             char want[64];
             snprintf(want, sizeof want, "usage: pagedkv %s", cmds[i]);
             ck_assert_msg(p.status == 0 && has(p.out, want), "%s %s: exit %d, stdout %s",
                           cmds[i], h ? "-h" : "--help", p.status, p.out);
-            proc_free(&p);
+            pkvt_proc_free(&p);
         }
     static const usage_row rows[] = {
         {{"generate", "--json=1"}, "option '--json' takes no value"},
@@ -156,9 +153,9 @@ START_TEST(help_and_mistakes)
     };
     expect_usage(rows, sizeof rows / sizeof rows[0]);
     /* the list in that message is the table's: every preset mem --help shows */
-    proc h, e;
-    run(&h, (const char *[]){"mem", "--help", NULL});
-    run(&e, (const char *[]){"stress", "--model-preset", "gpt-9", NULL});
+    pkvt_proc h, e;
+    h = pkvt_tool((const char *[]){"mem", "--help", NULL}, NULL);
+    e = pkvt_tool((const char *[]){"stress", "--model-preset", "gpt-9", NULL}, NULL);
     const char *t = strstr(h.out, "presets (layers/heads/kv-heads/head-dim):\n");
     ck_assert(t != NULL);
     size_t n = 0;
@@ -168,8 +165,8 @@ START_TEST(help_and_mistakes)
          t = strchr(t, '\n') + 1, n++)
         ck_assert_msg(has(e.err, name), "preset %s is not in the message: %s", name, e.err);
     ck_assert_uint_ge(n, 8);
-    proc_free(&h);
-    proc_free(&e);
+    pkvt_proc_free(&h);
+    pkvt_proc_free(&e);
 }
 END_TEST
 
@@ -202,30 +199,31 @@ END_TEST
 START_TEST(threads_zero)
 {
     const uint32_t cpus = online_cpus();
-    proc p;
-    run(&p, (const char *[]){"bench", "--threads", "0", "--json", "--model-preset", "mqa",
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"bench", "--threads", "0", "--json", "--model-preset", "mqa",
                              "--ctx", "64", "--dtype", "f16", "--reps", "1", "--bw-mib", "1",
-                             "--prefill", "0", "--no-naive", "--no-scalar", NULL});
+                             "--prefill", "0", "--no-naive", "--no-scalar", NULL}, NULL);
     ck_assert_msg(p.status == 0, "bench --threads 0: exit %d: %s", p.status, p.err);
-    ck_assert_uint_eq(json_u64(p.out, "decode.0.threads"), cpus > 256 ? 256 : cpus);
-    proc_free(&p);
-    run(&p, (const char *[]){"generate", "--threads", "0", "-n", "4", "--json", NULL});
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode[0].threads"), cpus > 256 ? 256 : cpus);
+    pkvt_proc_free(&p);
+    p = pkvt_tool((const char *[]){"generate", "--threads", "0", "-n", "4", "--json", NULL}, NULL);
     ck_assert_msg(p.status == 0, "generate --threads 0: exit %d: %s", p.status, p.err);
     ck_assert_msg(has(p.out, "\"n_threads\": ") &&
                       strtoul(strstr(p.out, "\"n_threads\": ") + 13, NULL, 10) == cpus,
                   "generate --threads 0: %s", p.out);
-    proc_free(&p);
-    run(&p, (const char *[]){"stress", "--threads", "0", "--ctx", "64", "--heads", "2",
-                             "--kv-heads", "1", "--head-dim", "8", "--quiet", "--json", NULL});
+    pkvt_proc_free(&p);
+    p = pkvt_tool((const char *[]){"stress", "--threads", "0", "--ctx", "64", "--heads", "2",
+                             "--kv-heads", "1", "--head-dim", "8", "--quiet", "--json", NULL},
+                  NULL);
     ck_assert_msg(p.status == 0, "stress --threads 0: exit %d: %s", p.status, p.err);
-    ck_assert_uint_eq(json_u64(p.out, "config.threads"), cpus);
-    proc_free(&p);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "config.threads"), cpus);
+    pkvt_proc_free(&p);
     /* and soak's first check holds with it (a huge count was refused above) */
-    run(&p, (const char *[]){"soak", "--threads", "0", "--ops", "200", "--sessions", "8",
-                             "--json", NULL});
-    ck_assert_msg(p.status == 0 && json_true(p.out, "ok"), "soak --threads 0: exit %d: %s %s",
-                  p.status, p.out, p.err);
-    proc_free(&p);
+    p = pkvt_tool((const char *[]){"soak", "--threads", "0", "--ops", "200", "--sessions", "8",
+                             "--json", NULL}, NULL);
+    ck_assert_msg(p.status == 0 && pkvt_json_is(p.out, "ok", "true"),
+                  "soak --threads 0: exit %d: %s %s", p.status, p.out, p.err);
+    pkvt_proc_free(&p);
 }
 END_TEST
 
@@ -251,8 +249,8 @@ START_TEST(mem_attention_kind)
             }
             if (json)
                 argv[n++] = "--json";
-            proc p;
-            run(&p, argv);
+            pkvt_proc p;
+            p = pkvt_tool(argv, NULL);
             ck_assert_msg(p.status == 0, "row %zu: exit %d: %s", i, p.status, p.err);
             if (!json) {
                 ck_assert_msg(has(p.out, rows[i].label), "row %zu: no '%s' in %s", i,
@@ -261,39 +259,32 @@ START_TEST(mem_attention_kind)
                     ck_assert_msg(!has(p.out, "(MHA") && !has(p.out, "this is MHA"),
                                   "row %zu: called MHA without --heads: %s", i, p.out);
             } else {
-                const char *v = json_at(p.out, "attention");
+                const char *v = pkvt_json_find(p.out, "attention");
                 char want[16];
                 snprintf(want, sizeof want, "\"%s\"", rows[i].kind ? rows[i].kind : "");
                 ck_assert_msg(v && (rows[i].kind ? strncmp(v, want, strlen(want)) == 0
                                                  : strncmp(v, "null", 4) == 0),
                               "row %zu: attention %s", i, v ? v : "(missing)");
             }
-            proc_free(&p);
+            pkvt_proc_free(&p);
         }
     }
     /* a preset knows its query heads */
-    proc p;
-    run(&p, (const char *[]){"mem", "--model-preset", "llama2-7b", "--ctx", "1k", NULL});
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"mem", "--model-preset", "llama2-7b", "--ctx", "1k", NULL},
+                  NULL);
     ck_assert_msg(p.status == 0 && has(p.out, "(MHA, 1 query per group)"), "preset: %s",
                   p.out);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 }
 END_TEST
 
 /* ---- inspect: a status line ends the report, also for a bad file ----------------- */
 
-static void write_bytes(const char *path, const void *b, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert(f != NULL);
-    ck_assert_uint_eq(fwrite(b, 1, n, f), n);
-    ck_assert(fclose(f) == 0);
-}
-
 static void expect_status_line(const char *path, int want_exit, const char *want_line)
 {
-    proc p;
-    run(&p, (const char *[]){"inspect", path, NULL});
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"inspect", path, NULL}, NULL);
     char line[512];
     last_line(p.out, line, sizeof line);
     ck_assert_msg(p.status == want_exit, "inspect %s: exit %d, want %d (%s)", path, p.status,
@@ -303,7 +294,7 @@ static void expect_status_line(const char *path, int want_exit, const char *want
                   want_line, p.out);
     if (want_exit != 0)
         ck_assert_msg(p.err[0] != 0, "inspect %s: no reason on stderr", path);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 }
 
 START_TEST(inspect_status_line)
@@ -329,24 +320,24 @@ START_TEST(inspect_status_line)
     pkv_engine_destroy(e);
 
     expect_status_line(good, 0, "status      sound");
-    char *b = slurp(good);
+    char *b = pkvt_slurp(good, NULL);
     struct stat st;
     ck_assert(stat(good, &st) == 0);
     const size_t n = (size_t)st.st_size;
     b[n - 1] ^= 0x40;   /* padding of the last, partly filled page */
-    write_bytes(bad, b, n);
+    pkvt_write_file(bad, b, n);
     expect_status_line(bad, 1, "status      damaged: ");
-    write_bytes(cut, b, n / 2);
+    pkvt_write_file(cut, b, n / 2);
     expect_status_line(cut, 1, "status      damaged: ");
-    write_bytes(junk, "this is not a session file, just text\n", 38);
+    pkvt_write_file(junk, "this is not a session file, just text\n", 38);
     expect_status_line(junk, 1, "status      not a session file");
     free(b);
     /* the JSON form carries the same verdict */
-    proc p;
-    run(&p, (const char *[]){"inspect", "--json", bad, NULL});
-    ck_assert_msg(p.status == 1 && json_valid(p.out) && !json_true(p.out, "sound"),
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"inspect", "--json", bad, NULL}, NULL);
+    ck_assert_msg(p.status == 1 && pkvt_json_valid(p.out) && !pkvt_json_is(p.out, "sound", "true"),
                   "inspect --json of a damaged file: %d %s", p.status, p.out);
-    proc_free(&p);
+    pkvt_proc_free(&p);
     unlink(good), unlink(bad), unlink(junk), unlink(cut);
     ck_assert(rmdir(dir) == 0);
 }
@@ -438,11 +429,11 @@ static void stress_plot(bool logx, bool budget, panel_info pi[2])
         argv[n++] = "--budget";
         argv[n++] = "8m";
     }
-    proc p;
-    run(&p, argv);
+    pkvt_proc p;
+    p = pkvt_tool(argv, NULL);
     ck_assert_msg(p.status == 0, "stress: exit %d: %s", p.status, p.err);
-    proc_free(&p);
-    char *text = slurp(svg);
+    pkvt_proc_free(&p);
+    char *text = pkvt_slurp(svg, NULL);
     ck_assert_uint_eq(read_panels(text, pi, 2), 2);
     free(text);
     unlink(svg);
@@ -503,8 +494,8 @@ START_TEST(memory_guard_available)
         {"stress", "--ctx", "1g", NULL},
     };
     for (size_t i = 0; i < 2; i++) {
-        proc p;
-        run(&p, cmds[i]);
+        pkvt_proc p;
+        p = pkvt_tool(cmds[i], NULL);
         const uint64_t after = mem_available();
         ck_assert_msg(p.status == 2, "%s: exit %d", cmds[i][0], p.status);
         const char *at = strstr(p.err, "(MemAvailable) of the machine's physical memory, ");
@@ -516,7 +507,7 @@ START_TEST(memory_guard_available)
         ck_assert_msg(limit >= lo && limit <= hi, "%s: limit %llu, MemAvailable %llu..%llu",
                       cmds[i][0], (unsigned long long)limit, (unsigned long long)before,
                       (unsigned long long)after);
-        proc_free(&p);
+        pkvt_proc_free(&p);
     }
 }
 END_TEST
@@ -545,26 +536,24 @@ START_TEST(bootstrap_unknown_mode)
     ck_assert(setenv("PATH", path, 1) == 0);   /* this test's own process (Check forks) */
     static const char *const modes[][2] = {{"frobnicate", NULL}, {"run", "extra"}};
     for (size_t m = 0; m < 2; m++) {
-        proc p;
-        char *argv[] = {(char *)"sh", script, (char *)modes[m][0], (char *)modes[m][1], NULL};
-        proc_start(&p, "/bin/sh", false, argv);
-        proc_wait(&p);
+        pkvt_proc p;
+        const char *argv[] = {"sh", script, modes[m][0], modes[m][1], NULL};
+        p = pkvt_spawn("/bin/sh", argv, NULL);
         ck_assert_msg(p.status == 2 && has(p.err, "usage: tools/bootstrap.sh"),
                       "bootstrap %s: exit %d, stderr %s", modes[m][0], p.status, p.err);
         struct stat st;
         ck_assert_msg(stat(log, &st) != 0, "bootstrap %s ran commands first:\n%s",
-                      modes[m][0], slurp(log));
-        proc_free(&p);
+                      modes[m][0], (char *)pkvt_slurp(log, NULL));
+        pkvt_proc_free(&p);
     }
     /* the stubs are really on the path: a known mode runs them */
-    proc p;
-    char *argv[] = {(char *)"sh", script, (char *)"build", NULL};
-    proc_start(&p, "/bin/sh", false, argv);
-    proc_wait(&p);
+    pkvt_proc p;
+    const char *argv[] = {"sh", script, "build", NULL};
+    p = pkvt_spawn("/bin/sh", argv, NULL);
     struct stat st;
     ck_assert_msg(stat(log, &st) == 0, "bootstrap build ran none of the stubs: %d %s",
                   p.status, p.err);
-    proc_free(&p);
+    pkvt_proc_free(&p);
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         snprintf(stub, sizeof stub, "%s/%s", dir, cmds[i]);
         unlink(stub);

@@ -30,120 +30,29 @@
 
 /* ---- running the tool ------------------------------------------------------------ */
 
-typedef struct {
-    int status;       /* exit status, or -1 if killed by a signal */
-    char *out, *err;  /* NUL-terminated */
-} run_result;
+/* `pagedkv generate ARGS...`, for pkvt_tool. */
+#define ARGS(...) ((const char *const[]){"generate", __VA_ARGS__, NULL})
 
-static char *slurp(FILE *f)
+/* ---- reading the JSON report (testutil's paths: "sessions[1].memory.blocks") ----- */
+
+/* The integer array at path, into out; returns its length. */
+static size_t json_ints(const char *js, const char *path, uint32_t *out, size_t cap)
 {
-    size_t cap = 4096, n = 0;
-    char *buf = pkvt_alloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (cap - n - 1 == 0) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            ck_assert_ptr_nonnull(buf);
-        }
-    }
-    buf[n] = '\0';
-    return buf;
-}
-
-/* Append s to cmd in single quotes (the shell sees it as one literal word). */
-static void quote(char *cmd, size_t cap, const char *s)
-{
-    strncat(cmd, " '", cap - strlen(cmd) - 1);
-    for (; *s; s++) {
-        if (*s == '\'')
-            strncat(cmd, "'\\''", cap - strlen(cmd) - 1);
-        else
-            strncat(cmd, (char[2]){*s, 0}, cap - strlen(cmd) - 1);
-    }
-    strncat(cmd, "'", cap - strlen(cmd) - 1);
-}
-
-/* Run `pagedkv generate ARGS...` (NULL-terminated array). */
-static run_result run(const char *const *args)
-{
-    const char *tool = getenv("PKV_TOOL");
-    ck_assert_msg(tool && *tool, "PKV_TOOL is not set (run through meson test)");
-    char errpath[] = "/tmp/pkv_gen_err_XXXXXX";
-    int fd = mkstemp(errpath);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    char cmd[8192] = "";
-    quote(cmd, sizeof cmd, tool);
-    quote(cmd, sizeof cmd, "generate");
-    for (size_t i = 0; args[i]; i++)
-        quote(cmd, sizeof cmd, args[i]);
-    strncat(cmd, " 2>", sizeof cmd - strlen(cmd) - 1);
-    quote(cmd, sizeof cmd, errpath);
-    ck_assert_msg(strlen(cmd) < sizeof cmd - 1, "command too long");
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    run_result r;
-    r.out = slurp(p);
-    int st = pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    FILE *e = fopen(errpath, "r");
-    ck_assert_ptr_nonnull(e);
-    r.err = slurp(e);
-    fclose(e);
-    unlink(errpath);
-    return r;
-}
-
-static void run_free(run_result *r)
-{
-    free(r->out);
-    free(r->err);
-}
-
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-/* ---- reading the JSON report (flat, known shape) -------------------------------- */
-
-/* The integer array after the nth (0-based) occurrence of "key": [ ; returns count. */
-static size_t json_ints(const char *js, const char *key, int nth, uint32_t *out,
-                        size_t cap)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": [", key);
-    const char *p = js;
-    for (int i = 0; i <= nth; i++) {
-        p = strstr(p, pat);
-        ck_assert_msg(p != NULL, "JSON has no occurrence %d of \"%s\"", nth, key);
-        p += strlen(pat);
-    }
-    size_t n = 0;
-    while (*p && *p != ']') {
-        char *end;
-        unsigned long v = strtoul(p, &end, 10);
-        ck_assert_msg(end != p, "bad JSON array for \"%s\"", key);
-        ck_assert_uint_lt(n, cap);
-        out[n++] = (uint32_t)v;
-        p = end;
-        while (*p == ',' || *p == ' ')
-            p++;
+    const size_t n = pkvt_json_len(js, path);
+    ck_assert_msg(n <= cap, "\"%s\" has %zu integers, room for %zu", path, n, cap);
+    char at[128];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(at, sizeof at, "%s[%zu]", path, i);
+        out[i] = (uint32_t)pkvt_json_u64(js, at);
     }
     return n;
 }
 
-/* The number after the nth occurrence of "key": */
-static double json_num(const char *js, const char *key, int nth)
+/* "sessions[s].key" into buf. */
+static const char *session_key(char *buf, size_t cap, int s, const char *key)
 {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = js;
-    for (int i = 0; i <= nth; i++) {
-        p = strstr(p, pat);
-        ck_assert_msg(p != NULL, "JSON has no occurrence %d of \"%s\"", nth, key);
-        p += strlen(pat);
-    }
-    return strtod(p, NULL);
+    snprintf(buf, cap, "sessions[%d].%s", s, key);
+    return buf;
 }
 
 static int count_of(const char *s, const char *needle)
@@ -184,18 +93,18 @@ START_TEST(stories_greedy_text)
 {
     if (!have_models("stories_greedy_text"))
         return;
-    run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+    pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
                             "-n", "64", "-i", "Once upon a time", "--check-e2e",
-                            "--json"));
+                            "--json"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     uint32_t pt[16], gen[128], dense[128];
-    size_t np = json_ints(r.out, "prompt_tokens", 0, pt, 16);
+    size_t np = json_ints(r.out, "prompt_tokens", pt, 16);
     ck_assert_uint_eq(np, 5);
     const uint32_t want_prompt[5] = {1, 403, 407, 261, 378};
     for (size_t i = 0; i < 5; i++)
         ck_assert_uint_eq(pt[i], want_prompt[i]);
-    size_t ng = json_ints(r.out, "generated", 0, gen, 128);
-    size_t nd = json_ints(r.out, "dense_generated", 0, dense, 128);
+    size_t ng = json_ints(r.out, "sessions[0].generated", gen, 128);
+    size_t nd = json_ints(r.out, "sessions[0].dense_generated", dense, 128);
     ck_assert_uint_eq(ng, 64 - 5 + 1);   /* -n counts positions, prompt included */
     ck_assert_uint_eq(nd, ng);
     for (size_t i = 0; i < ng; i++)
@@ -208,19 +117,19 @@ START_TEST(stories_greedy_text)
                                 "named Lily. She loved to play outside in the park.") !=
                       NULL,
                   "text: %s", r.out);
-    ck_assert_double_eq(json_num(r.out, "token_flips", 0), 0);
-    run_free(&r);
+    ck_assert_double_eq(pkvt_json_num(r.out, "check_e2e.token_flips"), 0);
+    pkvt_proc_free(&r);
 
     /* plain mode: the text on stdout, the figures on stderr */
-    r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n", "40",
-                 "-i", "Once upon a time"));
+    r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n", "40",
+                 "-i", "Once upon a time"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     ck_assert_msg(strncmp(r.out, "Once upon a time, there was a little girl named Lily.",
                           53) == 0, "stdout: %s", r.out);
     ck_assert_ptr_nonnull(strstr(r.err, "tok/s"));
     ck_assert_ptr_nonnull(strstr(r.err, "resident"));
     ck_assert_ptr_null(strstr(r.out, "tok/s"));
-    run_free(&r);
+    pkvt_proc_free(&r);
 }
 END_TEST
 
@@ -228,10 +137,11 @@ END_TEST
 static size_t greedy_tokens(const char *const *args, int session, uint32_t *out,
                             size_t cap)
 {
-    run_result r = run(args);
+    pkvt_proc r = pkvt_tool(args, NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
-    size_t n = json_ints(r.out, "tokens", session, out, cap);
-    run_free(&r);
+    char key[64];
+    size_t n = json_ints(r.out, session_key(key, sizeof key, session, "tokens"), out, cap);
+    pkvt_proc_free(&r);
     return n;
 }
 
@@ -286,19 +196,19 @@ START_TEST(stories_check_dtypes)
     if (!have_models("stories_check_dtypes"))
         return;
     const char *dt = dtypes[_i];
-    run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+    pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
                             "-n", pkvt_quick() ? "40" : "96", "-i", "Once upon a time",
                             "--dtype", dt, "--block-tokens", "8", "--check",
-                            "--check-e2e", "--json"));
+                            "--check-e2e", "--json"), NULL);
     ck_assert_msg(r.status == 0, "%s: exit %d: %s", dt, r.status, r.err);
     ck_assert_ptr_nonnull(strstr(r.out, "\"check\": {\"passed\": true"));
     ck_assert_ptr_nonnull(strstr(r.out, "\"check_e2e\": {\"passed\": true"));
     /* every position of every layer was compared: 5 layers x positions */
-    double rows = json_num(r.out, "rows", 0);
-    double pos = json_num(r.out, "positions", 0);
+    double rows = pkvt_json_num(r.out, "check.rows");
+    double pos = pkvt_json_num(r.out, "sessions[0].positions");
     ck_assert_double_eq(rows, 5 * pos);
-    ck_assert(json_num(r.out, "worst_fraction_of_tolerance", 0) <= 1.0);
-    run_free(&r);
+    ck_assert(pkvt_json_num(r.out, "check.worst_fraction_of_tolerance") <= 1.0);
+    pkvt_proc_free(&r);
 }
 END_TEST
 
@@ -307,36 +217,39 @@ START_TEST(stories_forks_share_prompt)
     if (!have_models("stories_forks_share_prompt"))
         return;
     /* 13 prompt tokens, 4 tokens per page: 3 full pages per layer are the prompt's */
-    run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "1",
+    pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "1",
                             "-s", "7", "-n", "60", "--sessions", "4", "--block-tokens",
                             "4", "-i", "Once upon a time there was a big dog named Max",
-                            "--json"));
+                            "--json"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     uint32_t pt[64];
-    size_t P = json_ints(r.out, "prompt_tokens", 0, pt, 64);
+    size_t P = json_ints(r.out, "prompt_tokens", pt, 64);
     ck_assert_uint_gt(P, 8);
-    const double page = json_num(r.out, "page_bytes", 0);
+    const double page = pkvt_json_num(r.out, "cache.page_bytes");
     const double full = (double)(P / 4) * 5;   /* shared pages: full prompt pages x L */
     double pages_sum = 0, resident_sum = 0;
     for (int s = 0; s < 4; s++) {
-        double shared = json_num(r.out, "bytes_shared", s);
+        char key[64];
+        double shared =
+            pkvt_json_num(r.out, session_key(key, sizeof key, s, "memory.bytes_shared"));
         ck_assert_msg(shared == full * page, "session %d shares %.0f bytes, expected %.0f",
                       s, shared, full * page);
-        pages_sum += json_num(r.out, "blocks", s);
-        resident_sum += json_num(r.out, "bytes_resident", s);
+        pages_sum += pkvt_json_num(r.out, session_key(key, sizeof key, s, "memory.blocks"));
+        resident_sum +=
+            pkvt_json_num(r.out, session_key(key, sizeof key, s, "memory.bytes_resident"));
     }
     /* the engine holds the shared pages once */
-    double in_use = json_num(r.out, "pages_in_use", 0);
+    double in_use = pkvt_json_num(r.out, "engine.pages_in_use");
     ck_assert_double_eq(in_use, pages_sum - 3 * full);
-    ck_assert_double_eq(json_num(r.out, "sum_session_resident", 0), resident_sum);
-    ck_assert(json_num(r.out, "bytes_in_use", 0) < resident_sum);
+    ck_assert_double_eq(pkvt_json_num(r.out, "engine.sum_session_resident"), resident_sum);
+    ck_assert(pkvt_json_num(r.out, "engine.bytes_in_use") < resident_sum);
     /* sampled continuations of one prompt with their own streams differ */
     uint32_t a[128], b[128];
-    size_t na = json_ints(r.out, "generated", 0, a, 128);
-    size_t nb = json_ints(r.out, "generated", 1, b, 128);
+    size_t na = json_ints(r.out, "sessions[0].generated", a, 128);
+    size_t nb = json_ints(r.out, "sessions[1].generated", b, 128);
     ck_assert_msg(na != nb || memcmp(a, b, na * sizeof a[0]) != 0,
                   "sessions 0 and 1 sampled identical continuations");
-    run_free(&r);
+    pkvt_proc_free(&r);
 }
 END_TEST
 
@@ -363,17 +276,17 @@ START_TEST(stories_prompt_encoding)
         {"\xe2\x82\xac", 3, {1, 410, 503}},    /* U+20AC, a piece of its own */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-n", "1",
-                                "-i", cases[c].text, "--json"));
+        pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-n", "1",
+                                "-i", cases[c].text, "--json"), NULL);
         ck_assert_msg(r.status == 0, "case %zu: exit %d: %s", c, r.status, r.err);
         uint32_t got[64];
-        size_t n = json_ints(r.out, "prompt_tokens", 0, got, 64);
+        size_t n = json_ints(r.out, "prompt_tokens", got, 64);
         ck_assert_msg(n == cases[c].n, "case %zu: %zu tokens, expected %zu", c, n,
                       cases[c].n);
         for (size_t i = 0; i < n; i++)
             ck_assert_msg(got[i] == cases[c].ids[i], "case %zu token %zu: %u vs %u", c, i,
                           got[i], cases[c].ids[i]);
-        run_free(&r);
+        pkvt_proc_free(&r);
     }
     /* decoding: with -n = prompt tokens - 1 only the prompt prints, and it prints as
      * it was typed (the dummy-prefix space dropped after BOS, byte pieces raw) */
@@ -382,41 +295,27 @@ START_TEST(stories_prompt_encoding)
         {"a\nb", "3"},
     };
     for (size_t c = 0; c < 2; c++) {
-        run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-n",
-                                echo[c].n, "-i", echo[c].text));
+        pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-n",
+                                echo[c].n, "-i", echo[c].text), NULL);
         ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
         char want[128];
         snprintf(want, sizeof want, "%s\n", echo[c].text);
         ck_assert_str_eq(r.out, want);
-        run_free(&r);
+        pkvt_proc_free(&r);
     }
     /* -n shorter than the prompt: only prompt positions, nothing sampled */
-    run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-n", "3",
-                            "-i", "Once upon a time", "--json"));
+    pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-n", "3",
+                            "-i", "Once upon a time", "--json"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     uint32_t t[16];
-    ck_assert_uint_eq(json_ints(r.out, "tokens", 0, t, 16), 4);
-    ck_assert_uint_eq(json_ints(r.out, "generated", 0, t, 16), 0);
-    ck_assert_double_eq(json_num(r.out, "positions", 0), 3);
-    run_free(&r);
+    ck_assert_uint_eq(json_ints(r.out, "sessions[0].tokens", t, 16), 4);
+    ck_assert_uint_eq(json_ints(r.out, "sessions[0].generated", t, 16), 0);
+    ck_assert_double_eq(pkvt_json_num(r.out, "sessions[0].positions"), 3);
+    pkvt_proc_free(&r);
 }
 END_TEST
 
 /* ---- malformed files ------------------------------------------------------------- */
-
-static unsigned char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = pkvt_alloc((size_t)sz);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)sz, f), (size_t)sz);
-    fclose(f);
-    *n = (size_t)sz;
-    return buf;
-}
 
 static void write_tmp(char *path, const unsigned char *data, size_t n)
 {
@@ -431,19 +330,12 @@ static void write_tmp(char *path, const unsigned char *data, size_t n)
 static void expect_fail(const char *model, const char *tok, const char *want,
                         const char *what)
 {
-    run_result r = run(ARGS("--model", model, "--tokenizer", tok, "-n", "8"));
+    pkvt_proc r = pkvt_tool(ARGS("--model", model, "--tokenizer", tok, "-n", "8"), NULL);
     ck_assert_msg(r.status == 1, "%s: exit %d (want 1), stderr: %s", what, r.status, r.err);
     ck_assert_msg(strstr(r.err, want) != NULL, "%s: stderr lacks '%s': %s", what, want,
                   r.err);
     ck_assert_msg(r.out[0] == '\0', "%s: printed text: %s", what, r.out);
-    run_free(&r);
-}
-
-static void put_i32(unsigned char *p, int32_t v)
-{
-    uint32_t u = (uint32_t)v;
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(u >> (8 * i));
+    pkvt_proc_free(&r);
 }
 
 START_TEST(malformed_files)
@@ -451,8 +343,8 @@ START_TEST(malformed_files)
     if (!have_models("malformed_files"))
         return;
     size_t nm, nt;
-    unsigned char *m = read_all(model_path, &nm);
-    unsigned char *t = read_all(tok_path, &nt);
+    unsigned char *m = pkvt_slurp(model_path, &nm);
+    unsigned char *t = pkvt_slurp(tok_path, &nt);
     pkvt_rng rng;
     pkvt_rng_init(&rng, pkvt_seed());
     char p[64];
@@ -489,17 +381,17 @@ START_TEST(malformed_files)
     unsigned char *mm = pkvt_alloc(nm);
     for (size_t i = 0; i < sizeof hdr / sizeof hdr[0]; i++) {
         memcpy(mm, m, nm);
-        put_i32(mm + 4 * hdr[i].field, hdr[i].value);
+        pkvt_put_le32(mm + 4 * hdr[i].field, (uint32_t)hdr[i].value);
         write_tmp(p, mm, nm);
-        run_result r = run(ARGS("--model", p, "--tokenizer", tok_path, "-n", "8"));
+        pkvt_proc r = pkvt_tool(ARGS("--model", p, "--tokenizer", tok_path, "-n", "8"), NULL);
         ck_assert_msg(r.status == 1, "header case %zu: exit %d: %s", i, r.status, r.err);
         ck_assert_msg(strstr(r.err, hdr[i].want), "header case %zu: %s", i, r.err);
-        run_free(&r);
+        pkvt_proc_free(&r);
         unlink(p);
     }
     /* a NaN weight */
     memcpy(mm, m, nm);
-    put_i32(mm + 28 + 4 * 1000, 0x7fc00000);
+    pkvt_put_le32(mm + 28 + 4 * 1000, 0x7fc00000);
     write_tmp(p, mm, nm);
     expect_fail(p, tok_path, "non-finite", "NaN weight");
     unlink(p);
@@ -518,7 +410,7 @@ START_TEST(malformed_files)
     expect_fail(model_path, p, "does not belong", "tokenizer with an extra piece");
     unlink(p);
     memcpy(tt, t, nt);
-    put_i32(tt + 4 + 4, 100000);   /* piece 0 claims 100000 bytes */
+    pkvt_put_le32(tt + 4 + 4, 100000);   /* piece 0 claims 100000 bytes */
     write_tmp(p, tt, nt);
     expect_fail(model_path, p, "length", "tokenizer piece too long");
     unlink(p);
@@ -534,7 +426,7 @@ END_TEST
 
 START_TEST(synthetic_default)
 {
-    run_result r = run(ARGS("-n", "40"));
+    pkvt_proc r = pkvt_tool(ARGS("-n", "40"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     /* no tokenizer: the 40 generated ids on stdout (not the prompt's BOS), as many as
      * the "generated:" figure on stderr counts */
@@ -547,11 +439,11 @@ START_TEST(synthetic_default)
     ck_assert_ptr_nonnull(strstr(r.err, "resident"));
     ck_assert_ptr_nonnull(strstr(r.err, "shared"));
     ck_assert_ptr_nonnull(strstr(r.err, "ideal"));
-    run_free(&r);
+    pkvt_proc_free(&r);
 
     /* with a prompt the ids are its bytes + 3 (echoed, as text would be), then the
      * n - P + 1 = 8 generated ones; BOS is never printed */
-    r = run(ARGS("-n", "10", "-i", "ab"));
+    r = pkvt_tool(ARGS("-n", "10", "-i", "ab"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     unsigned long v[16];
     ids = 0;
@@ -562,32 +454,32 @@ START_TEST(synthetic_default)
     ck_assert_uint_eq(v[0], 'a' + 3);
     ck_assert_uint_eq(v[1], 'b' + 3);
     ck_assert_msg(strstr(r.err, "generated: 8 tokens") != NULL, "stderr: %s", r.err);
-    run_free(&r);
+    pkvt_proc_free(&r);
 
     /* the README command itself, exactly */
-    r = run(ARGS("--json"));
+    r = pkvt_tool(ARGS("--json"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
-    ck_assert_double_eq(json_num(r.out, "positions", 0), 256);
-    ck_assert(json_num(r.out, "tokens_per_s", 0) > 0);
+    ck_assert_double_eq(pkvt_json_num(r.out, "sessions[0].positions"), 256);
+    ck_assert(pkvt_json_num(r.out, "tokens_per_s") > 0);
     ck_assert_ptr_nonnull(strstr(r.out, "\"dtype\": \"f16\""));
-    run_free(&r);
+    pkvt_proc_free(&r);
 }
 END_TEST
 
 START_TEST(synthetic_check_dtypes)
 {
     const char *dt = dtypes[_i];
-    run_result r = run(ARGS("-n", pkvt_quick() ? "24" : "48", "--dtype", dt,
+    pkvt_proc r = pkvt_tool(ARGS("-n", pkvt_quick() ? "24" : "48", "--dtype", dt,
                             "--block-tokens", "5", "--sessions", "2", "-t", "0.8", "-i",
-                            "ab", "--check", "--check-e2e", "--json"));
+                            "ab", "--check", "--check-e2e", "--json"), NULL);
     ck_assert_msg(r.status == 0, "%s: exit %d: %s", dt, r.status, r.err);
     ck_assert_ptr_nonnull(strstr(r.out, "\"check\": {\"passed\": true"));
     ck_assert_ptr_nonnull(strstr(r.out, "\"check_e2e\": {\"passed\": true"));
     uint32_t pt[8];
-    ck_assert_uint_eq(json_ints(r.out, "prompt_tokens", 0, pt, 8), 3);
+    ck_assert_uint_eq(json_ints(r.out, "prompt_tokens", pt, 8), 3);
     ck_assert_uint_eq(pt[1], 'a' + 3);   /* no tokenizer: byte tokens */
     ck_assert_uint_eq(pt[2], 'b' + 3);
-    run_free(&r);
+    pkvt_proc_free(&r);
 }
 END_TEST
 
@@ -651,11 +543,11 @@ START_TEST(stories_utf8_roundtrip)
         return;
     const char *prompt = "Le caf\xc3\xa9 \xc3\xa9tait tr\xc3\xa8s bon. \xe6\x97\xa5\xe6\x9c\xac "
                          "\xe2\x9c\x93 \xf0\x9f\x98\x80!";
-    run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n",
-                            "80", "-i", prompt, "--json"));
+    pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n",
+                            "80", "-i", prompt, "--json"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     uint32_t pt[128];
-    size_t np = json_ints(r.out, "prompt_tokens", 0, pt, 128);
+    size_t np = json_ints(r.out, "prompt_tokens", pt, 128);
     size_t high_bytes = 0;   /* byte tokens of bytes >= 0x80: the case at stake */
     for (size_t i = 0; i < np; i++)
         high_bytes += pt[i] >= 3 + 0x80 && pt[i] <= 3 + 0xff;
@@ -663,13 +555,13 @@ START_TEST(stories_utf8_roundtrip)
     char want[256];
     snprintf(want, sizeof want, "\"text\": \"%s", prompt);
     ck_assert_msg(strstr(r.out, want) != NULL, "JSON text lost bytes: %s", r.out);
-    run_free(&r);
-    r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n", "80", "-i",
-                 prompt));
+    pkvt_proc_free(&r);
+    r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n", "80", "-i",
+                 prompt), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     ck_assert_msg(strncmp(r.out, prompt, strlen(prompt)) == 0, "stdout lost bytes: %s",
                   r.out);
-    run_free(&r);
+    pkvt_proc_free(&r);
 }
 END_TEST
 
@@ -689,8 +581,8 @@ START_TEST(stories_stop_reasons)
          "bos"},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
-                                "-n", rows[i].n, "-i", "Once upon a time"));
+        pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+                                "-n", rows[i].n, "-i", "Once upon a time"), NULL);
         ck_assert_msg(r.status == 0, "-n %s: exit %d: %s", rows[i].n, r.status, r.err);
         if (rows[i].warn)
             ck_assert_msg(strstr(r.err, rows[i].warn), "-n %s: no '%s': %s", rows[i].n,
@@ -699,9 +591,9 @@ START_TEST(stories_stop_reasons)
             ck_assert_msg(!strstr(r.err, "warning"), "-n %s: a warning: %s", rows[i].n, r.err);
         ck_assert_msg(strstr(r.err, rows[i].stopped), "-n %s: no '%s': %s", rows[i].n,
                       rows[i].stopped, r.err);
-        run_free(&r);
-        r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n",
-                     rows[i].n, "-i", "Once upon a time", "--json"));
+        pkvt_proc_free(&r);
+        r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n",
+                     rows[i].n, "-i", "Once upon a time", "--json"), NULL);
         char want[64];
         snprintf(want, sizeof want, "\"stop_reason\": \"%s\"", rows[i].reason);
         ck_assert_msg(r.status == 0 && strstr(r.out, want), "-n %s --json: %d, no %s: %s",
@@ -710,7 +602,7 @@ START_TEST(stories_stop_reasons)
         ck_assert_msg(strstr(r.out, bos ? "\"stopped_on_bos\": true"
                                         : "\"stopped_on_bos\": false"),
                       "-n %s: stopped_on_bos disagrees: %s", rows[i].n, r.out);
-        run_free(&r);
+        pkvt_proc_free(&r);
     }
 }
 END_TEST
@@ -718,15 +610,15 @@ END_TEST
 /* --check on a long run warns of its O(n^3) cost; a short one does not. */
 START_TEST(synthetic_check_cost)
 {
-    run_result r = run(ARGS("--check", "-n", "128"));
+    pkvt_proc r = pkvt_tool(ARGS("--check", "-n", "128"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     ck_assert_msg(strstr(r.err, "--check recomputes every step's attention densely, O(n^3)"),
                   "-n 128 --check: no warning: %s", r.err);
-    run_free(&r);
-    r = run(ARGS("--check", "-n", "32"));
+    pkvt_proc_free(&r);
+    r = pkvt_tool(ARGS("--check", "-n", "32"), NULL);
     ck_assert_msg(r.status == 0 && !strstr(r.err, "warning"), "-n 32 --check: %d %s",
                   r.status, r.err);
-    run_free(&r);
+    pkvt_proc_free(&r);
 }
 END_TEST
 
@@ -734,11 +626,11 @@ END_TEST
 
 START_TEST(options)
 {
-    run_result r = run(ARGS("--help"));
+    pkvt_proc r = pkvt_tool(ARGS("--help"), NULL);
     ck_assert_int_eq(r.status, 0);
     ck_assert_ptr_nonnull(strstr(r.out, "usage: pagedkv generate"));
     ck_assert_ptr_nonnull(strstr(r.out, "--sessions"));
-    run_free(&r);
+    pkvt_proc_free(&r);
     static const char *const bad[][3] = {
         {"--bogus", NULL, NULL},   {"-n", "0", NULL},        {"-n", "x", NULL},
         {"-n", NULL, NULL},        {"--dtype", "f8", NULL},  {"-p", "1.5", NULL},
@@ -746,13 +638,13 @@ START_TEST(options)
         {"-s", "-3", NULL},        {"--threads", "x", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        const char *args[4] = {bad[i][0], bad[i][1], bad[i][2], NULL};
-        r = run(args);
+        const char *args[5] = {"generate", bad[i][0], bad[i][1], bad[i][2], NULL};
+        r = pkvt_tool(args, NULL);
         ck_assert_msg(r.status == 2, "'%s %s': exit %d (want 2)", bad[i][0],
                       bad[i][1] ? bad[i][1] : "", r.status);
         ck_assert_msg(count_of(r.err, "pagedkv generate") >= 1, "no message: %s", r.err);
         ck_assert_msg(r.out[0] == '\0', "printed to stdout: %s", r.out);
-        run_free(&r);
+        pkvt_proc_free(&r);
     }
 }
 END_TEST
@@ -766,18 +658,18 @@ START_TEST(stories_window_unchanged)
 {
     if (!have_models("stories_window_unchanged"))
         return;
-    run_result a = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
-                            "-n", "256", "-i", "Once upon a time"));
-    run_result b = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
-                            "-n", "256", "-i", "Once upon a time", "--window", "100000"));
+    pkvt_proc a = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+                            "-n", "256", "-i", "Once upon a time"), NULL);
+    pkvt_proc b = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+                            "-n", "256", "-i", "Once upon a time", "--window", "100000"), NULL);
     ck_assert_msg(a.status == 0 && b.status == 0, "exit %d / %d: %s", a.status, b.status,
                   b.err);
     ck_assert_msg(strlen(a.out) > 100, "too little text: %s", a.out);
     ck_assert_msg(strcmp(a.out, b.out) == 0, "text differs with --window 100000:\n%s\n---\n%s",
                   a.out, b.out);
     ck_assert_ptr_nonnull(strstr(b.err, "window 100000"));
-    run_free(&a);
-    run_free(&b);
+    pkvt_proc_free(&a);
+    pkvt_proc_free(&b);
 }
 END_TEST
 
@@ -788,24 +680,25 @@ START_TEST(stories_window_bounded)
 {
     if (!have_models("stories_window_bounded"))
         return;
-    run_result r = run(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+    pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
                             "-n", "400", "--window", "24", "--sinks", "4", "--block-tokens",
-                            "8", "--check", "--check-e2e", "--json"));
+                            "8", "--check", "--check-e2e", "--json"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     ck_assert_ptr_nonnull(strstr(r.out, "\"check\": {\"passed\": true"));
     ck_assert_ptr_nonnull(strstr(r.out, "\"check_e2e\": {\"passed\": true"));
     const double ceiling = 1 + 3 + 1;   /* ceil(4/8) + ceil(24/8) + 1 */
-    ck_assert_double_eq(json_num(r.out, "page_ceiling", 0), ceiling);
-    double pos = json_num(r.out, "positions", 0);
-    double blocks = json_num(r.out, "blocks", 0);
-    double held = json_num(r.out, "pages_held_max_layer", 0);
-    double page = json_num(r.out, "page_bytes", 0);
+    ck_assert_double_eq(pkvt_json_num(r.out, "cache.page_ceiling"), ceiling);
+    double pos = pkvt_json_num(r.out, "sessions[0].positions");
+    double blocks = pkvt_json_num(r.out, "sessions[0].memory.blocks");
+    double held = pkvt_json_num(r.out, "sessions[0].memory.pages_held_max_layer");
+    double page = pkvt_json_num(r.out, "cache.page_bytes");
     ck_assert_msg(pos >= 64, "only %g positions: the window was never full", pos);
     ck_assert_msg(held <= ceiling && blocks <= 5 * ceiling, "held %g, blocks %g", held,
                   blocks);
     ck_assert_msg(blocks < 5 * ((pos + 7) / 8) - 5, "blocks %g: nothing released", blocks);
-    ck_assert_double_eq(json_num(r.out, "bytes_resident", 0), blocks * page);
-    run_free(&r);
+    ck_assert_double_eq(pkvt_json_num(r.out, "sessions[0].memory.bytes_resident"),
+                        blocks * page);
+    pkvt_proc_free(&r);
 }
 END_TEST
 
@@ -813,19 +706,20 @@ END_TEST
  * row to the variant's reference; bad variant options are usage errors. */
 START_TEST(synthetic_variants)
 {
-    run_result r = run(ARGS("-n", "80", "--window", "16", "--softcap", "30", "--block-tokens",
-                            "4", "--check", "--json"));
+    pkvt_proc r = pkvt_tool(ARGS("-n", "80", "--window", "16", "--softcap", "30", "--block-tokens",
+                            "4", "--check", "--json"), NULL);
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     ck_assert_ptr_nonnull(strstr(r.out, "\"check\": {\"passed\": true"));
-    ck_assert_double_eq(json_num(r.out, "softcap", 0), 30);
-    ck_assert_msg(json_num(r.out, "pages_held_max_layer", 0) <= 4 + 1,
-                  "held %g pages", json_num(r.out, "pages_held_max_layer", 0));
-    run_free(&r);
-    r = run(ARGS("--help"));
+    ck_assert_double_eq(pkvt_json_num(r.out, "cache.softcap"), 30);
+    ck_assert_msg(pkvt_json_num(r.out, "sessions[0].memory.pages_held_max_layer") <= 4 + 1,
+                  "held %g pages",
+                  pkvt_json_num(r.out, "sessions[0].memory.pages_held_max_layer"));
+    pkvt_proc_free(&r);
+    r = pkvt_tool(ARGS("--help"), NULL);
     ck_assert_ptr_nonnull(strstr(r.out, "--window"));
     ck_assert_ptr_nonnull(strstr(r.out, "--sinks"));
     ck_assert_ptr_nonnull(strstr(r.out, "--softcap"));
-    run_free(&r);
+    pkvt_proc_free(&r);
     static const char *const bad[][3] = {
         {"--sinks", "4", NULL}, {"--rollback", "2", NULL}, {"--window", "x", NULL},
         {"--softcap", "-1", NULL},
@@ -833,10 +727,10 @@ START_TEST(synthetic_variants)
     static const char *const says[] = {"--sinks 4 needs --window", "--rollback 2 needs",
                                        "--window", "--softcap"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        r = run((const char *const[]){bad[i][0], bad[i][1], NULL});
+        r = pkvt_tool((const char *const[]){"generate", bad[i][0], bad[i][1], NULL}, NULL);
         ck_assert_msg(r.status == 2 && strstr(r.err, says[i]) && !r.out[0],
                       "'%s %s': exit %d: %s", bad[i][0], bad[i][1], r.status, r.err);
-        run_free(&r);
+        pkvt_proc_free(&r);
     }
 }
 END_TEST

@@ -17,19 +17,14 @@
 #include "internal.h"
 #include "io_backend.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-extern char **environ;
 
 static void use_sync(void) { setenv("PKV_NO_URING", "1", 1); }
 static void use_uring(void) { unsetenv("PKV_NO_URING"); }
@@ -40,98 +35,30 @@ typedef struct { char dir[512]; char path[600]; } scratch;
 
 static void scratch_init(scratch *t)
 {
-    const char *base = getenv("TMPDIR");
-    snprintf(t->dir, sizeof t->dir, "%s/pkv-test-persist-XXXXXX", base && *base ? base : "/tmp");
-    ck_assert_msg(mkdtemp(t->dir) != NULL, "mkdtemp: %s", strerror(errno));
+    pkvt_scratch_dir(t->dir, sizeof t->dir, "persist");
     snprintf(t->path, sizeof t->path, "%s/s.pkv", t->dir);
 }
 
-/* Files in the directory (to catch leftover temporaries). */
-static int dir_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    ck_assert(d != NULL);
-    int n = 0;
-    for (struct dirent *de; (de = readdir(d)) != NULL;)
-        n += strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
-    closedir(d);
-    return n;
-}
-
-static void scratch_fini(scratch *t)
-{
-    DIR *d = opendir(t->dir);
-    if (d == NULL)
-        return;
-    char p[1200];
-    for (struct dirent *de; (de = readdir(d)) != NULL;) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        snprintf(p, sizeof p, "%s/%s", t->dir, de->d_name);
-        if (unlink(p) != 0)
-            rmdir(p);
-    }
-    closedir(d);
-    rmdir(t->dir);
-}
-
-static unsigned char *slurp(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = pkvt_alloc((size_t)n + 1);
-    ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *size = (size_t)n;
-    return b;
-}
-
-static void spit(const char *path, const void *b, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert(f != NULL);
-    ck_assert_int_eq(fwrite(b, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
 /* The documented layout, independently of persist.c (docs/file-format.md). */
-static uint32_t le32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t le64(const unsigned char *p) { return le32(p) | (uint64_t)le32(p + 4) << 32; }
-static void set32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> 8 * i);
-}
-static void set64(unsigned char *p, uint64_t v)
-{
-    set32(p, (uint32_t)v);
-    set32(p + 4, (uint32_t)(v >> 32));
-}
 static void fix_header_crc(unsigned char *b)
 {
-    uint32_t h = le32(b + 12);
-    set32(b + h - 4, pkvi_crc32c(0, b, h - 4));
+    uint32_t h = pkvt_le32(b + 12);
+    pkvt_put_le32(b + h - 4, pkvi_crc32c(0, b, h - 4));
 }
 static void fix_table_crc(unsigned char *b)
 {
-    uint32_t h = le32(b + 12);
-    set32(b + 80, pkvi_crc32c(0, b + h, le64(b + 56) * 16));
+    uint32_t h = pkvt_le32(b + 12);
+    pkvt_put_le32(b + 80, pkvi_crc32c(0, b + h, pkvt_le64(b + 56) * 16));
     fix_header_crc(b);
 }
 static unsigned char *page_at(unsigned char *b, uint64_t k)
 {
-    return b + le64(b + 72) + k * le64(b + 48);
+    return b + pkvt_le64(b + 72) + k * pkvt_le64(b + 48);
 }
 static void fix_page_crc(unsigned char *b, uint64_t k)
 {
-    uint32_t h = le32(b + 12);
-    set32(b + h + k * 16 + 4, pkvi_crc32c(0, page_at(b, k), le64(b + 48)));
+    uint32_t h = pkvt_le32(b + 12);
+    pkvt_put_le32(b + h + k * 16 + 4, pkvi_crc32c(0, page_at(b, k), pkvt_le64(b + 48)));
     fix_table_crc(b);
 }
 
@@ -140,33 +67,10 @@ static void fix_page_crc(unsigned char *b, uint64_t k)
 static pkv_engine *engine_cfg(uint32_t L, uint32_t h, uint32_t g, uint32_t d, uint32_t bt,
                               pkv_dtype dt, float scale)
 {
-    pkv_config c = pkv_config_default();
-    c.n_layers = L;
-    c.n_heads = h;
-    c.n_kv_heads = g;
-    c.head_dim = d;
-    c.block_tokens = bt;
-    c.kv_dtype = dt;
+    pkv_config c = pkvt_config(L, h, g, d, bt, dt);
     c.scale = scale;
     c.n_threads = 1;
-    pkv_engine *e = NULL;
-    ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_OK);
-    return e;
-}
-
-static void append_random(pkv_session *s, pkvt_rng *r, uint32_t layer, uint64_t n)
-{
-    pkv_config c;
-    ck_assert_int_eq(pkv_engine_config(s->e, &c), PKV_OK);
-    size_t gd = (size_t)c.n_kv_heads * c.head_dim;
-    float *k = pkvt_alloc(gd * sizeof(float)), *v = pkvt_alloc(gd * sizeof(float));
-    for (uint64_t t = 0; t < n; t++) {
-        pkvt_fill(r, k, gd, -2.0f, 2.0f);
-        pkvt_fill(r, v, gd, -1.0f, 1.0f);
-        ck_assert_int_eq(pkv_append(s, layer, k, v), PKV_OK);
-    }
-    free(k);
-    free(v);
+    return pkvt_engine_cfg(&c);
 }
 
 static pkv_session *make_session(pkv_engine *e, pkvt_rng *r, const uint64_t *lens)
@@ -174,7 +78,7 @@ static pkv_session *make_session(pkv_engine *e, pkvt_rng *r, const uint64_t *len
     pkv_session *s = NULL;
     ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
     for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        append_random(s, r, l, lens[l]);
+        pkvt_append_random(s, r, l, lens[l], 2.0f, 1.0f);
     return s;
 }
 
@@ -250,7 +154,7 @@ static void roundtrip_one(uint32_t L, uint32_t h, uint32_t g, uint32_t d, uint32
         lens[l] = fixed[l % 4];
     pkv_session *s = make_session(e, r, lens);
     ck_assert_int_eq(pkv_session_save(s, t.path), PKV_OK);
-    ck_assert_int_eq(dir_entries(t.dir), 1);
+    ck_assert_int_eq(pkvt_dir_entries(t.dir, NULL), 1);
 
     struct stat sb;
     ck_assert_int_eq(stat(t.path, &sb), 0);
@@ -268,9 +172,9 @@ static void roundtrip_one(uint32_t L, uint32_t h, uint32_t g, uint32_t d, uint32
     snprintf(p2, sizeof p2, "%s/again.pkv", t.dir);
     ck_assert_int_eq(pkv_session_save(s2, p2), PKV_OK);
     size_t n1, n2;
-    unsigned char *b1 = slurp(t.path, &n1), *b2 = slurp(p2, &n2);
+    unsigned char *b1 = pkvt_slurp(t.path, &n1), *b2 = pkvt_slurp(p2, &n2);
     ck_assert_msg(n1 == n2 && memcmp(b1, b2, n1) == 0, "%s: re-save differs", what);
-    ck_assert_uint_eq(le64(b1 + 72) % PKVI_SFILE_ALIGN, 0);
+    ck_assert_uint_eq(pkvt_le64(b1 + 72) % PKVI_SFILE_ALIGN, 0);
     free(b1);
     free(b2);
 
@@ -286,8 +190,8 @@ static void roundtrip_one(uint32_t L, uint32_t h, uint32_t g, uint32_t d, uint32
         pkvt_rng ra, rb;
         pkvt_rng_init(&ra, seed + l);
         pkvt_rng_init(&rb, seed + l);
-        append_random(s, &ra, l, bt + 1);
-        append_random(s2, &rb, l, bt + 1);
+        pkvt_append_random(s, &ra, l, bt + 1, 2.0f, 1.0f);
+        pkvt_append_random(s2, &rb, l, bt + 1, 2.0f, 1.0f);
     }
     assert_same(s, s2, pkvt_next(r), what);
     ck_assert(pkvi_engine_check(e));
@@ -298,7 +202,7 @@ static void roundtrip_one(uint32_t L, uint32_t h, uint32_t g, uint32_t d, uint32
     pkv_session_destroy(s2);
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 
 START_TEST(roundtrip_matrix)
@@ -327,7 +231,7 @@ START_TEST(roundtrip_empty)
     ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
     ck_assert_int_eq(pkv_session_save(s, t.path), PKV_OK);
     size_t n;
-    free(slurp(t.path, &n));
+    free(pkvt_slurp(t.path, &n));
     ck_assert_uint_eq(n, PKVI_SFILE_ALIGN);
     ck_assert_int_eq(pkv_session_load(e, t.path, &s2), PKV_OK);
     for (uint32_t l = 0; l < 3; l++)
@@ -335,7 +239,7 @@ START_TEST(roundtrip_empty)
     pkv_session_destroy(s2);
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 END_TEST
 
@@ -357,7 +261,7 @@ START_TEST(roundtrip_after_truncate)
     ck_assert_int_eq(pkv_session_load(e, t.path, &x), PKV_OK);
     assert_same(s, x, 11, "after truncate");
     size_t n;
-    unsigned char *b = slurp(t.path, &n);
+    unsigned char *b = pkvt_slurp(t.path, &n);
     const unsigned char *last = page_at(b, 1);                /* layer 0, page 1 */
     for (uint32_t gi = 0; gi < 2; gi++)
         for (uint32_t kv = 0; kv < 2; kv++) {
@@ -369,7 +273,7 @@ START_TEST(roundtrip_after_truncate)
     pkv_session_destroy(x);
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 END_TEST
 
@@ -406,7 +310,7 @@ static void damage_init(damage *d)
     uint64_t lens[2] = {7, 3};
     d->keep = make_session(d->e, &r, lens);
     ck_assert_int_eq(pkv_session_save(d->keep, d->t.path), PKV_OK);
-    d->orig = slurp(d->t.path, &d->n);
+    d->orig = pkvt_slurp(d->t.path, &d->n);
 }
 
 static void damage_fini(damage *d)
@@ -416,7 +320,7 @@ static void damage_fini(damage *d)
     pkv_session_destroy(d->keep);
     pkv_engine_destroy(d->e);
     pkvi_io_close(d->io);
-    scratch_fini(&d->t);
+    pkvt_remove_dir(d->t.dir);
 }
 
 /* Load must give `want` and no session; the verifier (inspect's path) must agree. */
@@ -455,13 +359,13 @@ START_TEST(every_byte_flip)
     for (size_t i = 0; i < n; i += step) {
         memcpy(b, d.orig, n);
         b[i] ^= (unsigned char)(1 + pkvt_below(&r, 255));
-        spit(d.t.path, b, n);
+        pkvt_write_file(d.t.path, b, n);
         char what[64];
         snprintf(what, sizeof what, "byte %zu changed", i);
         /* Bytes 0..7 are the magic: not a session file. Anything else is damage. */
         expect_load(d.e, d.io, d.t.path, i < 8 ? PKV_EINVAL : PKV_ECORRUPT, what);
     }
-    spit(d.t.path, d.orig, n);
+    pkvt_write_file(d.t.path, d.orig, n);
     expect_load(d.e, d.io, d.t.path, PKV_OK, "original");
     free(b);
     damage_fini(&d);
@@ -475,7 +379,7 @@ START_TEST(every_truncation)
     const size_t n = d.n;
     size_t step = pkvt_quick() ? 29 : 1;
     for (size_t len = 0; len < n; len += step) {
-        spit(d.t.path, d.orig, len);
+        pkvt_write_file(d.t.path, d.orig, len);
         char what[64];
         snprintf(what, sizeof what, "truncated to %zu of %zu", len, n);
         expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, what);
@@ -483,9 +387,9 @@ START_TEST(every_truncation)
     /* Extended: trailing bytes are damage too. */
     unsigned char *longer = pkvt_alloc(n + 4096);
     memcpy(longer, d.orig, n);
-    spit(d.t.path, longer, n + 1);
+    pkvt_write_file(d.t.path, longer, n + 1);
     expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "one trailing byte");
-    spit(d.t.path, longer, n + 4096);
+    pkvt_write_file(d.t.path, longer, n + 4096);
     expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "a trailing page");
     free(longer);
     damage_fini(&d);
@@ -500,16 +404,16 @@ START_TEST(forged_consistent_checksums)
     const size_t n = d.n;
     const unsigned char *orig = d.orig;
     unsigned char *b = pkvt_alloc(n);
-    uint32_t h = le32(orig + 12);
+    uint32_t h = pkvt_le32(orig + 12);
     ck_assert_uint_eq(h, 92 + 8 * 2);
 
     /* A version this build does not know (it reads 1 and 2), sound header: EINVAL. */
     uint32_t versions[] = {0, 3, 0xffffffffu};
     for (int i = 0; i < 3; i++) {
         memcpy(b, orig, n);
-        set32(b + 8, versions[i]);
+        pkvt_put_le32(b + 8, versions[i]);
         fix_header_crc(b);
-        spit(d.t.path, b, n);
+        pkvt_write_file(d.t.path, b, n);
         expect_load(d.e, d.io, d.t.path, PKV_EINVAL, "another version");
     }
     /* A nonzero padding row in layer 0's partly filled last page (page 1, holding
@@ -517,30 +421,30 @@ START_TEST(forged_consistent_checksums)
     memcpy(b, orig, n);
     page_at(b, 1)[2 * 4 * 2 + 1] = 0x3c;
     fix_page_crc(b, 1);
-    spit(d.t.path, b, n);
+    pkvt_write_file(d.t.path, b, n);
     expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "nonzero K padding");
     memcpy(b, orig, n);
     page_at(b, 2)[5 * 8 + 3 * 8 + 7] = 0x01;   /* V padding of layer 1's only page */
     fix_page_crc(b, 2);
-    spit(d.t.path, b, n);
+    pkvt_write_file(d.t.path, b, n);
     expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "nonzero V padding");
     /* Valid rows changed with fixed CRCs load fine: the check is padding, not data. */
     memcpy(b, orig, n);
     page_at(b, 2)[0] ^= 1;
     fix_page_crc(b, 2);
-    spit(d.t.path, b, n);
+    pkvt_write_file(d.t.path, b, n);
     expect_load(d.e, d.io, d.t.path, PKV_OK, "valid-row change with fixed CRC");
     /* Lengths that do not match the page count. */
     memcpy(b, orig, n);
-    set64(b + 88, 6);   /* layer 0: 7 -> 6 positions, still 2 pages: a data row is now
+    pkvt_put_le64(b + 88, 6);   /* layer 0: 7 -> 6 positions, still 2 pages: a data row is now
                            padding, and it is not zero */
     fix_header_crc(b);
-    spit(d.t.path, b, n);
+    pkvt_write_file(d.t.path, b, n);
     expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "length without its rows");
     memcpy(b, orig, n);
-    set64(b + 88, 11);  /* 3 pages for layer 0 */
+    pkvt_put_le64(b + 88, 11);  /* 3 pages for layer 0 */
     fix_header_crc(b);
-    spit(d.t.path, b, n);
+    pkvt_write_file(d.t.path, b, n);
     expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "length beyond the pages");
     /* Reserved fields, page size, data offset, header size. */
     size_t offs[] = {44, 84, 48, 72, 64, 56};
@@ -548,20 +452,20 @@ START_TEST(forged_consistent_checksums)
         memcpy(b, orig, n);
         b[offs[i]] ^= 0x10;
         fix_header_crc(b);
-        spit(d.t.path, b, n);
+        pkvt_write_file(d.t.path, b, n);
         expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "inconsistent header field");
     }
     /* Page-table entries naming the wrong page (CRCs left right, table CRC fixed up):
      * entry 1 says layer 1, then entry 2 says index 1. */
     memcpy(b, orig, n);
-    set32(b + h + 16, 1);
+    pkvt_put_le32(b + h + 16, 1);
     fix_table_crc(b);
-    spit(d.t.path, b, n);
+    pkvt_write_file(d.t.path, b, n);
     expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "page table entry of the wrong layer");
     memcpy(b, orig, n);
-    set64(b + h + 2 * 16 + 8, 1);
+    pkvt_put_le64(b + h + 2 * 16 + 8, 1);
     fix_table_crc(b);
-    spit(d.t.path, b, n);
+    pkvt_write_file(d.t.path, b, n);
     expect_load(d.e, d.io, d.t.path, PKV_ECORRUPT, "page table out of order");
 
     free(b);
@@ -603,7 +507,7 @@ START_TEST(mismatched_engines)
     pkv_engine_destroy(same);
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 END_TEST
 
@@ -615,13 +519,13 @@ START_TEST(not_session_files)
     pkv_engine *e = engine_cfg(1, 1, 1, 4, 4, PKV_F32, 0);
     pkv_session *s = NULL;
     const char *text = "this is a plain text file, not a pagedkv session\n";
-    spit(t.path, text, strlen(text));
+    pkvt_write_file(t.path, text, strlen(text));
     expect_load(e, io, t.path, PKV_EINVAL, "text file");
-    spit(t.path, "\x89PKX", 4);
+    pkvt_write_file(t.path, "\x89PKX", 4);
     expect_load(e, io, t.path, PKV_EINVAL, "wrong magic prefix");
-    spit(t.path, "\x89PKV\r", 5);
+    pkvt_write_file(t.path, "\x89PKV\r", 5);
     expect_load(e, io, t.path, PKV_ECORRUPT, "a prefix of the magic (truncated)");
-    spit(t.path, "", 0);
+    pkvt_write_file(t.path, "", 0);
     expect_load(e, io, t.path, PKV_ECORRUPT, "empty file (truncated)");
     ck_assert_int_eq(pkv_session_load(e, t.dir, &s), PKV_EINVAL);   /* a directory */
     char fifo[700]; /* a FIFO with no writer: refused at once, not waited on */
@@ -639,7 +543,7 @@ START_TEST(not_session_files)
     ck_assert_int_eq(pkv_session_load(e, t.path, NULL), PKV_EINVAL);
     pkv_engine_destroy(e);
     pkvi_io_close(io);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 END_TEST
 
@@ -657,21 +561,21 @@ START_TEST(save_unwritable)
     char p[800];
     snprintf(p, sizeof p, "%s/no/such/dir/s.pkv", t.dir);
     ck_assert_int_eq(pkv_session_save(s, p), PKV_EIO);
-    spit(t.path, "x", 1);                         /* a regular file as the "directory" */
+    pkvt_write_file(t.path, "x", 1);                         /* a regular file as the "directory" */
     snprintf(p, sizeof p, "%s/s.pkv", t.path);
     ck_assert_int_eq(pkv_session_save(s, p), PKV_EIO);
-    ck_assert_int_eq(dir_entries(t.dir), 1);
+    ck_assert_int_eq(pkvt_dir_entries(t.dir, NULL), 1);
     snprintf(p, sizeof p, "%s/target-dir", t.dir); /* the target is a directory */
     ck_assert_int_eq(mkdir(p, 0700), 0);
     ck_assert_int_eq(pkv_session_save(s, p), PKV_EIO);
-    ck_assert_int_eq(dir_entries(t.dir), 2);       /* no temporary left behind */
-    ck_assert_int_eq(dir_entries(p), 0);
+    ck_assert_int_eq(pkvt_dir_entries(t.dir, NULL), 2);       /* no temporary left behind */
+    ck_assert_int_eq(pkvt_dir_entries(p, NULL), 0);
     ck_assert_int_eq(pkv_session_save(NULL, t.path), PKV_EINVAL);
     ck_assert_int_eq(pkv_session_save(s, NULL), PKV_EINVAL);
     ck_assert_int_eq(pkv_session_save(s, ""), PKV_EINVAL);
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 END_TEST
 
@@ -684,7 +588,7 @@ START_TEST(save_mode_0600)
     pkv_engine *e = engine_cfg(1, 2, 2, 4, 4, PKV_F32, 0);
     uint64_t lens[1] = {5};
     pkv_session *s = make_session(e, &r, lens);
-    spit(t.path, "old", 3);
+    pkvt_write_file(t.path, "old", 3);
     ck_assert_int_eq(chmod(t.path, 0644), 0);
     mode_t masks[] = {0, 022, 077, 0277};
     for (size_t i = 0; i < 4; i++) {
@@ -697,10 +601,10 @@ START_TEST(save_mode_0600)
         ck_assert_msg((sb.st_mode & 07777) == 0600, "umask %o gave mode %o",
                       (unsigned)masks[i], (unsigned)(sb.st_mode & 07777));
     }
-    ck_assert_int_eq(dir_entries(t.dir), 1);
+    ck_assert_int_eq(pkvt_dir_entries(t.dir, NULL), 1);
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 END_TEST
 
@@ -718,7 +622,7 @@ START_TEST(save_faults)
     pkv_session *old = make_session(e, &r, la), *s = make_session(e, &r, lb);
     ck_assert_int_eq(pkv_session_save(old, t.path), PKV_OK);
     size_t n_old;
-    unsigned char *before = slurp(t.path, &n_old);
+    unsigned char *before = pkvt_slurp(t.path, &n_old);
     pkvi_io *io = NULL;
     ck_assert_int_eq(pkvi_io_open(false, &io), PKV_OK);
 
@@ -732,11 +636,11 @@ START_TEST(save_faults)
         ck_assert_msg(st == PKV_EIO, "write fault %llu gave %s", (unsigned long long)nth,
                       pkv_status_str(st));
         size_t n_now;
-        unsigned char *now = slurp(t.path, &n_now);
+        unsigned char *now = pkvt_slurp(t.path, &n_now);
         ck_assert_msg(n_now == n_old && memcmp(now, before, n_old) == 0,
                       "write fault %llu changed the target", (unsigned long long)nth);
         free(now);
-        ck_assert_int_eq(dir_entries(t.dir), 1);
+        ck_assert_int_eq(pkvt_dir_entries(t.dir, NULL), 1);
     }
     pkvi_io_inject_fault(io, PKVI_FAULT_WRITE, 0);
     ck_assert_msg(nth > 3, "the save made only %llu writes", (unsigned long long)nth - 1);
@@ -746,10 +650,10 @@ START_TEST(save_faults)
     pkvi_io_inject_fault(io, PKVI_FAULT_FSYNC, 1);
     ck_assert_int_eq(pkvi_session_save_io(s, t.path, io, NULL), PKV_EIO);
     size_t n_now;
-    unsigned char *now = slurp(t.path, &n_now);
+    unsigned char *now = pkvt_slurp(t.path, &n_now);
     ck_assert(n_now == n_old && memcmp(now, before, n_old) == 0);
     free(now);
-    ck_assert_int_eq(dir_entries(t.dir), 1);
+    ck_assert_int_eq(pkvt_dir_entries(t.dir, NULL), 1);
 
     /* The directory fsync (the second) fails after the rename: EIO, but the target
      * is the complete new file. */
@@ -759,14 +663,14 @@ START_TEST(save_faults)
     ck_assert_int_eq(pkv_session_load(e, t.path, &x), PKV_OK);
     assert_same(s, x, 3, "after a failed directory fsync");
     pkv_session_destroy(x);
-    ck_assert_int_eq(dir_entries(t.dir), 1);
+    ck_assert_int_eq(pkvt_dir_entries(t.dir, NULL), 1);
 
     free(before);
     pkvi_io_close(io);
     pkv_session_destroy(s);
     pkv_session_destroy(old);
     pkv_engine_destroy(e);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 END_TEST
 
@@ -805,7 +709,7 @@ START_TEST(load_faults)
     pkvi_io_close(io);
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 END_TEST
 
@@ -842,7 +746,7 @@ START_TEST(save_spilled)
     ck_assert_msg(st.pages_spilled > 0, "nothing was spilled; the test proves nothing");
     ck_assert_int_eq(pkv_session_save(a, p2), PKV_OK);
     size_t n1, n2;
-    unsigned char *b1 = slurp(p1, &n1), *b2 = slurp(p2, &n2);
+    unsigned char *b1 = pkvt_slurp(p1, &n1), *b2 = pkvt_slurp(p2, &n2);
     ck_assert(n1 == n2 && memcmp(b1, b2, n1) == 0);
     free(b1);
     free(b2);
@@ -853,64 +757,49 @@ START_TEST(save_spilled)
     pkv_session_destroy(x);
     pkv_session_destroy(a);
     pkv_engine_destroy(e);
-    scratch_fini(&t);
+    pkvt_remove_dir(t.dir);
 }
 END_TEST
 
 /* ---- the `pagedkv inspect` tool ------------------------------------------------------ */
-
-/* Run the tool with argv (NULL-terminated, argv[0] ignored), stdout to out_path;
- * returns its exit status. */
-static int run_tool(char *const *argv, const char *out_path)
-{
-    const char *tool = getenv("PKV_TOOL");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    ck_assert_int_eq(posix_spawn(&pid, tool, &fa, NULL, argv, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    int status = 0;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert(WIFEXITED(status));
-    return WEXITSTATUS(status);
-}
 
 START_TEST(inspect_tool)
 {
     damage d;
     damage_init(&d);
     scratch *t = &d.t;
-    char out[700];
-    snprintf(out, sizeof out, "%s/out.txt", t->dir);
-    char *json[] = {"pagedkv", "inspect", t->path, "--json", NULL};
-    ck_assert_int_eq(run_tool(json, out), 0);
-    size_t n;
-    char *text = (char *)slurp(out, &n);
-    ck_assert_msg(strstr(text, "\"sound\":true") && strstr(text, "\"layer_len\":[7,3]") &&
-                      strstr(text, "\"dtype\":\"f16\"") && strstr(text, "\"block_tokens\":5"),
-                  "unexpected JSON: %s", text);
-    free(text);
-    char *plain[] = {"pagedkv", "inspect", t->path, NULL};
-    ck_assert_int_eq(run_tool(plain, out), 0);
+    const char *json[] = {"inspect", t->path, "--json", NULL};
+    pkvt_proc r = pkvt_tool(json, NULL);
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_msg(strstr(r.out, "\"sound\":true") && strstr(r.out, "\"layer_len\":[7,3]") &&
+                      strstr(r.out, "\"dtype\":\"f16\"") &&
+                      strstr(r.out, "\"block_tokens\":5"),
+                  "unexpected JSON: %s", r.out);
+    pkvt_proc_free(&r);
+    r = pkvt_tool((const char *[]){"inspect", t->path, NULL}, NULL);
+    ck_assert_int_eq(r.status, 0);
+    pkvt_proc_free(&r);
 
     /* Damage in the last page: exit 1, and the JSON names the page. */
-    unsigned char *b = slurp(t->path, &n);
+    size_t n;
+    unsigned char *b = pkvt_slurp(t->path, &n);
     b[n - 1] ^= 0x40;
-    spit(t->path, b, n);
+    pkvt_write_file(t->path, b, n);
     free(b);
-    ck_assert_int_eq(run_tool(json, out), 1);
-    text = (char *)slurp(out, &n);
-    ck_assert_msg(strstr(text, "\"sound\":false") && strstr(text, "\"PKV_ECORRUPT\"") &&
-                      strstr(text, "\"file_index\":2"), "unexpected JSON: %s", text);
-    free(text);
-    char *missing_file[] = {"pagedkv", "inspect", NULL};
-    ck_assert_int_eq(run_tool(missing_file, out), 2);
-    char *bad_opt[] = {"pagedkv", "inspect", t->path, "--nope", NULL};
-    ck_assert_int_eq(run_tool(bad_opt, out), 2);
-    char *help[] = {"pagedkv", "inspect", "--help", NULL};
-    ck_assert_int_eq(run_tool(help, out), 0);
+    r = pkvt_tool(json, NULL);
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_msg(strstr(r.out, "\"sound\":false") && strstr(r.out, "\"PKV_ECORRUPT\"") &&
+                      strstr(r.out, "\"file_index\":2"), "unexpected JSON: %s", r.out);
+    pkvt_proc_free(&r);
+    r = pkvt_tool((const char *[]){"inspect", NULL}, NULL);
+    ck_assert_int_eq(r.status, 2);
+    pkvt_proc_free(&r);
+    r = pkvt_tool((const char *[]){"inspect", t->path, "--nope", NULL}, NULL);
+    ck_assert_int_eq(r.status, 2);
+    pkvt_proc_free(&r);
+    r = pkvt_tool((const char *[]){"inspect", "--help", NULL}, NULL);
+    ck_assert_int_eq(r.status, 0);
+    pkvt_proc_free(&r);
     damage_fini(&d);
 }
 END_TEST

@@ -33,32 +33,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- scratch directory ----------------------------------------------------------------- */
+/* ---- scratch directory (pkvt_scratch_dir, pkvt_remove_dir) ----------------------------- */
 
 static char dir[512];
-
-static void make_scratch(void)
-{
-    const char *base = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/pkv-test-robust-XXXXXX", base && *base ? base : "/tmp");
-    ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
-}
-
-static void remove_scratch(void)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return;
-    char p[1200];
-    for (struct dirent *de; (de = readdir(d)) != NULL;) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static double now_s(void)
 {
@@ -94,17 +71,6 @@ static bool rss_meaningful(void)
 
 /* ---- forged files (docs/file-format.md, written independently of persist.c) ------------ */
 
-static void set32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> 8 * i);
-}
-static void set64(unsigned char *p, uint64_t v)
-{
-    set32(p, (uint32_t)v);
-    set32(p + 4, (uint32_t)(v >> 32));
-}
-
 static const unsigned char magic[8] = {0x89, 'P', 'K', 'V', '\r', '\n', 0x1a, '\n'};
 
 /* Write `bytes` at the start of path and extend it (sparse) to `size` bytes. */
@@ -127,24 +93,24 @@ static void forge_tiny_geometry(const char *path, uint64_t n_pages)
     unsigned char h[H];
     memset(h, 0, sizeof h);
     memcpy(h, magic, 8);
-    set32(h + 8, 1);
-    set32(h + 12, H);
-    set32(h + 16, L);
-    set32(h + 20, 1);           /* n_heads */
-    set32(h + 24, 1);           /* n_kv_heads */
-    set32(h + 28, 1);           /* head_dim */
-    set32(h + 32, 1);           /* f16 */
-    set32(h + 36, 1);           /* block_tokens */
-    set32(h + 40, 0x3f800000u); /* scale 1.0f = 1/sqrt(1) */
+    pkvt_put_le32(h + 8, 1);
+    pkvt_put_le32(h + 12, H);
+    pkvt_put_le32(h + 16, L);
+    pkvt_put_le32(h + 20, 1);           /* n_heads */
+    pkvt_put_le32(h + 24, 1);           /* n_kv_heads */
+    pkvt_put_le32(h + 28, 1);           /* head_dim */
+    pkvt_put_le32(h + 32, 1);           /* f16 */
+    pkvt_put_le32(h + 36, 1);           /* block_tokens */
+    pkvt_put_le32(h + 40, 0x3f800000u); /* scale 1.0f = 1/sqrt(1) */
     const uint64_t pb = 2 * 1 * 1 * 1 * 2;
-    set64(h + 48, pb);
-    set64(h + 56, n_pages);
-    set64(h + 64, H);
+    pkvt_put_le64(h + 48, pb);
+    pkvt_put_le64(h + 56, n_pages);
+    pkvt_put_le64(h + 64, H);
     const uint64_t data_off = (H + 16 * n_pages + 4095) / 4096 * 4096;
-    set64(h + 72, data_off);
-    set32(h + 80, 0x12345678u); /* table CRC: whatever; the table is zeros */
-    set64(h + 88, n_pages);     /* layer 0 holds n_pages positions (bt = 1) */
-    set32(h + H - 4, pkvi_crc32c(0, h, H - 4));
+    pkvt_put_le64(h + 72, data_off);
+    pkvt_put_le32(h + 80, 0x12345678u); /* table CRC: whatever; the table is zeros */
+    pkvt_put_le64(h + 88, n_pages);     /* layer 0 holds n_pages positions (bt = 1) */
+    pkvt_put_le32(h + H - 4, pkvi_crc32c(0, h, H - 4));
     write_sparse(path, h, sizeof h, data_off + n_pages * pb);
 }
 
@@ -161,23 +127,23 @@ static void forge_big_page(const char *path, uint32_t d, uint64_t poke, bool goo
     memset(head, 0, sizeof head);
     unsigned char *h = head, *ent = head + H;
     memcpy(h, magic, 8);
-    set32(h + 8, 1);
-    set32(h + 12, H);
-    set32(h + 16, L);
-    set32(h + 20, 1);
-    set32(h + 24, 1);
-    set32(h + 28, d);
-    set32(h + 32, 0);           /* f32 */
-    set32(h + 36, 2);
+    pkvt_put_le32(h + 8, 1);
+    pkvt_put_le32(h + 12, H);
+    pkvt_put_le32(h + 16, L);
+    pkvt_put_le32(h + 20, 1);
+    pkvt_put_le32(h + 24, 1);
+    pkvt_put_le32(h + 28, d);
+    pkvt_put_le32(h + 32, 0);           /* f32 */
+    pkvt_put_le32(h + 36, 2);
     float scale = 1.0f / sqrtf((float)d);
     uint32_t bits;
     memcpy(&bits, &scale, 4);
-    set32(h + 40, bits);
-    set64(h + 48, pb);
-    set64(h + 56, 1);
-    set64(h + 64, H);
-    set64(h + 72, data_off);
-    set64(h + 88, 1);
+    pkvt_put_le32(h + 40, bits);
+    pkvt_put_le64(h + 48, pb);
+    pkvt_put_le64(h + 56, 1);
+    pkvt_put_le64(h + 64, H);
+    pkvt_put_le64(h + 72, data_off);
+    pkvt_put_le64(h + 88, 1);
     uint32_t crc = 0;
     if (good_crc) {
         unsigned char *page = calloc(1, (size_t)pb);
@@ -187,11 +153,11 @@ static void forge_big_page(const char *path, uint32_t d, uint64_t poke, bool goo
         crc = pkvi_crc32c(0, page, (size_t)pb);
         free(page);
     }
-    set32(ent, 0);
-    set32(ent + 4, crc);
-    set64(ent + 8, 0);
-    set32(h + 80, pkvi_crc32c(0, ent, 16));
-    set32(h + H - 4, pkvi_crc32c(0, h, H - 4));
+    pkvt_put_le32(ent, 0);
+    pkvt_put_le32(ent + 4, crc);
+    pkvt_put_le64(ent + 8, 0);
+    pkvt_put_le32(h + 80, pkvi_crc32c(0, ent, 16));
+    pkvt_put_le32(h + H - 4, pkvi_crc32c(0, h, H - 4));
     write_sparse(path, head, sizeof head, data_off + pb);
     if (poke != UINT64_MAX) {
         int fd = open(path, O_WRONLY | O_CLOEXEC);
@@ -219,8 +185,8 @@ static void forge_huge_header(const char *path, uint32_t hbytes)
 {
     unsigned char p[16];
     memcpy(p, magic, 8);
-    set32(p + 8, 1);
-    set32(p + 12, hbytes);
+    pkvt_put_le32(p + 8, 1);
+    pkvt_put_le32(p + 12, hbytes);
     write_sparse(path, p, sizeof p, hbytes);
 }
 
@@ -332,7 +298,7 @@ static void expect_refused(const char *what, const char *path, int how, pkv_stat
 
 START_TEST(hostile_files)
 {
-    make_scratch();
+    pkvt_scratch_dir(dir, sizeof dir, "robust");
     char path[600];
     snprintf(path, sizeof path, "%s/hostile.pkv", dir);
 
@@ -378,62 +344,24 @@ START_TEST(hostile_files)
     ck_assert_msg(verify_why(path, &why) == PKV_OK, "a sound big page refused: %s", why);
 
     unlink(path);
-    remove_scratch();
+    pkvt_remove_dir(dir);
 }
 END_TEST
 
 /* ---- saves killed at random moments ------------------------------------------------ */
-
-static unsigned char *slurp(const char *path, size_t *size)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    struct stat sb;
-    ck_assert_int_eq(fstat(fd, &sb), 0);
-    unsigned char *b = pkvt_alloc((size_t)sb.st_size + 1);
-    size_t got = 0;
-    while (got < (size_t)sb.st_size) {
-        ssize_t n = read(fd, b + got, (size_t)sb.st_size - got);
-        ck_assert(n > 0);
-        got += (size_t)n;
-    }
-    close(fd);
-    *size = got;
-    return b;
-}
-
-/* Entries of `dir` other than `keep` (a file name), i.e. temporaries left behind. */
-static int leftovers(const char *keep)
-{
-    DIR *d = opendir(dir);
-    ck_assert(d != NULL);
-    int n = 0;
-    for (struct dirent *de; (de = readdir(d)) != NULL;)
-        n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && strcmp(de->d_name, keep);
-    closedir(d);
-    return n;
-}
 
 static bool same_bytes(const unsigned char *a, size_t na, const unsigned char *b, size_t nb)
 {
     return na == nb && memcmp(a, b, na) == 0;
 }
 
-static pkv_session *random_session(pkv_engine *e, pkvt_rng *r, uint32_t layers, uint32_t gd,
+/* A session of e whose first `layers` layers hold `tokens` random rows each. */
+static pkv_session *random_session(pkv_engine *e, pkvt_rng *r, uint32_t layers,
                                    uint64_t tokens)
 {
-    pkv_session *s = NULL;
-    ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
-    float *k = pkvt_alloc(gd * sizeof(float)), *v = pkvt_alloc(gd * sizeof(float));
+    pkv_session *s = pkvt_session(e);
     for (uint32_t l = 0; l < layers; l++)
-        for (uint64_t t = 0; t < tokens; t++) {
-            pkvt_fill(r, k, gd, -1, 1);
-            pkvt_fill(r, v, gd, -1, 1);
-            ck_assert_int_eq(pkv_append(s, l, k, v), PKV_OK);
-        }
-    free(k);
-    free(v);
+        pkvt_append_random(s, r, l, tokens, 1.0f, 1.0f);
     return s;
 }
 
@@ -512,7 +440,7 @@ static bool leftovers_are(const char *keep, const unsigned char *want, size_t n_
         char p[1200];
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
         size_t n;
-        unsigned char *b = slurp(p, &n);
+        unsigned char *b = pkvt_read_file(p, &n);
         ok = ok && b != NULL && same_bytes(b, n, want, n_want);
         free(b);
     }
@@ -527,23 +455,23 @@ static bool leftovers_are(const char *keep, const unsigned char *want, size_t n_
  * save to the directory removes them. */
 static void kill_saves(bool named)
 {
-    make_scratch();
+    pkvt_scratch_dir(dir, sizeof dir, "robust");
     pkvt_rng r;
     pkvt_rng_init(&r, pkvt_seed() + 60 + named);
     enum { L = 2, H = 8, G = 4, D = 64, BT = 16 };
     pkv_engine *e = pkvt_engine(L, H, G, D, BT, PKV_F32);
     /* 2 layers of 1000 tokens, 32 KiB pages: a 4 MiB file */
-    pkv_session *olds = random_session(e, &r, L, G * D, 1000);
-    pkv_session *news = random_session(e, &r, L, G * D, 1000);
+    pkv_session *olds = random_session(e, &r, L, 1000);
+    pkv_session *news = random_session(e, &r, L, 1000);
     char path[600];
     snprintf(path, sizeof path, "%s/target.pkv", dir);
     size_t n_old, n_new;
     double t0 = now_s();
     ck_assert_int_eq(pkv_session_save(news, path), PKV_OK);
     const double save_s = now_s() - t0;
-    unsigned char *new_bytes = slurp(path, &n_new);
+    unsigned char *new_bytes = pkvt_read_file(path, &n_new);
     ck_assert_int_eq(pkv_session_save(olds, path), PKV_OK);
-    unsigned char *old_bytes = slurp(path, &n_old);
+    unsigned char *old_bytes = pkvt_read_file(path, &n_old);
     ck_assert(!same_bytes(old_bytes, n_old, new_bytes, n_new));
 
     const int kills = pkvt_quick() ? 8 : 24;
@@ -553,7 +481,7 @@ static void kill_saves(bool named)
         double delay = save_s * 1.2 * (double)pkvt_below(&r, 1000) / 1000.0;
         killed_save(news, path, delay, named);
         size_t n;
-        unsigned char *b = slurp(path, &n);
+        unsigned char *b = pkvt_read_file(path, &n);
         ck_assert_msg(b != NULL, "kill %d (%.1f ms): the target is gone", i, delay * 1e3);
         bool is_old = same_bytes(b, n, old_bytes, n_old);
         bool is_new = same_bytes(b, n, new_bytes, n_new);
@@ -565,7 +493,7 @@ static void kill_saves(bool named)
         ck_assert_uint_eq(sb.st_mode & 07777, 0600);
         now_new += is_new;
         /* what this kill left: earlier leftovers were removed by the saves since */
-        int left = leftovers("target.pkv");
+        int left = pkvt_dir_entries(dir, "target.pkv");
         ck_assert_msg(left <= 1, "kill %d: %d temporary files", i, left);
         if (!named)
             ck_assert_msg(leftovers_are("target.pkv", new_bytes, n_new),
@@ -574,7 +502,7 @@ static void kill_saves(bool named)
         /* the next save removes it; and the old file is back for the next round */
         wait_unlocked("target.pkv");
         ck_assert_int_eq(pkv_session_save(olds, path), PKV_OK);
-        ck_assert_int_eq(leftovers("target.pkv"), 0);
+        ck_assert_int_eq(pkvt_dir_entries(dir, "target.pkv"), 0);
     }
     printf("killed saves (%s): %d kills over 0..%.1f ms (a save takes %.1f ms), %d found "
            "the new file, %d left a temporary file (then removed by the next save)\n",
@@ -584,7 +512,7 @@ static void kill_saves(bool named)
     if (!named)  /* only a kill between link and rename (microseconds) leaves one */
         ck_assert_msg(left_total <= 2, "%d of %d killed saves left a temporary file",
                       left_total, kills);
-    int left = leftovers("target.pkv");
+    int left = pkvt_dir_entries(dir, "target.pkv");
     ck_assert_msg(left == 0, "%d temporary files left after the next save", left);
     pkv_session *x = NULL;
     ck_assert_int_eq(pkv_session_load(e, path, &x), PKV_OK);
@@ -594,7 +522,7 @@ static void kill_saves(bool named)
     pkv_session_destroy(olds);
     pkv_session_destroy(news);
     pkv_engine_destroy(e);
-    remove_scratch();
+    pkvt_remove_dir(dir);
 }
 
 START_TEST(killed_saves_tmpfile) { kill_saves(false); }
@@ -606,11 +534,11 @@ END_TEST
  * in progress holds an exclusive flock on its temporary), nothing else. */
 START_TEST(stale_temp_cleanup)
 {
-    make_scratch();
+    pkvt_scratch_dir(dir, sizeof dir, "robust");
     pkvt_rng r;
     pkvt_rng_init(&r, pkvt_seed() + 62);
     pkv_engine *e = pkvt_engine(1, 2, 2, 4, 4, PKV_F32);
-    pkv_session *s = random_session(e, &r, 1, 8, 9);
+    pkv_session *s = random_session(e, &r, 1, 9);
     const char *names[] = {
         "a.pkv.tmp-123-0123456789abcdef",   /* stale: removed */
         "other.tmp-1-ffffffffffffffff",     /* stale, of another target: removed */
@@ -646,7 +574,7 @@ START_TEST(stale_temp_cleanup)
     close(held);
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
-    remove_scratch();
+    pkvt_remove_dir(dir);
 }
 END_TEST
 
@@ -658,7 +586,7 @@ static void engine_cycle(pkvt_rng *r, uint32_t pages)
 {
     enum { H = 8, G = 4, D = 128, BT = 16 };  /* f32: 64 KiB pages */
     pkv_engine *e = pkvt_engine(2, H, G, D, BT, PKV_F32);
-    pkv_session *s = random_session(e, r, 2, G * D, (uint64_t)pages * BT - 3);
+    pkv_session *s = random_session(e, r, 2, (uint64_t)pages * BT - 3);
     pkv_session *f = NULL;
     ck_assert_int_eq(pkv_session_fork(s, &f), PKV_OK);
     pkv_stats st;
@@ -795,7 +723,7 @@ static double sp_run(pkv_session **s, const float *q, float (*want)[SP_H * SP_D]
  * consistency while both run. */
 START_TEST(stats_poller)
 {
-    make_scratch();
+    pkvt_scratch_dir(dir, sizeof dir, "robust");
     pkv_config c = pkv_config_default();
     c.n_layers = 1;
     c.n_heads = SP_H;
@@ -814,7 +742,7 @@ START_TEST(stats_poller)
     float q[SP_H * SP_D], want[SP_WORKERS][SP_H * SP_D];
     pkvt_fill(&r, q, SP_H * SP_D, -1, 1);
     for (int i = 0; i < SP_WORKERS; i++) {
-        s[i] = random_session(e, &r, 1, SP_G * SP_D, SP_TOKENS);
+        s[i] = random_session(e, &r, 1, SP_TOKENS);
         ck_assert_int_eq(pkv_decode(s[i], 0, q, want[i]), PKV_OK);
     }
     /* The same poller on another engine is the control: the same CPU time and the
@@ -826,7 +754,7 @@ START_TEST(stats_poller)
     pkv_config c2 = c;
     pkv_engine *other = NULL;
     ck_assert_int_eq(pkv_engine_create(&c2, &other), PKV_OK);
-    pkv_session *os = random_session(other, &r, 1, SP_G * SP_D, SP_TOKENS);
+    pkv_session *os = random_session(other, &r, 1, SP_TOKENS);
     enum { ROUNDS = 15 };
     const double secs = pkvt_quick() ? 0.02 : 0.1;
     double same[ROUNDS], ctl[ROUNDS], sum[3] = {0}, polls_sum = 0;
@@ -868,7 +796,7 @@ START_TEST(stats_poller)
     for (int i = 0; i < SP_WORKERS; i++)
         pkv_session_destroy(s[i]);
     pkv_engine_destroy(e);
-    remove_scratch();
+    pkvt_remove_dir(dir);
 }
 END_TEST
 

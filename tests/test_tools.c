@@ -8,10 +8,10 @@
  * here independently, its SVG); Ctrl-C handling. Does not own the library's own
  * tests: the tool is only trusted as far as these outputs are checked.
  *
- * The JSON and XML checkers (tools_run.h) are deliberately small and strict (syntax
- * only, plus a path lookup for JSON); python3, when present, checks the same files
- * again. The option conventions, the engine limits and the newer output contracts
- * are test_cli.c's.
+ * The JSON reader (testutil's pkvt_json_*) and the XML checker (tools_run.h) are
+ * deliberately small and strict (syntax only, plus a path lookup for JSON); python3,
+ * when present, checks the same files again. The option conventions, the engine limits
+ * and the newer output contracts are test_cli.c's.
  */
 #include "testutil.h"
 #include "tools_run.h"
@@ -30,18 +30,18 @@
 
 START_TEST(top_level)
 {
-    proc p;
-    run_tool(&p, (const char *[]){NULL});
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){NULL}, NULL);
     ck_assert_msg(p.status == 2 && has(p.err, "usage"), "no command: %d %s", p.status, p.err);
-    proc_free(&p);
-    run_tool(&p, (const char *[]){"--help", NULL});
+    pkvt_proc_free(&p);
+    p = pkvt_tool((const char *[]){"--help", NULL}, NULL);
     ck_assert_msg(p.status == 0 && has(p.out, "usage: pagedkv") && has(p.out, "stress"),
                   "--help: %d", p.status);
-    proc_free(&p);
-    run_tool(&p, (const char *[]){"frobnicate", NULL});
+    pkvt_proc_free(&p);
+    p = pkvt_tool((const char *[]){"frobnicate", NULL}, NULL);
     ck_assert_msg(p.status == 2 && has(p.err, "frobnicate") && !p.out[0],
                   "unknown command: %d %s", p.status, p.err);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 }
 END_TEST
 
@@ -56,8 +56,8 @@ static void expect_usage_errors(const char *cmd, const bad_args *rows, size_t n)
         const char *argv[13] = {cmd};
         for (size_t j = 0; rows[i].args[j]; j++)
             argv[j + 1] = rows[i].args[j];
-        proc p;
-        run_tool(&p, argv);
+        pkvt_proc p;
+        p = pkvt_tool(argv, NULL);
         char shown[160] = "";
         for (size_t j = 0; rows[i].args[j]; j++)
             snprintf(shown + strlen(shown), sizeof shown - strlen(shown), " %s",
@@ -67,19 +67,19 @@ static void expect_usage_errors(const char *cmd, const bad_args *rows, size_t n)
         ck_assert_msg(has(p.err, rows[i].says), "pagedkv %s%s: stderr lacks '%s': %s", cmd,
                       shown, rows[i].says, p.err);
         ck_assert_msg(p.out[0] == 0, "pagedkv %s%s wrote to stdout: %s", cmd, shown, p.out);
-        proc_free(&p);
+        pkvt_proc_free(&p);
     }
 }
 
 static void expect_help(const char *cmd)
 {
-    proc p;
-    run_tool(&p, (const char *[]){cmd, "--help", NULL});
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){cmd, "--help", NULL}, NULL);
     char want[64];
     snprintf(want, sizeof want, "pagedkv %s", cmd);
     ck_assert_msg(p.status == 0 && has(p.out, "usage") && has(p.out, want) && has(p.out, "--ctx"),
                   "%s --help: exit %d, stdout %s", cmd, p.status, p.out);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 }
 
 START_TEST(stress_usage)
@@ -188,10 +188,10 @@ START_TEST(mem_formula)
     static const struct { const char *kv; const char *want; } rows[] = {
         {"8", "1073741824"}, {"32", "4294967296"}};
     for (size_t i = 0; i < 2; i++) {
-        proc p;
-        run_tool(&p, (const char *[]){"mem", "--layers", "32", "--kv-heads", rows[i].kv,
+        pkvt_proc p;
+        p = pkvt_tool((const char *[]){"mem", "--layers", "32", "--kv-heads", rows[i].kv,
                                       "--head-dim", "128", "--ctx", "8192", "--dtype", "f16",
-                                      NULL});
+                                      NULL}, NULL);
         ck_assert_msg(p.status == 0, "mem: exit %d: %s", p.status, p.err);
         const char *at = p.out;
         bool whole = false;
@@ -202,7 +202,7 @@ START_TEST(mem_formula)
         }
         ck_assert_msg(whole, "mem --kv-heads %s: no %s in: %s", rows[i].kv, rows[i].want,
                       p.out);
-        proc_free(&p);
+        pkvt_proc_free(&p);
     }
 }
 END_TEST
@@ -223,63 +223,65 @@ static void check_stress_json(const char *json, const geometry *g, uint64_t seed
     uint64_t pages = (g->ctx + g->bt - 1) / g->bt;
     uint64_t page_bytes = 2ull * g->g * g->bt * g->d * dtype_bytes[g->dt];
     uint64_t ideal = 2ull * g->layers * g->g * g->d * g->ctx * dtype_bytes[g->dt];
-    ck_assert_msg(json_valid(json), "seed %llu: stdout is not one JSON value: %s",
+    ck_assert_msg(pkvt_json_valid(json), "seed %llu: stdout is not one JSON value: %s",
                   (unsigned long long)seed, json);
-    ck_assert_msg(json_at(json, "command") && json_at(json, "config.ctx") &&
-                      json_at(json, "append.tokens_per_s") && json_at(json, "decode.fit.r2") &&
-                      json_at(json, "engine.bytes_allocator") &&
-                      json_at(json, "peak_rss_bytes") && json_at(json, "decode.buckets.0.p90_us"),
+    ck_assert_msg(pkvt_json_find(json, "command") && pkvt_json_find(json, "config.ctx") &&
+                      pkvt_json_find(json, "append.tokens_per_s") &&
+                      pkvt_json_find(json, "decode.fit.r2") &&
+                      pkvt_json_find(json, "engine.bytes_allocator") &&
+                      pkvt_json_find(json, "peak_rss_bytes") &&
+                      pkvt_json_find(json, "decode.buckets[0].p90_us"),
                   "seed %llu: keys missing in %s", (unsigned long long)seed, json);
-    ck_assert_uint_eq(json_u64(json, "tokens"), g->ctx);
-    ck_assert_msg(json_true(json, "memory_check.exact"), "seed %llu: memory check: %s",
-                  (unsigned long long)seed, json_at(json, "memory_check"));
-    ck_assert_uint_eq(json_u64(json, "engine.page_bytes"), page_bytes);
-    ck_assert_uint_eq(json_u64(json, "engine.pages_in_use"), pages * g->layers * g->sessions);
-    ck_assert_uint_eq(json_len(json, "sessions"), g->sessions);
+    ck_assert_uint_eq(pkvt_json_u64(json, "tokens"), g->ctx);
+    ck_assert_msg(pkvt_json_is(json, "memory_check.exact", "true"), "seed %llu: memory check: %s",
+                  (unsigned long long)seed, pkvt_json_find(json, "memory_check"));
+    ck_assert_uint_eq(pkvt_json_u64(json, "engine.page_bytes"), page_bytes);
+    ck_assert_uint_eq(pkvt_json_u64(json, "engine.pages_in_use"), pages * g->layers * g->sessions);
+    ck_assert_uint_eq(pkvt_json_len(json, "sessions"), g->sessions);
     char path[96];
     for (uint32_t s = 0; s < g->sessions; s++) {
-        snprintf(path, sizeof path, "sessions.%u.bytes_resident", s);
-        ck_assert_msg(json_u64(json, path) == pages * g->layers * page_bytes,
+        snprintf(path, sizeof path, "sessions[%u].bytes_resident", s);
+        ck_assert_msg(pkvt_json_u64(json, path) == pages * g->layers * page_bytes,
                       "seed %llu: %s = %llu, want %llu", (unsigned long long)seed, path,
-                      (unsigned long long)json_u64(json, path),
+                      (unsigned long long)pkvt_json_u64(json, path),
                       (unsigned long long)(pages * g->layers * page_bytes));
-        snprintf(path, sizeof path, "sessions.%u.bytes_ideal", s);
-        ck_assert_uint_eq(json_u64(json, path), ideal);
-        snprintf(path, sizeof path, "sessions.%u.bytes_shared", s);
-        ck_assert_uint_eq(json_u64(json, path), 0);
+        snprintf(path, sizeof path, "sessions[%u].bytes_ideal", s);
+        ck_assert_uint_eq(pkvt_json_u64(json, path), ideal);
+        snprintf(path, sizeof path, "sessions[%u].bytes_shared", s);
+        ck_assert_uint_eq(pkvt_json_u64(json, path), 0);
     }
     /* every timed decode lands in exactly one bucket; points ascend and end at ctx */
-    size_t np = json_len(json, "decode.points"), nb = json_len(json, "decode.buckets");
+    size_t np = pkvt_json_len(json, "decode.points"), nb = pkvt_json_len(json, "decode.buckets");
     uint64_t in_buckets = 0, prev = 0;
     for (size_t i = 0; i < nb; i++) {
-        snprintf(path, sizeof path, "decode.buckets.%zu.samples", i);
-        in_buckets += json_u64(json, path);
-        snprintf(path, sizeof path, "decode.buckets.%zu.p50_us", i);
-        double p50 = json_dbl(json, path);
-        snprintf(path, sizeof path, "decode.buckets.%zu.max_us", i);
-        ck_assert_msg(p50 <= json_dbl(json, path), "seed %llu: bucket %zu p50 > max",
+        snprintf(path, sizeof path, "decode.buckets[%zu].samples", i);
+        in_buckets += pkvt_json_u64(json, path);
+        snprintf(path, sizeof path, "decode.buckets[%zu].p50_us", i);
+        double p50 = pkvt_json_num(json, path);
+        snprintf(path, sizeof path, "decode.buckets[%zu].max_us", i);
+        ck_assert_msg(p50 <= pkvt_json_num(json, path), "seed %llu: bucket %zu p50 > max",
                       (unsigned long long)seed, i);
     }
-    ck_assert_uint_eq(in_buckets, json_u64(json, "decode.samples"));
+    ck_assert_uint_eq(in_buckets, pkvt_json_u64(json, "decode.samples"));
     ck_assert_uint_eq(in_buckets, (uint64_t)np * g->sessions * g->layers * g->reps);
     for (size_t i = 0; i < np; i++) {
-        snprintf(path, sizeof path, "decode.points.%zu.ctx", i);
-        uint64_t c = json_u64(json, path);
+        snprintf(path, sizeof path, "decode.points[%zu].ctx", i);
+        uint64_t c = pkvt_json_u64(json, path);
         ck_assert_msg(c > prev, "seed %llu: decode points not ascending",
                       (unsigned long long)seed);
         prev = c;
     }
     ck_assert_uint_eq(prev, g->ctx);
     uint64_t forks = g->fork_every ? (uint64_t)(g->ctx - 1) / g->fork_every * g->sessions : 0;
-    ck_assert_uint_eq(json_u64(json, "forks.count"), forks);
-    ck_assert_uint_eq(json_u64(json, "forks.mismatches"), 0);
+    ck_assert_uint_eq(pkvt_json_u64(json, "forks.count"), forks);
+    ck_assert_uint_eq(pkvt_json_u64(json, "forks.mismatches"), 0);
 }
 
 /* The SVG is well-formed, has both panels' series, and the p50 line has one vertex
  * per decode point. */
 static void check_stress_svg(const char *path, size_t n_points, uint64_t seed)
 {
-    char *svg = slurp(path), root[48] = "";
+    char *svg = pkvt_slurp(path, NULL), root[48] = "";
     ck_assert_msg(xml_wellformed(svg, root, sizeof root) && strcmp(root, "svg") == 0,
                   "seed %llu: %s is not well-formed SVG", (unsigned long long)seed, path);
     static const char *const names[] = {"p50", "p90", "least-squares fit", "resident (paged)",
@@ -311,7 +313,7 @@ static void python_cross_check(const char *json, const char *svg_path, uint64_t 
     int fd = mkstemp(path);
     ck_assert(fd >= 0);
     close(fd);
-    write_file(path, json);
+    pkvt_write_file(path, json, strlen(json));
     char *err;
     int rc = python_check(
         "import sys, json, xml.etree.ElementTree as E\n"
@@ -340,62 +342,63 @@ static void stress_run_geometry(const geometry *g, uint64_t seed)
                     g->reps};
     for (size_t i = 0; i < 9; i++)
         snprintf(a[i], sizeof a[i], "%u", v[i]);
-    proc p;
-    run_tool(&p, (const char *[]){"stress", "--ctx", a[0], "--sessions", a[1], "--layers",
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"stress", "--ctx", a[0], "--sessions", a[1], "--layers",
                                   a[2], "--heads", a[3], "--kv-heads", a[4], "--head-dim",
                                   a[5], "--block-tokens", a[6], "--fork-every", a[7],
                                   "--reps", a[8], "--dtype", dtype_names[g->dt],
                                   "--points", "24", "--threads", "2", "--json", "--svg", svg,
-                                  NULL});
+                                  NULL}, NULL);
     ck_assert_msg(p.status == 0, "seed %llu: stress ctx %u s %u L %u h %u g %u d %u bt %u "
                   "fork %u %s: exit %d\n%s%s", (unsigned long long)seed, g->ctx, g->sessions,
                   g->layers, g->h, g->g, g->d, g->bt, g->fork_every, dtype_names[g->dt],
                   p.status, p.err, p.out);
     check_stress_json(p.out, g, seed);
-    check_stress_svg(svg, json_len(p.out, "decode.points"), seed);
+    check_stress_svg(svg, pkvt_json_len(p.out, "decode.points"), seed);
     python_cross_check(p.out, svg, seed);
     unlink(svg);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 }
 
 /* A small `bench --json` run: its JSON has the shape --help promises, every figure
  * asked for is there and positive, and kv_bytes follows the formula. Nothing is timed. */
 START_TEST(bench_json)
 {
-    proc p;
-    run_tool(&p, (const char *[]){"bench", "--json", "--model-preset", "mqa", "--ctx", "600",
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"bench", "--json", "--model-preset", "mqa", "--ctx", "600",
                                   "--dtype", "bf16", "--threads", "1", "--reps", "2",
-                                  "--bw-mib", "8", "--prefill", "48", "--no-naive", NULL});
+                                  "--bw-mib", "8", "--prefill", "48", "--no-naive", NULL}, NULL);
     ck_assert_msg(p.status == 0, "bench: exit %d: %s", p.status, p.err);
-    ck_assert_msg(json_valid(p.out), "bench --json is not valid JSON: %s", p.out);
-    ck_assert_uint_eq(json_len(p.out, "decode"), 1);
-    ck_assert_uint_eq(json_u64(p.out, "decode.0.ctx"), 600);
-    const uint64_t g = json_u64(p.out, "decode.0.kv_heads"), d = json_u64(p.out, "decode.0.head_dim");
-    ck_assert_uint_eq(json_u64(p.out, "decode.0.kv_bytes"), 2 * g * d * 600 * 2);
-    const char *pos[] = {"decode.0.ours_gbs", "decode.0.bw_gbs", "decode.0.ours_ratio",
-                         "decode.0.scalar_gbs", "prefill.0.gflops", "prefill.0.peak_gflops",
-                         "prefill.0.cold_gflops", "prefill.0.seconds", "peak_fma.0.gflops"};
+    ck_assert_msg(pkvt_json_valid(p.out), "bench --json is not valid JSON: %s", p.out);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "decode"), 1);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode[0].ctx"), 600);
+    const uint64_t g = pkvt_json_u64(p.out, "decode[0].kv_heads"),
+                   d = pkvt_json_u64(p.out, "decode[0].head_dim");
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode[0].kv_bytes"), 2 * g * d * 600 * 2);
+    const char *pos[] = {"decode[0].ours_gbs", "decode[0].bw_gbs", "decode[0].ours_ratio",
+                         "decode[0].scalar_gbs", "prefill[0].gflops", "prefill[0].peak_gflops",
+                         "prefill[0].cold_gflops", "prefill[0].seconds", "peak_fma[0].gflops"};
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
-        ck_assert_msg(json_dbl(p.out, pos[i]) > 0, "%s is not positive", pos[i]);
-    ck_assert_uint_eq(json_u64(p.out, "prefill.0.tokens"), 48);
-    proc_free(&p);
+        ck_assert_msg(pkvt_json_num(p.out, pos[i]) > 0, "%s is not positive", pos[i]);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "prefill[0].tokens"), 48);
+    pkvt_proc_free(&p);
 
     /* --spill --json has the top-level keys of every bench --json, then its figures */
     char dir[] = "/tmp/pkvt-bspill-XXXXXX";
     ck_assert(mkdtemp(dir) != NULL);
-    run_tool(&p, (const char *[]){"bench", "--spill", "--json", "--spill-mib", "1", "--reps",
-                                  "1", "--spill-dir", dir, NULL});
+    p = pkvt_tool((const char *[]){"bench", "--spill", "--json", "--spill-mib", "1", "--reps",
+                                  "1", "--spill-dir", dir, NULL}, NULL);
     ck_assert_msg(p.status == 0, "bench --spill: exit %d: %s", p.status, p.err);
-    ck_assert_msg(json_valid(p.out), "bench --spill --json is not valid JSON: %s", p.out);
-    const char *tool_v = json_at(p.out, "tool"), *ver = json_at(p.out, "version");
+    ck_assert_msg(pkvt_json_valid(p.out), "bench --spill --json is not valid JSON: %s", p.out);
+    const char *tool_v = pkvt_json_find(p.out, "tool"), *ver = pkvt_json_find(p.out, "version");
     ck_assert_msg(tool_v && strncmp(tool_v, "\"pagedkv bench\"", 15) == 0 && ver &&
-                      *ver == '"' && json_at(p.out, "spill_dir"),
+                      *ver == '"' && pkvt_json_find(p.out, "spill_dir"),
                   "top-level keys missing: %s", p.out);
-    ck_assert_uint_eq(json_u64(p.out, "spill.mib_per_session"), 1);
-    ck_assert_msg(json_len(p.out, "spill.backends") >= 1 &&
-                      json_dbl(p.out, "spill.backends.0.spill_restore_gbs") > 0,
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "spill.mib_per_session"), 1);
+    ck_assert_msg(pkvt_json_len(p.out, "spill.backends") >= 1 &&
+                      pkvt_json_num(p.out, "spill.backends[0].spill_restore_gbs") > 0,
                   "no spill figures: %s", p.out);
-    proc_free(&p);
+    pkvt_proc_free(&p);
     ck_assert_msg(rmdir(dir) == 0, "bench --spill left files behind: %s", strerror(errno));
 }
 END_TEST
@@ -428,35 +431,35 @@ END_TEST
 /* --decode-every adds exactly its multiples to the log-spaced lengths. */
 START_TEST(stress_decode_every)
 {
-    proc p;
-    run_tool(&p, (const char *[]){"stress", "--ctx", "256", "--heads", "4", "--kv-heads", "2",
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "256", "--heads", "4", "--kv-heads", "2",
                                   "--head-dim", "16", "--points", "2", "--decode-every", "16",
-                                  "--reps", "1", "--json", "--quiet", NULL});
+                                  "--reps", "1", "--json", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 0, "exit %d: %s", p.status, p.err);
-    ck_assert(json_valid(p.out));
+    ck_assert(pkvt_json_valid(p.out));
     /* {1, 256} from --points 2, and 16, 32, ..., 256 */
-    ck_assert_uint_eq(json_len(p.out, "decode.points"), 17);
-    ck_assert_uint_eq(json_u64(p.out, "decode.points.0.ctx"), 1);
-    ck_assert_uint_eq(json_u64(p.out, "decode.points.1.ctx"), 16);
-    ck_assert_uint_eq(json_u64(p.out, "decode.points.16.ctx"), 256);
-    proc_free(&p);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "decode.points"), 17);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode.points[0].ctx"), 1);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode.points[1].ctx"), 16);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode.points[16].ctx"), 256);
+    pkvt_proc_free(&p);
 
     /* the text summary says the memory check passed */
-    run_tool(&p, (const char *[]){"stress", "--ctx", "100", "--model-preset", "mqa",
-                                  "--layers", "2", "--head-dim", "8", "--quiet", NULL});
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "100", "--model-preset", "mqa",
+                                  "--layers", "2", "--head-dim", "8", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 0 && has(p.out, "memory check: exact") &&
                       has(p.out, "kv-heads 1") && has(p.out, "heads 32"),
                   "text run: exit %d: %s%s", p.status, p.out, p.err);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 
     /* a plot that cannot be written is a usage error before any work: no summary,
      * no file left behind (the rows of stress_usage check the other paths) */
-    run_tool(&p, (const char *[]){"stress", "--ctx", "10", "--heads", "2", "--kv-heads", "1",
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "10", "--heads", "2", "--kv-heads", "1",
                                   "--head-dim", "4", "--quiet", "--svg",
-                                  "/nonexistent-dir/x.svg", NULL});
+                                  "/nonexistent-dir/x.svg", NULL}, NULL);
     ck_assert_msg(p.status == 2 && has(p.err, "x.svg") && !p.out[0],
                   "bad --svg: exit %d, stdout %s, stderr %s", p.status, p.out, p.err);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 }
 END_TEST
 
@@ -468,54 +471,55 @@ START_TEST(stress_spill)
     char dir[] = "/tmp/pkvt-spill-XXXXXX";
     ck_assert(mkdtemp(dir) != NULL);
     const uint64_t page = 2 * 2 * 16 * 32 * 2, pages = (3000 + 15) / 16;
-    proc p;
-    run_tool(&p, (const char *[]){"stress", "--ctx", "3000", "--sessions", "3", "--heads", "4",
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "3000", "--sessions", "3", "--heads", "4",
                                   "--kv-heads", "2", "--head-dim", "32", "--block-tokens", "16",
                                   "--budget", "819200", "--spill-dir", dir, "--fork-every",
-                                  "700", "--points", "12", "--json", "--quiet", NULL});
+                                  "700", "--points", "12", "--json", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 0, "spill run: exit %d: %s%s", p.status, p.err, p.out);
-    ck_assert(json_valid(p.out));
-    ck_assert_msg(json_true(p.out, "memory_check.exact"), "memory check: %s",
-                  json_at(p.out, "memory_check"));
-    ck_assert(json_at(p.out, "memory_check.compares") &&
-              strncmp(json_at(p.out, "memory_check.compares"), "\"bytes_resident+", 16) == 0);
-    ck_assert_msg(json_u64(p.out, "engine.pages_spilled") > 0, "nothing spilled: %s", p.out);
-    ck_assert_uint_le(json_u64(p.out, "engine.pages_in_use"), 819200 / page);
-    ck_assert_uint_eq(json_u64(p.out, "forks.mismatches"), 0);
+    ck_assert(pkvt_json_valid(p.out));
+    ck_assert_msg(pkvt_json_is(p.out, "memory_check.exact", "true"), "memory check: %s",
+                  pkvt_json_find(p.out, "memory_check"));
+    ck_assert(pkvt_json_find(p.out, "memory_check.compares") &&
+              strncmp(pkvt_json_find(p.out, "memory_check.compares"), "\"bytes_resident+",
+                      16) == 0);
+    ck_assert_msg(pkvt_json_u64(p.out, "engine.pages_spilled") > 0, "nothing spilled: %s", p.out);
+    ck_assert_uint_le(pkvt_json_u64(p.out, "engine.pages_in_use"), 819200 / page);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "forks.mismatches"), 0);
     char path[64];
     for (int s = 0; s < 3; s++) {
-        snprintf(path, sizeof path, "sessions.%d.bytes_resident", s);
-        uint64_t res = json_u64(p.out, path);
-        snprintf(path, sizeof path, "sessions.%d.bytes_spilled", s);
-        ck_assert_uint_eq(res + json_u64(p.out, path), pages * page);
+        snprintf(path, sizeof path, "sessions[%d].bytes_resident", s);
+        uint64_t res = pkvt_json_u64(p.out, path);
+        snprintf(path, sizeof path, "sessions[%d].bytes_spilled", s);
+        ck_assert_uint_eq(res + pkvt_json_u64(p.out, path), pages * page);
     }
-    proc_free(&p);
+    pkvt_proc_free(&p);
     ck_assert_msg(rmdir(dir) == 0, "the spill directory is not empty after the run: %s",
                   strerror(errno));
 
-    run_tool(&p, (const char *[]){"stress", "--ctx", "3000", "--sessions", "3", "--heads", "4",
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "3000", "--sessions", "3", "--heads", "4",
                                   "--kv-heads", "2", "--head-dim", "32", "--block-tokens", "16",
-                                  "--budget", "819200", "--json", "--quiet", NULL});
+                                  "--budget", "819200", "--json", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 1, "budget without spill: exit %d", p.status);
-    ck_assert(json_valid(p.out));
-    const char *err = json_at(p.out, "error");
+    ck_assert(pkvt_json_valid(p.out));
+    const char *err = pkvt_json_find(p.out, "error");
     ck_assert_msg(err && *err == '"', "no error in the JSON: %s", p.out);
-    ck_assert_uint_lt(json_u64(p.out, "tokens"), 3000);
+    ck_assert_uint_lt(pkvt_json_u64(p.out, "tokens"), 3000);
     /* the same error on stderr: `--json > run.json` must not hide it (SPEC §6) */
     ck_assert_msg(has(p.err, "pagedkv stress: pkv_append at ") &&
                       has(p.err, pkv_status_str(PKV_ENOMEM)),
                   "the error is not on stderr: %s", p.err);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 
     /* and in text mode: the report's "error:" line on stdout, the error on stderr */
-    run_tool(&p, (const char *[]){"stress", "--ctx", "3000", "--sessions", "3", "--heads", "4",
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "3000", "--sessions", "3", "--heads", "4",
                                   "--kv-heads", "2", "--head-dim", "32", "--block-tokens", "16",
-                                  "--budget", "819200", "--quiet", NULL});
+                                  "--budget", "819200", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 1 && has(p.out, "error: pkv_append at ") &&
                       has(p.err, "pagedkv stress: pkv_append at "),
                   "text run over budget: exit %d\nstdout %s\nstderr %s", p.status, p.out,
                   p.err);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 }
 END_TEST
 
@@ -537,37 +541,37 @@ START_TEST(memory_guard)
         {{"--ctx", "1g", "--sessions", "3", "--json"}, "--force"},
     };
     expect_usage_errors("stress", stress_rows, 2);
-    proc p;
-    run_tool(&p, (const char *[]){"bench", "--ctx", "1g", NULL});
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"bench", "--ctx", "1g", NULL}, NULL);
     ck_assert_msg(has(p.err, "physical memory,") && has(p.err, " bytes (") &&
                       /* f32: 2*8*128*2^30*4 bytes + the 2 GiB bandwidth buffer */
                       has(p.err, "needs 8798240505856 bytes"),
                   "bench's refusal names no figures: %s", p.err);
-    proc_free(&p);
+    pkvt_proc_free(&p);
     /* with a budget stress runs (and the budget, not RAM, stops it: exit 1) */
-    run_tool(&p, (const char *[]){"stress", "--ctx", "1g", "--budget", "1m", "--quiet",
-                                  "--json", NULL});
-    ck_assert_msg(p.status == 1 && json_valid(p.out) && has(p.err, "out of memory"),
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "1g", "--budget", "1m", "--quiet",
+                                  "--json", NULL}, NULL);
+    ck_assert_msg(p.status == 1 && pkvt_json_valid(p.out) && has(p.err, "out of memory"),
                   "stress --ctx 1g --budget 1m: exit %d: %s", p.status, p.err);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 }
 END_TEST
 
 /* Ctrl-C stops the run, and the summary of the work so far is still printed. */
 START_TEST(stress_sigint)
 {
-    proc p;
-    char *argv[] = {(char *)"pagedkv", (char *)"stress", (char *)"--ctx", (char *)"1g",
-                    (char *)"--heads", (char *)"2", (char *)"--kv-heads", (char *)"1",
-                    (char *)"--head-dim", (char *)"4", (char *)"--points", (char *)"40",
-                    (char *)"--json", (char *)"--force", NULL};
-    proc_start(&p, tool(), false, argv);
+    const char *argv[] = {"pagedkv", "stress", "--ctx", "1g", "--heads", "2", "--kv-heads",
+                          "1", "--head-dim", "4", "--points", "40", "--json", "--force",
+                          NULL};
+    pkvt_child c = pkvt_start(pkvt_tool_path(), argv, NULL);
     /* the start line on stderr comes after the handler is installed */
+    char err_path[64];
+    snprintf(err_path, sizeof err_path, "/proc/self/fd/%d", c.err_fd);
     bool started = false;
     for (int i = 0; i < 2000 && !started; i++) {
         struct stat st;
-        if (stat(p.err_path, &st) == 0 && st.st_size > 0) {
-            char *e = slurp(p.err_path);
+        if (fstat(c.err_fd, &st) == 0 && st.st_size > 0) {
+            char *e = pkvt_slurp(err_path, NULL);
             started = has(e, "session(s) x");
             free(e);
         }
@@ -575,32 +579,32 @@ START_TEST(stress_sigint)
     }
     ck_assert_msg(started, "stress did not start");
     nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
-    kill(p.pid, SIGINT);
-    proc_wait(&p);
+    kill(c.pid, SIGINT);
+    pkvt_proc p = pkvt_finish(&c);
     ck_assert_msg(p.status == 130, "after SIGINT: exit %d (stderr %s)", p.status, p.err);
-    ck_assert_msg(json_valid(p.out), "after SIGINT: not JSON: %s", p.out);
-    ck_assert(json_true(p.out, "interrupted"));
-    uint64_t done = json_u64(p.out, "tokens");
+    ck_assert_msg(pkvt_json_valid(p.out), "after SIGINT: not JSON: %s", p.out);
+    ck_assert(pkvt_json_is(p.out, "interrupted", "true"));
+    uint64_t done = pkvt_json_u64(p.out, "tokens");
     ck_assert_msg(done > 0 && done < (1ull << 30), "tokens %llu", (unsigned long long)done);
-    ck_assert(json_true(p.out, "memory_check.exact"));
-    ck_assert_uint_eq(json_u64(p.out, "sessions.0.bytes_ideal"), 2ull * 1 * 4 * done * 2);
-    proc_free(&p);
+    ck_assert(pkvt_json_is(p.out, "memory_check.exact", "true"));
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "sessions[0].bytes_ideal"), 2ull * 1 * 4 * done * 2);
+    pkvt_proc_free(&p);
 }
 END_TEST
 
 /* The checkers themselves reject what they must, or a broken output would pass. */
 START_TEST(checkers)
 {
-    ck_assert(json_valid("{\"a\":[1,2.5e3,-0.5,true,null,\"x\\n\"],\"b\":{}}"));
+    ck_assert(pkvt_json_valid("{\"a\":[1,2.5e3,-0.5,true,null,\"x\\n\"],\"b\":{}}"));
     static const char *const bad_json[] = {"", "{", "{\"a\":1,}", "[1 2]", "{\"a\" 1}",
                                            "01", "1.", "\"\t\"", "{} {}", "nan", "[-]"};
     for (size_t i = 0; i < sizeof bad_json / sizeof bad_json[0]; i++)
-        ck_assert_msg(!json_valid(bad_json[i]), "accepted JSON %s", bad_json[i]);
+        ck_assert_msg(!pkvt_json_valid(bad_json[i]), "accepted JSON %s", bad_json[i]);
     const char *j = "{\"x\":{\"y\":[5,{\"z\":7}]},\"w\":true}";
-    ck_assert_uint_eq(json_u64(j, "x.y.0"), 5);
-    ck_assert_uint_eq(json_u64(j, "x.y.1.z"), 7);
-    ck_assert(json_true(j, "w"));
-    ck_assert(json_at(j, "x.q") == NULL);
+    ck_assert_uint_eq(pkvt_json_u64(j, "x.y[0]"), 5);
+    ck_assert_uint_eq(pkvt_json_u64(j, "x.y[1].z"), 7);
+    ck_assert(pkvt_json_is(j, "w", "true"));
+    ck_assert(pkvt_json_find(j, "x.q") == NULL);
     char root[48];
     ck_assert(xml_wellformed("<?xml version=\"1.0\"?>\n<svg a=\"1\"><g><t>x &amp; y</t></g>"
                              "<c/></svg>\n", root, sizeof root));
@@ -639,53 +643,55 @@ static uint64_t spec_window_pages(uint64_t n, uint64_t bt, uint64_t w, uint64_t 
 START_TEST(stress_window)
 {
     const char *svg = "/tmp/pkvt-window.svg";
-    proc p;
-    run_tool(&p, (const char *[]){"stress", "--ctx", "3000", "--window", "64", "--sinks",
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "3000", "--window", "64", "--sinks",
                                   "4", "--rollback", "5", "--block-tokens", "8", "--layers",
                                   "2", "--sessions", "2", "--heads", "4", "--kv-heads", "2",
                                   "--head-dim", "16", "--dtype", "f32", "--fork-every", "700",
-                                  "--reps", "1", "--json", "--quiet", "--svg", svg, NULL});
+                                  "--reps", "1", "--json", "--quiet", "--svg", svg, NULL}, NULL);
     ck_assert_msg(p.status == 0, "exit %d: %s", p.status, p.err);
-    ck_assert(json_valid(p.out));
+    ck_assert(pkvt_json_valid(p.out));
     const uint64_t bt = 8, page = 2ull * 2 * 8 * 16 * 4;   /* 2 g bt d f32 */
     const uint64_t ceiling = 1 + 9 + 1;                     /* ceil(4/8) + ceil(69/8) + 1 */
-    ck_assert_uint_eq(json_u64(p.out, "window.page_ceiling"), ceiling);
-    ck_assert_uint_le(json_u64(p.out, "window.pages_held_max"), ceiling);
-    ck_assert_msg(json_true(p.out, "window.bounded"), "%s", json_at(p.out, "window"));
-    ck_assert_msg(json_true(p.out, "memory_check.exact"), "%s", json_at(p.out, "memory_check"));
-    ck_assert_uint_eq(json_u64(p.out, "forks.mismatches"), 0);
-    ck_assert_uint_ge(json_u64(p.out, "forks.count"), 8);
-    ck_assert_uint_eq(json_u64(p.out, "config.windowed_layers"), 2);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "window.page_ceiling"), ceiling);
+    ck_assert_uint_le(pkvt_json_u64(p.out, "window.pages_held_max"), ceiling);
+    ck_assert_msg(pkvt_json_is(p.out, "window.bounded", "true"), "%s",
+                  pkvt_json_find(p.out, "window"));
+    ck_assert_msg(pkvt_json_is(p.out, "memory_check.exact", "true"), "%s",
+                  pkvt_json_find(p.out, "memory_check"));
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "forks.mismatches"), 0);
+    ck_assert_uint_ge(pkvt_json_u64(p.out, "forks.count"), 8);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "config.windowed_layers"), 2);
     const uint64_t held = spec_window_pages(3000, bt, 64, 4, 5);
     ck_assert_uint_le(held, ceiling);
     for (int s = 0; s < 2; s++) {
         char path[64];
-        snprintf(path, sizeof path, "sessions.%d.bytes_resident", s);
-        ck_assert_uint_eq(json_u64(p.out, path), 2 * held * page);
-        snprintf(path, sizeof path, "sessions.%d.tokens", s);
-        ck_assert_uint_eq(json_u64(p.out, path), 2 * 3000);   /* every position counts */
-        snprintf(path, sizeof path, "sessions.%d.bytes_ideal", s);
-        ck_assert_uint_eq(json_u64(p.out, path), 2ull * (4 + 64 + 5) * 2 * 2 * 16 * 4);
+        snprintf(path, sizeof path, "sessions[%d].bytes_resident", s);
+        ck_assert_uint_eq(pkvt_json_u64(p.out, path), 2 * held * page);
+        snprintf(path, sizeof path, "sessions[%d].tokens", s);
+        ck_assert_uint_eq(pkvt_json_u64(p.out, path), 2 * 3000);   /* every position counts */
+        snprintf(path, sizeof path, "sessions[%d].bytes_ideal", s);
+        ck_assert_uint_eq(pkvt_json_u64(p.out, path), 2ull * (4 + 64 + 5) * 2 * 2 * 16 * 4);
     }
     /* level memory: past the window every point holds what the rule says, and never
      * more than the ceiling, in 2 sessions x 2 layers */
-    size_t np = json_len(p.out, "decode.points");
+    size_t np = pkvt_json_len(p.out, "decode.points");
     size_t level = 0;
     for (size_t i = 0; i < np; i++) {
         char path[80];
-        snprintf(path, sizeof path, "decode.points.%zu.ctx", i);
-        uint64_t n = json_u64(p.out, path);
-        snprintf(path, sizeof path, "decode.points.%zu.bytes_resident", i);
-        uint64_t res = json_u64(p.out, path);
+        snprintf(path, sizeof path, "decode.points[%zu].ctx", i);
+        uint64_t n = pkvt_json_u64(p.out, path);
+        snprintf(path, sizeof path, "decode.points[%zu].bytes_resident", i);
+        uint64_t res = pkvt_json_u64(p.out, path);
         ck_assert_uint_eq(res, 4 * spec_window_pages(n, bt, 64, 4, 5) * page);
         ck_assert_uint_le(res, 4 * ceiling * page);
-        snprintf(path, sizeof path, "decode.points.%zu.window_pages_max", i);
-        ck_assert_uint_le(json_u64(p.out, path), ceiling);
+        snprintf(path, sizeof path, "decode.points[%zu].window_pages_max", i);
+        ck_assert_uint_le(pkvt_json_u64(p.out, path), ceiling);
         level += n >= 300;
     }
     ck_assert_uint_ge(level, 10);   /* 300 .. 3000 tokens: the flat part is shown */
-    proc_free(&p);
-    char *text = slurp(svg);
+    pkvt_proc_free(&p);
+    char *text = pkvt_slurp(svg, NULL);
     char root[16];
     ck_assert(xml_wellformed(text, root, sizeof root));
     ck_assert_msg(has(text, "<title>SPEC \xc2\xa7" "8 bound: 11 pages/layer</title>"),
@@ -695,12 +701,12 @@ START_TEST(stress_window)
     unlink(svg);
 
     /* the text says so too */
-    run_tool(&p, (const char *[]){"stress", "--ctx", "2000", "--window", "100", "--heads", "2",
-                                  "--kv-heads", "1", "--head-dim", "8", "--quiet", NULL});
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "2000", "--window", "100", "--heads", "2",
+                                  "--kv-heads", "1", "--head-dim", "8", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 0 && has(p.out, "windowed: from ") &&
                       has(p.out, "SPEC ceiling 8") && has(p.out, "memory check: exact"),
                   "text: exit %d: %s", p.status, p.out);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 }
 END_TEST
 
@@ -708,31 +714,31 @@ END_TEST
  * logits; deepseek-v3 stores V rows narrower than K rows. Both reduced in width. */
 START_TEST(stress_presets_pattern)
 {
-    proc p;
-    run_tool(&p, (const char *[]){"stress", "--model-preset", "gpt-oss-20b", "--layers", "4",
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"stress", "--model-preset", "gpt-oss-20b", "--layers", "4",
                                   "--heads", "8", "--kv-heads", "2", "--head-dim", "16",
-                                  "--ctx", "900", "--reps", "1", "--json", "--quiet", NULL});
+                                  "--ctx", "900", "--reps", "1", "--json", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 0, "exit %d: %s", p.status, p.err);
-    ck_assert_uint_eq(json_u64(p.out, "config.window"), 128);
-    ck_assert_uint_eq(json_u64(p.out, "config.windowed_layers"), 2);
-    ck_assert(json_true(p.out, "config.sink_logits"));
-    ck_assert(json_true(p.out, "memory_check.exact"));
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "config.window"), 128);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "config.windowed_layers"), 2);
+    ck_assert(pkvt_json_is(p.out, "config.sink_logits", "true"));
+    ck_assert(pkvt_json_is(p.out, "memory_check.exact", "true"));
     const uint64_t page = 2ull * 2 * 16 * 16 * 2;   /* f16 */
     const uint64_t want = 2 * ((900 + 15) / 16) + 2 * spec_window_pages(900, 16, 128, 0, 0);
-    ck_assert_uint_eq(json_u64(p.out, "sessions.0.blocks"), want);
-    ck_assert_uint_eq(json_u64(p.out, "sessions.0.bytes_resident"), want * page);
-    proc_free(&p);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "sessions[0].blocks"), want);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "sessions[0].bytes_resident"), want * page);
+    pkvt_proc_free(&p);
 
-    run_tool(&p, (const char *[]){"stress", "--model-preset", "deepseek-v3", "--layers", "1",
+    p = pkvt_tool((const char *[]){"stress", "--model-preset", "deepseek-v3", "--layers", "1",
                                   "--heads", "4", "--head-dim", "24", "--head-dim-v", "16",
-                                  "--ctx", "300", "--reps", "1", "--json", "--quiet", NULL});
+                                  "--ctx", "300", "--reps", "1", "--json", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 0, "exit %d: %s", p.status, p.err);
-    ck_assert_uint_eq(json_u64(p.out, "config.kv_heads"), 1);
-    ck_assert_uint_eq(json_u64(p.out, "config.head_dim_v"), 16);
-    ck_assert_uint_eq(json_u64(p.out, "engine.page_bytes"), 16ull * (24 + 16) * 2);
-    ck_assert_uint_eq(json_u64(p.out, "sessions.0.bytes_ideal"), 300ull * (24 + 16) * 2);
-    ck_assert(json_true(p.out, "memory_check.exact"));
-    proc_free(&p);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "config.kv_heads"), 1);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "config.head_dim_v"), 16);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "engine.page_bytes"), 16ull * (24 + 16) * 2);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "sessions[0].bytes_ideal"), 300ull * (24 + 16) * 2);
+    ck_assert(pkvt_json_is(p.out, "memory_check.exact", "true"));
+    pkvt_proc_free(&p);
 }
 END_TEST
 
@@ -740,69 +746,69 @@ END_TEST
  * models' public configs and SPEC §8. */
 START_TEST(mem_variants)
 {
-    proc p;
-    run_tool(&p, (const char *[]){"mem", "--model-preset", "gemma2-9b", "--ctx", "8192",
-                                  "--json", NULL});
-    ck_assert_msg(p.status == 0 && json_valid(p.out), "gemma: exit %d: %s", p.status, p.err);
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"mem", "--model-preset", "gemma2-9b", "--ctx", "8192",
+                                  "--json", NULL}, NULL);
+    ck_assert_msg(p.status == 0 && pkvt_json_valid(p.out), "gemma: exit %d: %s", p.status, p.err);
     /* 42 layers, 21 windowed (4096 positions), 21 global (8192), 8 kv heads x 256, f16 */
     const uint64_t tok = 8ull * (256 + 256) * 2;
-    ck_assert_uint_eq(json_u64(p.out, "formula_bytes"), (21ull * 8192 + 21ull * 4096) * tok);
-    ck_assert_uint_eq(json_u64(p.out, "dense_formula_bytes"), 42ull * 8192 * tok);
-    ck_assert_uint_eq(json_u64(p.out, "page_bytes"), 2ull * 8 * 16 * 256 * 2);
-    ck_assert_uint_eq(json_u64(p.out, "page_ceiling"), 4096 / 16 + 1);
-    ck_assert_uint_eq(json_u64(p.out, "pages_per_windowed_layer"),
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "formula_bytes"), (21ull * 8192 + 21ull * 4096) * tok);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "dense_formula_bytes"), 42ull * 8192 * tok);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "page_bytes"), 2ull * 8 * 16 * 256 * 2);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "page_ceiling"), 4096 / 16 + 1);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "pages_per_windowed_layer"),
                       spec_window_pages(8192, 16, 4096, 0, 0));
-    ck_assert_uint_eq(json_u64(p.out, "paged_bytes"),
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "paged_bytes"),
                       (21ull * 512 + 21 * spec_window_pages(8192, 16, 4096, 0, 0)) *
                           (2ull * 8 * 16 * 256 * 2));
-    ck_assert_uint_eq(json_dbl(p.out, "softcap"), 50);
+    ck_assert_uint_eq(pkvt_json_num(p.out, "softcap"), 50);
     /* the probe engine took a few thousand positions, not ctx, and not zero */
-    ck_assert_uint_gt(json_u64(p.out, "probe_tokens"), 4096);
-    ck_assert_uint_lt(json_u64(p.out, "probe_tokens"), 8192);
-    ck_assert_msg(has(json_at(p.out, "formula_assumes"), "sinks + window + rollback"),
-                  "%s", json_at(p.out, "formula_assumes"));
-    proc_free(&p);
+    ck_assert_uint_gt(pkvt_json_u64(p.out, "probe_tokens"), 4096);
+    ck_assert_uint_lt(pkvt_json_u64(p.out, "probe_tokens"), 8192);
+    ck_assert_msg(has(pkvt_json_find(p.out, "formula_assumes"), "sinks + window + rollback"),
+                  "%s", pkvt_json_find(p.out, "formula_assumes"));
+    pkvt_proc_free(&p);
 
     /* gpt-oss at a length that is not a multiple of the page: 12 of 24 windowed */
-    run_tool(&p, (const char *[]){"mem", "--model-preset", "gpt-oss-20b", "--ctx", "100003",
-                                  "--json", NULL});
+    p = pkvt_tool((const char *[]){"mem", "--model-preset", "gpt-oss-20b", "--ctx", "100003",
+                                  "--json", NULL}, NULL);
     ck_assert_msg(p.status == 0, "gpt-oss: exit %d: %s", p.status, p.err);
-    ck_assert_uint_eq(json_u64(p.out, "windowed_layers"), 12);
-    ck_assert_uint_eq(json_u64(p.out, "pages_per_windowed_layer"),
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "windowed_layers"), 12);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "pages_per_windowed_layer"),
                       spec_window_pages(100003, 16, 128, 0, 0));
-    ck_assert_uint_eq(json_u64(p.out, "page_ceiling"), 128 / 16 + 1);
-    ck_assert_uint_eq(json_u64(p.out, "formula_bytes"),
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "page_ceiling"), 128 / 16 + 1);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "formula_bytes"),
                       (12ull * 100003 + 12ull * 128) * 8 * 128 * 2);
-    proc_free(&p);
+    pkvt_proc_free(&p);
 
     /* DeepSeek-V3 MLA: the latent is 576 values, pagedkv stores 576 + 512 */
-    run_tool(&p, (const char *[]){"mem", "--model-preset", "deepseek-v3", "--ctx", "4096",
-                                  "--json", NULL});
+    p = pkvt_tool((const char *[]){"mem", "--model-preset", "deepseek-v3", "--ctx", "4096",
+                                  "--json", NULL}, NULL);
     ck_assert_msg(p.status == 0, "deepseek: exit %d: %s", p.status, p.err);
-    ck_assert_uint_eq(json_u64(p.out, "kv_heads"), 1);
-    ck_assert_uint_eq(json_u64(p.out, "head_dim_v"), 512);
-    ck_assert_uint_eq(json_u64(p.out, "page_bytes"), 16ull * (576 + 512) * 2);
-    ck_assert_uint_eq(json_u64(p.out, "formula_bytes"), 61ull * 4096 * (576 + 512) * 2);
-    ck_assert_uint_eq(json_u64(p.out, "mla.latent_bytes"), 61ull * 4096 * 576 * 2);
-    ck_assert_uint_eq(json_u64(p.out, "mla.naive_bytes"),
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "kv_heads"), 1);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "head_dim_v"), 512);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "page_bytes"), 16ull * (576 + 512) * 2);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "formula_bytes"), 61ull * 4096 * (576 + 512) * 2);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "mla.latent_bytes"), 61ull * 4096 * 576 * 2);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "mla.naive_bytes"),
                       61ull * 4096 * 128 * (128 + 64 + 128) * 2);
-    ck_assert_msg(has(json_at(p.out, "formula_assumes"), "latent"), "%s",
-                  json_at(p.out, "formula_assumes"));
-    ck_assert_ptr_nonnull(json_at(p.out, "page_ceiling"));
-    ck_assert(strncmp(json_at(p.out, "page_ceiling"), "null", 4) == 0);
-    proc_free(&p);
+    ck_assert_msg(has(pkvt_json_find(p.out, "formula_assumes"), "latent"), "%s",
+                  pkvt_json_find(p.out, "formula_assumes"));
+    ck_assert_ptr_nonnull(pkvt_json_find(p.out, "page_ceiling"));
+    ck_assert(strncmp(pkvt_json_find(p.out, "page_ceiling"), "null", 4) == 0);
+    pkvt_proc_free(&p);
 
     /* --measure builds the whole windowed session: the engine agrees to the byte */
-    run_tool(&p, (const char *[]){"mem", "--layers", "3", "--kv-heads", "2", "--head-dim",
+    p = pkvt_tool((const char *[]){"mem", "--layers", "3", "--kv-heads", "2", "--head-dim",
                                   "8", "--head-dim-v", "4", "--ctx", "1234", "--window",
                                   "50", "--sinks", "3", "--rollback", "9", "--block-tokens",
-                                  "4", "--measure", "--json", NULL});
+                                  "4", "--measure", "--json", NULL}, NULL);
     ck_assert_msg(p.status == 0, "measure: exit %d: %s", p.status, p.err);
-    ck_assert(json_true(p.out, "measured.matches"));
-    ck_assert_uint_eq(json_u64(p.out, "measured.blocks"),
+    ck_assert(pkvt_json_is(p.out, "measured.matches", "true"));
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "measured.blocks"),
                       3 * spec_window_pages(1234, 4, 50, 3, 9));
-    ck_assert_uint_eq(json_u64(p.out, "measured.bytes_ideal"), 3ull * 62 * 2 * (8 + 4) * 2);
-    proc_free(&p);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "measured.bytes_ideal"), 3ull * 62 * 2 * (8 + 4) * 2);
+    pkvt_proc_free(&p);
 }
 END_TEST
 
@@ -828,14 +834,14 @@ START_TEST(variant_usage)
     expect_usage_errors("stress", stress_rows, sizeof stress_rows / sizeof stress_rows[0]);
     static const char *const cmds[] = {"mem", "stress"};
     for (int i = 0; i < 2; i++) {
-        proc p;
-        run_tool(&p, (const char *[]){cmds[i], "--help", NULL});
+        pkvt_proc p;
+        p = pkvt_tool((const char *[]){cmds[i], "--help", NULL}, NULL);
         ck_assert_msg(p.status == 0 && has(p.out, "--window") && has(p.out, "--sinks") &&
                           has(p.out, "--rollback") && has(p.out, "--head-dim-v") &&
                           has(p.out, "gemma2-9b") && has(p.out, "gpt-oss-20b") &&
                           has(p.out, "deepseek-v3"),
                       "%s --help lacks the variant options: %s", cmds[i], p.out);
-        proc_free(&p);
+        pkvt_proc_free(&p);
     }
 }
 END_TEST

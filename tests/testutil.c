@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -229,6 +230,23 @@ pkv_session *pkvt_session(pkv_engine *e)
     return s;
 }
 
+void pkvt_append_random(pkv_session *s, pkvt_rng *r, uint32_t layer, uint64_t n,
+                        float k_abs, float v_abs)
+{
+    pkv_config c;
+    ck_assert_int_eq(pkv_engine_config(s->e, &c), PKV_OK);
+    const size_t gk = pkvt_mul(c.n_kv_heads, c.head_dim);
+    const size_t gv = pkvt_mul(c.n_kv_heads, c.head_dim_v ? c.head_dim_v : c.head_dim);
+    float *k = pkvt_calloc(gk, sizeof(float)), *v = pkvt_calloc(gv, sizeof(float));
+    for (uint64_t t = 0; t < n; t++) {
+        pkvt_fill(r, k, gk, -k_abs, k_abs);
+        pkvt_fill(r, v, gv, -v_abs, v_abs);
+        ck_assert_int_eq(pkv_append(s, layer, k, v), PKV_OK);
+    }
+    free(k);
+    free(v);
+}
+
 /* ---- hosts, kernels and backends -------------------------------------------------- */
 
 const char *const pkvt_built_isas[] = {
@@ -329,24 +347,8 @@ const char *pkvt_need_unmet(const char *need)
             return "valgrind replaces the allocator: RSS says nothing here";
         return NULL;
     }
-    if (strcmp(need, "python") == 0) {
-        /* the system's python3 first, then PATH's (what test_tools runs) */
-        if (access("/usr/bin/python3", X_OK) == 0)
-            return NULL;
-        const char *path = getenv("PATH");
-        char dir[4096];
-        for (const char *p = path ? path : ""; *p;) {
-            const size_t n = strcspn(p, ":");
-            if (n > 0 && n < sizeof dir - 16) {
-                memcpy(dir, p, n);
-                dir[n] = 0;
-                if (is_file(dir, "python3"))
-                    return NULL;
-            }
-            p += n + (p[n] == ':');
-        }
-        return "no python3 (/usr/bin/python3 or on PATH)";
-    }
+    if (strcmp(need, "python") == 0)
+        return pkvt_python_path() ? NULL : "no python3 (/usr/bin/python3 or on PATH)";
     if (strcmp(need, "crc32c_hw") == 0)
         return pkvi_crc32c_hw_available() ? NULL : "no hardware CRC-32C (SSE4.2) here";
     if (strcmp(need, "tool") == 0) {
@@ -403,6 +405,92 @@ int pkvt_tmp_fd(void)
     return fd;
 }
 
+void pkvt_scratch_dir(char *dir, size_t cap, const char *what)
+{
+    const char *base = getenv("TMPDIR");
+    snprintf(dir, cap, "%s/pkv-test-%s-XXXXXX", base && *base ? base : "/tmp", what);
+    ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp(%s): %s", dir, strerror(errno));
+}
+
+void pkvt_remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    char p[8192];
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (unlink(p) != 0)
+            rmdir(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+int pkvt_dir_entries(const char *dir, const char *except)
+{
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "opendir(%s): %s", dir, strerror(errno));
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d)) != NULL;)
+        n += strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
+             (except == NULL || strcmp(de->d_name, except) != 0);
+    closedir(d);
+    return n;
+}
+
+void *pkvt_read_file(const char *path, size_t *len)
+{
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    size_t n = 0;
+    char *b = read_fd(fd, &n);
+    close(fd);
+    if (len)
+        *len = n;
+    return b;
+}
+
+void *pkvt_slurp(const char *path, size_t *len)
+{
+    void *b = pkvt_read_file(path, len);
+    ck_assert_msg(b != NULL, "cannot open %s: %s", path, strerror(errno));
+    return b;
+}
+
+void pkvt_write_file(const char *path, const void *bytes, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "cannot create %s: %s", path, strerror(errno));
+    ck_assert_uint_eq(fwrite(bytes, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+uint32_t pkvt_le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+uint64_t pkvt_le64(const unsigned char *p)
+{
+    return pkvt_le32(p) | (uint64_t)pkvt_le32(p + 4) << 32;
+}
+
+void pkvt_put_le32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> 8 * i);
+}
+
+void pkvt_put_le64(unsigned char *p, uint64_t v)
+{
+    pkvt_put_le32(p, (uint32_t)v);
+    pkvt_put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
 /* Does environment entry e ("NAME=...") have the name of change c ("NAME" or "NAME=")? */
 static bool same_name(const char *e, const char *c)
 {
@@ -410,7 +498,7 @@ static bool same_name(const char *e, const char *c)
     return strncmp(e, c, n) == 0 && e[n] == '=';
 }
 
-pkvt_proc pkvt_spawn(const char *path, const char *const *argv, const char *const *env)
+pkvt_child pkvt_start(const char *path, const char *const *argv, const char *const *env)
 {
     size_t ne = 0, nc = 0;
     while (environ[ne])
@@ -431,35 +519,72 @@ pkvt_proc pkvt_spawn(const char *path, const char *const *argv, const char *cons
             envp[k++] = (char *)env[j];
     envp[k] = NULL;
 
-    const int fo = pkvt_tmp_fd(), fe = pkvt_tmp_fd();
+    pkvt_child c = {.pid = -1, .out_fd = pkvt_tmp_fd(), .err_fd = pkvt_tmp_fd()};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, fo, 1);
-    posix_spawn_file_actions_adddup2(&fa, fe, 2);
+    posix_spawn_file_actions_adddup2(&fa, c.out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, c.err_fd, 2);
     pid_t pid;
     const int rc = posix_spawn(&pid, path, &fa, NULL, (char *const *)argv, envp);
     posix_spawn_file_actions_destroy(&fa);
     free(envp);
     ck_assert_msg(rc == 0, "cannot start %s: %s", path, strerror(rc));
+    c.pid = pid;
+    return c;
+}
+
+pkvt_proc pkvt_finish(pkvt_child *c)
+{
     int st;
     pid_t w;
-    while ((w = waitpid(pid, &st, 0)) < 0 && errno == EINTR)
+    while ((w = waitpid(c->pid, &st, 0)) < 0 && errno == EINTR)
         ;
-    ck_assert_msg(w == pid, "waitpid: %s", strerror(errno));
+    ck_assert_msg(w == c->pid, "waitpid: %s", strerror(errno));
     pkvt_proc p = {0};
     p.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    p.out = read_fd(fo, &p.out_len);
-    p.err = read_fd(fe, &p.err_len);
-    close(fo);
-    close(fe);
+    p.out = read_fd(c->out_fd, &p.out_len);
+    p.err = read_fd(c->err_fd, &p.err_len);
+    close(c->out_fd);
+    close(c->err_fd);
+    c->out_fd = c->err_fd = -1;
     return p;
+}
+
+pkvt_proc pkvt_spawn(const char *path, const char *const *argv, const char *const *env)
+{
+    pkvt_child c = pkvt_start(path, argv, env);
+    return pkvt_finish(&c);
+}
+
+const char *pkvt_tool_path(void)
+{
+    const char *tool = getenv("PKV_TOOL");
+    ck_assert_msg(tool && *tool, "PKV_TOOL is not set (run through meson test)");
+    return tool;
+}
+
+const char *pkvt_python_path(void)
+{
+    static char found[4096 + 16];
+    if (access("/usr/bin/python3", X_OK) == 0)
+        return "/usr/bin/python3";
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : ""; *p;) {
+        const size_t n = strcspn(p, ":");
+        if (n > 0 && n < sizeof found - 16) {
+            snprintf(found, sizeof found, "%.*s/python3", (int)n, p);
+            if (access(found, X_OK) == 0)
+                return found;
+        }
+        p += n + (p[n] == ':');
+    }
+    return NULL;
 }
 
 pkvt_proc pkvt_tool(const char *const *args, const char *const *env)
 {
-    const char *tool = getenv("PKV_TOOL");
-    ck_assert_msg(tool && *tool, "PKV_TOOL is not set (run through meson test)");
+    const char *tool = pkvt_tool_path();
     size_t n = 0;
     while (args[n])
         n++;

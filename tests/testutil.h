@@ -143,6 +143,26 @@ int pkvt_cpuinfo_has_isa(const char *isa);
 
 /* An anonymous read-write temporary file under $TMPDIR (default /tmp), unlinked at once. */
 int pkvt_tmp_fd(void);
+/* A new directory $TMPDIR/pkv-test-WHAT-XXXXXX (default /tmp), its name into dir. */
+void pkvt_scratch_dir(char *dir, size_t cap, const char *what);
+/* Removes dir and the files (and empty directories) in it; silent when it is gone. */
+void pkvt_remove_dir(const char *dir);
+/* Entries of dir other than ".", ".." and `except` (a name, or NULL). */
+int pkvt_dir_entries(const char *dir, const char *except);
+
+/* The whole file, NUL-terminated (one byte past *len, which may be NULL; freed by the
+ * caller), or NULL when it cannot be opened (errno says why). A read error fails. */
+void *pkvt_read_file(const char *path, size_t *len);
+/* pkvt_read_file, failing the test when the file cannot be opened. */
+void *pkvt_slurp(const char *path, size_t *len);
+/* Creates or truncates path to exactly these n bytes. */
+void pkvt_write_file(const char *path, const void *bytes, size_t n);
+
+/* Little-endian fields, as docs/file-format.md and llama2.c's files lay them out. */
+uint32_t pkvt_le32(const unsigned char *p);
+uint64_t pkvt_le64(const unsigned char *p);
+void     pkvt_put_le32(unsigned char *p, uint32_t v);
+void     pkvt_put_le64(unsigned char *p, uint64_t v);
 
 typedef struct {
     int status;        /* exit code, or 128 + signal number */
@@ -158,6 +178,22 @@ pkvt_proc pkvt_spawn(const char *path, const char *const *argv, const char *cons
 /* The built `pagedkv` (PKV_TOOL) with args (NULL-terminated, without argv[0]). */
 pkvt_proc pkvt_tool(const char *const *args, const char *const *env);
 void pkvt_proc_free(pkvt_proc *p);
+/* pkvt_spawn in two halves, for a test that acts on the program while it runs (say,
+ * signals it): pkvt_start returns once it runs; its captures are the anonymous files
+ * out_fd and err_fd (/proc/self/fd/N opens them again). pkvt_finish waits for the
+ * exit, collects the captures and closes them. */
+typedef struct { int pid; int out_fd, err_fd; } pkvt_child;
+pkvt_child pkvt_start(const char *path, const char *const *argv, const char *const *env);
+pkvt_proc  pkvt_finish(pkvt_child *c);
+/* PKV_TOOL, failing the test when it is unset (run outside meson test). */
+const char *pkvt_tool_path(void);
+/* The python3 for cross-checks: /usr/bin/python3 if executable (a version manager's
+ * shim on PATH can take seconds per start), else the first on PATH; NULL if none. */
+const char *pkvt_python_path(void);
+/* Random rows, k in [-k_abs, k_abs] and v in [-v_abs, v_abs] (k then v per row from r),
+ * appended n times to one layer of s. */
+void pkvt_append_random(pkv_session *s, pkvt_rng *r, uint32_t layer, uint64_t n,
+                        float k_abs, float v_abs);
 
 /* ---- JSON (read back what the tools print) --------------------------------------------
  * A path names a value: "a.b[2].c" (object keys by name, array elements by index).

@@ -6,12 +6,7 @@
 #ifndef PAGEDKV_DTYPE_H
 #define PAGEDKV_DTYPE_H
 
-#include "util.h"
-
-PKVI_HIDDEN uint16_t pkvi_f32_to_f16(float x);
-PKVI_HIDDEN float    pkvi_f16_to_f32(uint16_t h);
-PKVI_HIDDEN uint16_t pkvi_f32_to_bf16(float x);
-PKVI_HIDDEN float    pkvi_bf16_to_f32(uint16_t h);
+#include "half.h"
 /* dst (n values of dtype t) = round(src[0..n)) */
 PKVI_HIDDEN void pkvi_store_row(pkv_dtype t, void *dst, const float *src, uint32_t n);
 /* dst[0..n) = src (n values of dtype t) as f32 */

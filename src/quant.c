@@ -20,7 +20,7 @@
  * (|x| <= Q * 65504); tests/test_quant.c holds it for rows of every length 1..300.
  */
 #include "quant.h"
-#include "dtype.h"
+#include "half.h"
 
 #include <math.h>
 #include <string.h>

@@ -5,9 +5,18 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "json.h"
+
+/* Online CPUs, clamped to what bench can use (here, below the report that prints it and
+ * the option parser that defaults to it). */
+uint32_t bench_online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : n > (long)BENCH_MAX_THREADS ? BENCH_MAX_THREADS : (uint32_t)n;
+}
 
 void bench_print_json(const bench *b)
 {

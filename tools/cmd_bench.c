@@ -168,11 +168,6 @@ static int add_dtype(const char *item, void *ctx)
     return cli_parse_dtype(item, &o->dtypes[o->n_dtypes++]);
 }
 
-uint32_t bench_online_cpus(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1u : n > (long)BENCH_MAX_THREADS ? BENCH_MAX_THREADS : (uint32_t)n;
-}
 
 /* A thread count; 0 means all online CPUs, as everywhere in pagedkv. */
 static int add_threads(const char *item, void *ctx)

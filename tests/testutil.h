@@ -22,7 +22,8 @@
  *       rss     RSS means what it says: no sanitizer shadow, no valgrind;
  *       tool    the built `pagedkv` binary (PKV_TOOL) is executable;
  *       python  a python3 for independent cross-checks;
- *       crc32c_hw  the CPU's CRC-32C instruction (SSE4.2).
+ *       crc32c_hw  the CPU's CRC-32C instruction (SSE4.2);
+ *       timing  threads run side by side at their own speed (not under valgrind).
  * meson (tests/meson.build) registers one test per ISA, per I/O backend and per
  * resource-bound case, selecting the case with CK_RUN_CASE. A run in which no test
  * ran at all (CK_RUN_CASE naming no case) is a failure, not a pass.

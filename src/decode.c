@@ -489,7 +489,7 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
         return PKV_EINVAL;
 
     /* scratch: the queries by group [g][tmax * hg][d], then [C][g] state blocks */
-    const uint64_t C = pkvi_split_chunks(e, (end_len + bt - 1) / bt) + e->sink_chunks_max;
+    const uint64_t C = pkvi_max_chunks(e, (end_len + bt - 1) / bt);
     const uint64_t H = (uint64_t)tmax * hg;
     uint64_t qfloats, floats, bytes;
     if (!pkvi_mul((uint64_t)g * H, d, &qfloats) || !pkvi_mul(C * g, H * (dv + 2ull), &floats) ||

@@ -25,6 +25,7 @@
 #include "pool.h"
 #include "spill.h"
 #include "threads.h"
+#include "reference.h"
 
 #include <pthread.h>
 
@@ -102,8 +103,15 @@ static inline uint32_t pkvi_split_chunks(const pkv_engine *e, uint64_t n_pages)
 /* Pages holding a windowed layer's sink positions (kept for ever); 0 without a window. */
 static inline uint64_t pkvi_sink_pages(const pkv_engine *e, const pkv_layer_config *lc)
 {
-    const uint64_t bt = e->cfg.block_tokens;
-    return lc->window ? ((uint64_t)lc->sink_tokens + bt - 1) / bt : 0;
+    return pkvi_window_sink_pages(lc, e->cfg.block_tokens);
+}
+
+/* Split-K chunks a layer of up to n_pages pages may need in one decode: its runs'
+ * chunks, a windowed layer's sink pages included (decode.c's runs, session.c's and
+ * pkv_prefill's scratch). */
+static inline uint64_t pkvi_max_chunks(const pkv_engine *e, uint64_t n_pages)
+{
+    return (uint64_t)pkvi_split_chunks(e, n_pages) + e->sink_chunks_max;
 }
 
 /* Where released pages go (btable.h). */

@@ -138,11 +138,6 @@ static uint64_t code_row_bytes(uint32_t version, uint32_t code, uint32_t n)
     return pkv_row_bytes(code_to_dtype(code), n);
 }
 
-/* Pages a windowed layer keeps for ever for its sinks (its hole starts there). */
-static uint64_t sink_pages_of(const pkv_layer_config *lc, uint32_t bt)
-{
-    return lc->window ? ((uint64_t)lc->sink_tokens + bt - 1) / bt : 0;
-}
 
 static uint32_t float_bits(float f)
 {
@@ -361,10 +356,9 @@ static pkv_status read_header(reader *r)
     for (uint32_t l = 0; ok && l < in->n_layers; l++) {
         /* a layer's pages less those its window released: [sink pages, hole_hi) */
         const pkv_layer_config *lc = &in->layer_cfg[l];
-        const uint64_t np = layer_pages(in->layer_len[l], bt), sp = sink_pages_of(lc, bt);
+        const uint64_t np = layer_pages(in->layer_len[l], bt), sp = pkvi_window_sink_pages(lc, bt);
         const uint64_t hole = in->hole_hi[l] ? in->hole_hi[l] - sp : 0;
-        const uint64_t span = (uint64_t)lc->window + lc->rollback_tokens;
-        const uint64_t keep = in->layer_len[l] > span ? (in->layer_len[l] - span) / bt : 0;
+        const uint64_t keep = pkvi_window_keep_from(lc, in->layer_len[l], bt);
         ok = (lc->window || (!lc->sink_tokens && !lc->rollback_tokens && !in->hole_hi[l])) &&
              (!in->hole_hi[l] || (in->hole_hi[l] > sp && in->hole_hi[l] <= keep &&
                                   in->hole_hi[l] < np)) &&
@@ -410,14 +404,14 @@ typedef struct {
  * layer's released pages [sink pages, hole_hi) are not in the file. */
 static uint64_t first_index(const pkvi_sfile_info *in, uint32_t l)
 {
-    return in->hole_hi[l] && sink_pages_of(&in->layer_cfg[l], in->block_tokens) == 0
+    return in->hole_hi[l] && pkvi_window_sink_pages(&in->layer_cfg[l], in->block_tokens) == 0
                ? in->hole_hi[l] : 0;
 }
 
 static uint64_t next_index(const pkvi_sfile_info *in, uint32_t l, uint64_t idx)
 {
     idx++;
-    if (in->hole_hi[l] && idx == sink_pages_of(&in->layer_cfg[l], in->block_tokens))
+    if (in->hole_hi[l] && idx == pkvi_window_sink_pages(&in->layer_cfg[l], in->block_tokens))
         idx = in->hole_hi[l];
     return idx;
 }

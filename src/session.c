@@ -195,7 +195,7 @@ static pkv_status take_pages(pkv_engine *e, uint64_t n, pkvi_page **out)
 static pkv_status reserve_partials(pkv_session *s, uint64_t n_pages)
 {
     pkv_engine *e = s->e;
-    const uint64_t chunks = pkvi_split_chunks(e, n_pages) + e->sink_chunks_max;
+    const uint64_t chunks = pkvi_max_chunks(e, n_pages);
     if (chunks <= s->partials_chunks)
         return PKV_OK;
     uint64_t want = s->partials_chunks ? s->partials_chunks * 2 : 1;
@@ -361,16 +361,6 @@ void pkvi_session_write_pages(pkv_session *s, const pkvi_reservation *r, const v
     }
 }
 
-/* The first page a windowed layer of length len must still hold (SPEC §8): a decode
- * at len - 1, or at n - 1 after a truncate to n >= len - rollback, reads no earlier
- * position than len - rollback - window (sinks aside). */
-static uint64_t window_keep_from(const pkv_engine *e, const pkv_layer_config *lc,
-                                 uint64_t len)
-{
-    const uint64_t span = (uint64_t)lc->window + lc->rollback_tokens;
-    return len > span ? (len - span) / e->cfg.block_tokens : 0;
-}
-
 void pkvi_session_finish(pkv_session *s, pkvi_reservation *r)
 {
     pkv_engine *e = s->e;
@@ -380,7 +370,7 @@ void pkvi_session_finish(pkv_session *s, pkvi_reservation *r)
         atomic_store_explicit(&t->pages[i]->writing, 0, memory_order_relaxed);
     /* a windowed layer gives back what nothing reads again: at most once a page */
     const uint64_t sinks = pkvi_sink_pages(e, lc);
-    const uint64_t keep = lc->window ? window_keep_from(e, lc, t->len) : 0;
+    const uint64_t keep = lc->window ? pkvi_window_keep_from(lc, t->len, e->cfg.block_tokens) : 0;
     const bool trim = keep > (t->hole_hi > sinks ? t->hole_hi : sinks);
     if (r->pinned || trim) {
         pthread_mutex_lock(&e->lock);
@@ -618,15 +608,8 @@ pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out)
         const pkv_layer_config *lc = &e->layers[l];
         m.tokens += t->len;
         m.blocks += pkvi_btable_held(t);
-        /* a windowed layer needs only what a decode (or one after a rollback) reads:
-         * its sinks and its last window + rollback positions */
-        uint64_t need = t->len;
-        if (lc->window) {
-            const uint64_t span = (uint64_t)lc->window + lc->rollback_tokens;
-            if (need > span + lc->sink_tokens)
-                need = span + lc->sink_tokens;
-        }
-        m.bytes_ideal += need * token_bytes;
+        /* a windowed layer needs only what a decode (or one after a rollback) reads */
+        m.bytes_ideal += pkvi_window_needed(lc, t->len) * token_bytes;
         m.bytes_overhead += pkvi_btable_overhead(t);
         m.bytes_spilled += t->n_spilled * pb;
         for (uint64_t i = 0; i < t->n_pages; i++)

@@ -38,12 +38,6 @@ static size_t block_bytes(pkv_dtype t, uint32_t m)
     return 2u + (t == PKV_Q8 ? m : (m + 1) / 2);
 }
 
-size_t pkvi_quant_row_bytes(pkv_dtype t, uint32_t n)
-{
-    const uint32_t full = n / BLOCK, rem = n % BLOCK;
-    return full * block_bytes(t, BLOCK) + (rem ? block_bytes(t, rem) : 0);
-}
-
 /* The scale of a block whose largest magnitude is a (finite, >= 0). */
 static uint16_t block_scale(pkv_dtype t, float a)
 {

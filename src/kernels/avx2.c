@@ -19,6 +19,7 @@
  */
 #include "kernels/kernels.h"
 #include "dtype.h"
+#include "quant.h"
 
 #include <immintrin.h>
 #include <stdbool.h>
@@ -114,13 +115,6 @@ AI __m256 ldqt(pkv_dtype dt, const char *row, uint32_t c, uint32_t rem)
         tmp[j] = d * (float)q;
     }
     return _mm256_load_ps(tmp);
-}
-
-/* Bytes of a row of n values of a block type (quant.c's pkvi_quant_row_bytes). */
-AI size_t qrow_bytes(pkv_dtype dt, uint32_t n)
-{
-    const size_t full = dt == PKV_Q8 ? 34u : 18u, rem = n % 32;
-    return (n / 32) * full + (rem ? 2 + (dt == PKV_Q8 ? rem : (rem + 1) / 2) : 0);
 }
 
 /* ---- exp (see avx512.c for the method) --------------------------------------------
@@ -289,7 +283,7 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
                  const int HB, const int CB, const uint32_t rem)
 {
     const size_t es = dt == PKV_F32 ? 4u : 2u;
-    const size_t vrb = QTYPE(dt) ? qrow_bytes(dt, d) : 0; /* a block-type row's bytes */
+    const size_t vrb = QTYPE(dt) ? pkvi_quant_row_bytes(dt, d) : 0; /* a block row's bytes */
     __m256 a[4][2];
     #pragma GCC unroll 16
     for (int h = 0; h < HB; h++) {

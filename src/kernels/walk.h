@@ -18,6 +18,8 @@
 #ifndef PKV_KERNELS_WALK_H
 #define PKV_KERNELS_WALK_H
 
+#include "quant.h"
+
 #include <stdbool.h>
 #include <string.h>
 
@@ -33,10 +35,8 @@ typedef struct {
 /* Bytes of a stored row of n values (pkv_row_bytes, inlined for the constant dt). */
 AI size_t row_bytes_of(const pkv_dtype dt, uint32_t n)
 {
-    if (dt == PKV_Q8 || dt == PKV_Q4) {
-        const size_t full = dt == PKV_Q8 ? 34u : 18u, rem = n % 32;
-        return (n / 32) * full + (rem ? 2 + (dt == PKV_Q8 ? rem : (rem + 1) / 2) : 0);
-    }
+    if (dt == PKV_Q8 || dt == PKV_Q4)
+        return pkvi_quant_row_bytes(dt, n);
     return (size_t)n * (dt == PKV_F32 ? 4u : 2u);
 }
 

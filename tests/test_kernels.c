@@ -34,20 +34,6 @@ static size_t n_all;
 static const pkvi_kernels *simd_tables[N_SIMD_MAX];
 static size_t N_SIMD;
 
-/* The table of an ISA this build contains, or NULL. */
-static const pkvi_kernels *table_named(const char *isa)
-{
-    if (strcmp(isa, "scalar") == 0)
-        return &pkvi_kernels_scalar;
-#if PKV_HAVE_X86_KERNELS
-    if (strcmp(isa, "avx2") == 0)
-        return &pkvi_kernels_avx2;
-    if (strcmp(isa, "avx512") == 0)
-        return &pkvi_kernels_avx512;
-#endif
-    return NULL;
-}
-
 static const pkv_dtype dtypes[] = {PKV_F32, PKV_F16, PKV_BF16};
 
 #define U 0x1p-24 /* unit roundoff of f32 */
@@ -878,7 +864,7 @@ START_TEST(isa_matches_cpuinfo)
     size_t checked = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const bool lib = pkvi_isa_supported(names[i]);
-        if (table_named(names[i]) == NULL) {
+        if (pkvi_kernels_named(names[i]) == NULL) {
             ck_assert_msg(!lib, "%s is not in this build but pkvi_isa_supported says yes",
                           names[i]);
             printf("isa_matches_cpuinfo: %s not built for this architecture\n", names[i]);
@@ -969,8 +955,8 @@ static void pick_kernels(void)
         const char *isa = pkvt_built_isas[i];
         if ((force && *force && strcmp(force, isa) != 0) || !pkvi_isa_supported(isa))
             continue;
-        const pkvi_kernels *k = table_named(isa);
-        if (k == NULL) { /* pkvt_built_isas and table_named disagree: a test bug */
+        const pkvi_kernels *k = pkvi_kernels_named(isa);
+        if (k == NULL) { /* pkvt_built_isas and pkvi_kernels_named disagree: a test bug */
             fprintf(stderr, "test_kernels: no table for built ISA %s\n", isa);
             exit(EXIT_FAILURE);
         }

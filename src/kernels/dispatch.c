@@ -79,8 +79,7 @@ static unsigned cpu_level(void)
 }
 #endif
 
-/* The table for an ISA name, or NULL for an unknown name. */
-static const pkvi_kernels *table_of(const char *isa)
+const pkvi_kernels *pkvi_kernels_named(const char *isa)
 {
     if (!isa)
         return NULL;
@@ -97,7 +96,7 @@ static const pkvi_kernels *table_of(const char *isa)
 
 bool pkvi_isa_supported(const char *isa)
 {
-    const pkvi_kernels *k = table_of(isa);
+    const pkvi_kernels *k = pkvi_kernels_named(isa);
     if (!k || !k->attend || !k->store_row)
         return false;
     if (k == &pkvi_kernels_scalar)
@@ -141,13 +140,13 @@ pkv_status pkvi_kernels_select(const pkvi_kernels **out)
     if (force && *force) {
         if (!pkvi_isa_supported(force))
             return PKV_EINVAL; /* unknown name, or an ISA this host cannot run */
-        *out = table_of(force);
+        *out = pkvi_kernels_named(force);
         return PKV_OK;
     }
     static const char *const best_first[] = {"avx512", "avx2"};
     for (size_t i = 0; i < sizeof best_first / sizeof best_first[0]; i++)
         if (pkvi_isa_supported(best_first[i])) {
-            *out = table_of(best_first[i]);
+            *out = pkvi_kernels_named(best_first[i]);
             return PKV_OK;
         }
     *out = &pkvi_kernels_scalar;

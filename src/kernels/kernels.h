@@ -96,6 +96,9 @@ PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_for_dtype(const pkvi_kernels *k, pk
 /* PKV_EINVAL when PKV_FORCE_ISA names an ISA this host cannot run (or none at all);
  * *name is the variable's value (NULL when unset). */
 PKVI_HIDDEN pkv_status pkvi_kernels_check_force(const char **name);
+/* The table of an ISA name this build contains ("scalar", "avx2", "avx512"), whether
+ * or not the host can run it; NULL for a name it does not contain. */
+PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_named(const char *isa);
 /* Whether the host can run `isa` ("scalar" always). */
 PKVI_HIDDEN bool pkvi_isa_supported(const char *isa);
 

@@ -103,6 +103,12 @@ typedef struct {
     uint32_t head_dim_v;       /* width of V rows and of out; 0 = head_dim */
     const pkv_layer_config *layer_cfg; /* NULL: every layer full causal; else
                                   [n_layers], copied by pkv_engine_create */
+    /* SPEC §9 */
+    uint32_t quant_dot;        /* 0: exact; 1: integer dot products (PKV_Q8/PKV_Q4 pages) */
+    /* SPEC §10 */
+    uint64_t prefix_cache_bytes; /* reusable pages that no live session holds are kept
+                                  up to this many bytes, least recently used dropped
+                                  first; 0 = only pages of live sessions are reusable */
 } pkv_config;
 
 /* All-zero geometry, PKV_F32, defaults elsewhere. Callers start here and set the
@@ -200,6 +206,11 @@ typedef struct {
                                   its pages in use and free, each rounded up to its
                                   size class (without jemalloc: those pages' bytes) */
     uint64_t mem_budget;
+    /* SPEC §10 */
+    uint64_t pages_cached;     /* pages kept only for reuse (no live session holds them) */
+    uint64_t prefix_lookups, prefix_hit_tokens;
+    /* the page pool's allocator: "jemalloc" or "aligned" (SPEC §2 allocator note) */
+    const char *pool;
 } pkv_stats;
 /* The reason of the most recent failed call on e or on one of its sessions, as one
  * English line (e.g. "pkv_decode: layer 3 is empty"), into buf (size bytes,

@@ -122,6 +122,11 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
                           "layer %u: sink_tokens or rollback_tokens need a window; softcap "
                           "must be finite and >= 0; sink logits must be finite",
                           l);
+    if (c.quant_dot > 1)
+        return reject(why, n, PKV_EINVAL, "quant_dot %u: must be 0 (exact) or 1 (integer)",
+                      c.quant_dot);
+    if (c.quant_dot == 1)
+        return reject(why, n, PKV_EINVAL, "quant_dot 1: the integer path is not built yet");
     /* page bytes = g * bt * (row_bytes(dk) + row_bytes(dv)), checked */
     uint64_t pb;
     if (!pkvi_mul(c.n_kv_heads, c.block_tokens, &pb) ||
@@ -288,6 +293,7 @@ pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
     s.isa = e->kern->isa;
     s.page_bytes = e->page_bytes;
     s.mem_budget = e->cfg.mem_budget;
+    s.pool = e->pool.use_jemalloc ? "jemalloc" : "aligned";
     /* The lock that appends and (with spill) decodes need is held only to copy the
      * counters: a consistent snapshot of them. jemalloc's statistics (an epoch
      * refresh, ~25 us) are read after it, from the arena that is this engine's for

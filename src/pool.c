@@ -28,7 +28,8 @@
 #include <string.h>
 
 #if PKV_HAVE_JEMALLOC
-#include <jemalloc/jemalloc.h>
+#include <dlfcn.h>
+#include <jemalloc/jemalloc.h> /* the MALLOCX_* flags; the calls go through `je` */
 #include <pthread.h>
 #endif
 
@@ -40,6 +41,96 @@
 /* ...and at most this many buffers, whatever their size: the cache's own array must
  * stay small for engines with tiny pages (a 1x1x1 f16 geometry has 4-byte pages). */
 #define FREE_CACHE_PAGES 1024u
+
+#if PKV_HAVE_JEMALLOC
+/*
+ * jemalloc, found at run time (the library does not link it: Debian's libjemalloc.so.2
+ * has initial-exec TLS, and a library that needs it cannot be loaded with dlopen -
+ * "cannot allocate memory in static TLS block" - so Python, plugin hosts and JNI could
+ * not load pagedkv). Resolved once per process, at the first pkvi_pool_init, in order:
+ *
+ *   1. the process's jemalloc: a program that links it (pkg-config's recipe does) or
+ *      preloads it. The weak references are bound by the link (also in a fully static
+ *      executable), dlsym(RTLD_DEFAULT) finds one loaded RTLD_GLOBAL since.
+ *   2. a private one: dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL). RTLD_LOCAL
+ *      keeps its malloc out of the global scope, so it serves the pool only and never
+ *      becomes the process's malloc. It fails where static TLS is short (a dlopen'ed
+ *      pagedkv in a process started without jemalloc, e.g. Python), and then
+ *   3. none: every pool is on aligned_alloc (pkv_stats.pool says "aligned").
+ *
+ * The table is process-wide state, written once under je_once and read-only after
+ * (documented in pagedkv.h at pkv_engine_destroy, like the idle arenas below); a
+ * private handle is never closed, because idle arenas and jemalloc's thread caches
+ * live in it until the process ends.
+ */
+#pragma weak mallocx
+#pragma weak dallocx
+#pragma weak mallctl
+
+typedef void *(*je_mallocx_fn)(size_t size, int flags);
+typedef void (*je_dallocx_fn)(void *ptr, int flags);
+typedef int (*je_mallctl_fn)(const char *name, void *oldp, size_t *oldlenp, void *newp,
+                             size_t newlen);
+static struct {
+    je_mallocx_fn mallocx;   /* all three set, or all NULL (no jemalloc) */
+    je_dallocx_fn dallocx;
+    je_mallctl_fn mallctl;
+} je;                        /* written once by je_resolve (je_once), then read-only */
+static pthread_once_t je_once = PTHREAD_ONCE_INIT;
+
+/* jemalloc 5 or later: mallocx's flags and the arena mallctls are 5.x's. */
+static bool je_usable(je_mallctl_fn ctl)
+{
+    const char *version = NULL;
+    size_t sz = sizeof version;
+    if (ctl("version", &version, &sz, NULL, 0) != 0 || !version)
+        return false;
+    return version[0] >= '5' && version[0] <= '9' && version[1] == '.';
+}
+
+static bool je_take(je_mallocx_fn mx, je_dallocx_fn dx, je_mallctl_fn ctl)
+{
+    if (!mx || !dx || !ctl || !je_usable(ctl))
+        return false;
+    je.mallocx = mx;
+    je.dallocx = dx;
+    je.mallctl = ctl;
+    return true;
+}
+
+/* dlsym's object pointer as a function pointer (POSIX guarantees the representation;
+ * ISO C has no cast between them, so the bytes are copied). */
+#define JE_SYM(handle, name, fn)                                                      \
+    do {                                                                              \
+        void *sym_ = dlsym(handle, #name);                                            \
+        _Static_assert(sizeof sym_ == sizeof fn, "function pointers are not data pointers"); \
+        memcpy(&(fn), &sym_, sizeof fn);                                              \
+    } while (0)
+
+static void je_resolve(void)
+{
+    if (je_take(mallocx, dallocx, mallctl)) /* weak: NULL unless the link bound them */
+        return;
+    je_mallocx_fn mx;
+    je_dallocx_fn dx;
+    je_mallctl_fn ctl;
+    JE_SYM(RTLD_DEFAULT, mallocx, mx);
+    JE_SYM(RTLD_DEFAULT, dallocx, dx);
+    JE_SYM(RTLD_DEFAULT, mallctl, ctl);
+    if (je_take(mx, dx, ctl))
+        return;
+    void *h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        (void)dlerror(); /* "cannot allocate memory in static TLS block", or absent */
+        return;
+    }
+    JE_SYM(h, mallocx, mx);
+    JE_SYM(h, dallocx, dx);
+    JE_SYM(h, mallctl, ctl);
+    if (!je_take(mx, dx, ctl))
+        dlclose(h); /* not a jemalloc 5: nothing of it is in use */
+}
+#endif
 
 /* Pages of 4 KiB or more are aligned to the OS page, smaller ones to a cache line.
  * Measured (jemalloc 5.3, 512 MiB of 64 KiB pages): with 64-byte alignment RSS grew
@@ -55,9 +146,9 @@ static void *buf_alloc(pkvi_pool *p)
     const size_t align = buf_align(p);
 #if PKV_HAVE_JEMALLOC
     if (p->use_jemalloc)
-        return mallocx((size_t)p->page_bytes, MALLOCX_ALIGN(align) |
-                                              MALLOCX_ARENA(p->arena) |
-                                              MALLOCX_TCACHE_NONE);
+        return je.mallocx((size_t)p->page_bytes, MALLOCX_ALIGN(align) |
+                                                 MALLOCX_ARENA(p->arena) |
+                                                 MALLOCX_TCACHE_NONE);
 #endif
     /* aligned_alloc wants a size that is a multiple of the alignment */
     uint64_t sz = (p->page_bytes + align - 1) & ~(uint64_t)(align - 1);
@@ -68,7 +159,7 @@ static void buf_free(pkvi_pool *p, void *buf)
 {
 #if PKV_HAVE_JEMALLOC
     if (p->use_jemalloc) {
-        dallocx(buf, MALLOCX_TCACHE_NONE);
+        je.dallocx(buf, MALLOCX_TCACHE_NONE);
         return;
     }
 #endif
@@ -110,7 +201,7 @@ static bool arena_take(unsigned *out)
     if (got)
         return true;
     size_t sz = sizeof *out;
-    return mallctl("arenas.create", out, &sz, NULL, 0) == 0;
+    return je.mallctl("arenas.create", out, &sz, NULL, 0) == 0;
 }
 
 /* Give back an arena that holds no allocation. */
@@ -118,7 +209,7 @@ static void arena_give(unsigned arena)
 {
     char name[64];
     snprintf(name, sizeof name, "arena.%u.purge", arena); /* its pages go to the OS */
-    mallctl(name, NULL, NULL, NULL, 0);
+    je.mallctl(name, NULL, NULL, NULL, 0);
     bool kept = false;
     pthread_mutex_lock(&idle_lock);
     if (n_idle < IDLE_ARENAS_MAX) {
@@ -128,7 +219,7 @@ static void arena_give(unsigned arena)
     pthread_mutex_unlock(&idle_lock);
     if (!kept) {
         snprintf(name, sizeof name, "arena.%u.destroy", arena);
-        mallctl(name, NULL, NULL, NULL, 0);
+        je.mallctl(name, NULL, NULL, NULL, 0);
     }
 }
 #endif
@@ -156,11 +247,14 @@ pkv_status pkvi_pool_init(pkvi_pool *p, uint64_t page_bytes, uint64_t budget_byt
             p->free_cap = budget_bytes / 512;
     }
 #if PKV_HAVE_JEMALLOC
-    unsigned arena = 0;
-    if (!arena_take(&arena))
-        return PKV_ENOMEM;
-    p->use_jemalloc = true;
-    p->arena = arena;
+    pthread_once(&je_once, je_resolve);
+    if (je.mallocx) {
+        unsigned arena = 0;
+        if (!arena_take(&arena))
+            return PKV_ENOMEM;
+        p->use_jemalloc = true;
+        p->arena = arena;
+    }
 #endif
     return PKV_OK;
 }
@@ -251,16 +345,16 @@ uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p, uint64_t allocated)
         /* jemalloc's stats are snapshots refreshed by writing "epoch". */
         uint64_t epoch = 1;
         size_t sz = sizeof epoch;
-        mallctl("epoch", &epoch, &sz, &epoch, sz);
+        je.mallctl("epoch", &epoch, &sz, &epoch, sz);
         char name[96];
         size_t small = 0, large = 0;
         sz = sizeof small;
         snprintf(name, sizeof name, "stats.arenas.%u.small.allocated", p->arena);
-        if (mallctl(name, &small, &sz, NULL, 0) != 0)
+        if (je.mallctl(name, &small, &sz, NULL, 0) != 0)
             small = 0;
         sz = sizeof large;
         snprintf(name, sizeof name, "stats.arenas.%u.large.allocated", p->arena);
-        if (mallctl(name, &large, &sz, NULL, 0) != 0)
+        if (je.mallctl(name, &large, &sz, NULL, 0) != 0)
             large = 0;
         return (uint64_t)small + (uint64_t)large;
     }

@@ -148,7 +148,12 @@ PKV_API pkv_status pkv_config_explain(const pkv_config *cfg, char *why, size_t w
  * of a destroyed arena (~4 KiB of RSS per create/destroy cycle otherwise). So the
  * process holds at most as many arenas as engines were ever alive at once (an arena
  * beyond 256 idle ones is destroyed instead); taking and returning one is
- * thread-safe. Without jemalloc (-Djemalloc=disabled) there is no such state. */
+ * thread-safe. The library does not link jemalloc: the first pkv_engine_create of the
+ * process finds it once, for the process's life - the process's own jemalloc (linked,
+ * as pagedkv.pc's Libs do, or preloaded), else a private copy dlopen'ed RTLD_LOCAL
+ * (which never becomes the process's malloc, and is never unloaded), else none, and
+ * then every pool is on aligned_alloc; pkv_stats.pool says which. Without jemalloc
+ * (-Djemalloc=disabled) there is no such state. */
 PKV_API void pkv_engine_destroy(pkv_engine *e);
 
 /* A new, empty session. PKV_EINVAL (NULL args), PKV_ENOMEM. */
@@ -209,7 +214,8 @@ typedef struct {
     /* SPEC §10 */
     uint64_t pages_cached;     /* pages kept only for reuse (no live session holds them) */
     uint64_t prefix_lookups, prefix_hit_tokens;
-    /* the page pool's allocator: "jemalloc" or "aligned" (SPEC §2 allocator note) */
+    /* the page pool's allocator: "jemalloc" (a private arena of the jemalloc found at
+       run time, see pkv_engine_destroy) or "aligned" (aligned_alloc) */
     const char *pool;
 } pkv_stats;
 /* The reason of the most recent failed call on e or on one of its sessions, as one

@@ -1,7 +1,8 @@
 /*
- * pool.c - the page pool: fixed-size, aligned page buffers from a private jemalloc
- * arena (or aligned_alloc when built with -Djemalloc=disabled), a small cache of free
- * buffers for reuse, and the memory budget. Arenas of destroyed engines are purged
+ * pool.c - the page pool: fixed-size, aligned page buffers from a private arena of the
+ * jemalloc found at run time (or aligned_alloc: built with -Djemalloc=disabled, or no
+ * usable jemalloc in the process), a small cache of free buffers for reuse, and the
+ * memory budget. Arenas of destroyed engines are purged
  * and reused by later engines (see "idle arenas" below).
  *
  * Owns page *buffers* and their counts. It does not own page descriptors, reference

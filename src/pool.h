@@ -1,7 +1,7 @@
 /*
  * pool.h - the page pool (pool.c): fixed-size, aligned page buffers from a private
- * jemalloc arena (or aligned_alloc), a small cache of free buffers, the memory
- * budget, and the page descriptors that name those buffers.
+ * arena of the jemalloc found at run time (or aligned_alloc), a small cache of free
+ * buffers, the memory budget, and the page descriptors that name those buffers.
  *
  * Owns page buffers, their counts and the descriptors' creation and destruction.
  * Does not own who holds a page (btable.c counts references) or where a spilled
@@ -38,7 +38,8 @@ typedef struct pkvi_page {
 } pkvi_page;
 
 typedef struct {
-    bool use_jemalloc;     /* false: aligned_alloc (meson -Djemalloc=disabled) */
+    bool use_jemalloc;     /* false: aligned_alloc (-Djemalloc=disabled, or no jemalloc
+                              found at run time: pool.c, "jemalloc, found at run time") */
     unsigned arena;        /* jemalloc arena index (when use_jemalloc) */
     uint64_t page_bytes;
     uint64_t budget_pages; /* 0 = unlimited */

@@ -2,7 +2,7 @@
 # check_install.sh BUILD_DIR - the README's two link recipes, from an installed tree:
 # a program linked with the shared library, and one linked with libpagedkv.a as an
 # archive (no libpagedkv.so needed at run time). Run by .ci/run; exits non-zero on
-# any failure.
+# any failure. Both must get the pool the build promises (jemalloc when it has it).
 #
 # `meson install --destdir D` puts the files under D, but pagedkv.pc still names the
 # configured prefix: PKG_CONFIG_SYSROOT_DIR=D makes pkg-config prefix its -I and -L
@@ -32,17 +32,31 @@ int main(void)
     if (pkv_session_create(e, &s) != PKV_OK || pkv_append(s, 0, kv, kv) != PKV_OK ||
         pkv_decode(s, 0, q, out) != PKV_OK)
         return 1;
-    printf("pagedkv %s: out[0] = %g\n", pkv_version(), (double)out[0]);
+    pkv_stats st;
+    if (pkv_engine_stats(e, &st) != PKV_OK)
+        return 1;
+    printf("pagedkv %s: out[0] = %g, pool %s\n", pkv_version(), (double)out[0], st.pool);
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
     return out[0] == 1.0f ? 0 : 1;
 }
 C
 cc=${CC:-cc}
+# A build with jemalloc puts it on the recipes' link line (pagedkv.pc's Libs, with
+# --no-as-needed): programs linked by them must get the jemalloc pool, not the aligned
+# one that libpagedkv.so falls back to when it is dlopen'ed without jemalloc.
+if pkg-config --libs pagedkv | grep -q -- '-ljemalloc'; then want_pool=jemalloc; else want_pool=aligned; fi
+check_pool() { # $1: the program's output
+    echo "$1"
+    case $1 in
+    *"pool $want_pool") ;;
+    *) echo "check_install: expected the $want_pool pool" >&2; exit 1 ;;
+    esac
+}
 # 1. shared: the plain recipe
 # shellcheck disable=SC2046
 $cc -o "$root/app_shared" "$root/app.c" $(pkg-config --cflags --libs pagedkv)
-LD_LIBRARY_PATH="$libdir" "$root/app_shared"
+check_pool "$(LD_LIBRARY_PATH="$libdir" "$root/app_shared")"
 readelf -d "$root/app_shared" | grep -q 'NEEDED.*libpagedkv' ||
     { echo "check_install: the shared recipe did not link libpagedkv.so" >&2; exit 1; }
 # 2. the archive: -l:libpagedkv.a names the file, so the linker cannot pick the .so
@@ -50,9 +64,26 @@ readelf -d "$root/app_shared" | grep -q 'NEEDED.*libpagedkv' ||
 # shellcheck disable=SC2046
 $cc -o "$root/app_static" "$root/app.c" $(pkg-config --cflags pagedkv) \
     $(pkg-config --static --libs pagedkv | sed 's/-lpagedkv\b/-l:libpagedkv.a/')
-"$root/app_static"
+check_pool "$("$root/app_static")"
 if readelf -d "$root/app_static" | grep -q 'NEEDED.*libpagedkv'; then
     echo "check_install: the archive recipe still needs libpagedkv.so" >&2
     exit 1
+fi
+# 3. the Python package, when meson installed it: it loads the installed libpagedkv.so
+#    with dlopen (no jemalloc linked into python3) and runs a decode
+pkg=$(find "$root" -path '*/pagedkv/_lib.py' | head -1)
+if [ -n "$pkg" ]; then
+    for py in python3 /usr/bin/python3; do
+        if "$py" -c 'import numpy' 2>/dev/null; then
+            env -u LD_PRELOAD PYTHONPATH="$(dirname "$(dirname "$pkg")")" \
+                PAGEDKV_LIBRARY="$libdir/libpagedkv.so.1" "$py" -c '
+import numpy as np, pagedkv
+with pagedkv.Engine(n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8) as e, e.session() as s:
+    s.append(0, np.ones((2, 8)), np.ones((2, 8)))
+    assert s.decode(0, np.ones((4, 8)))[0, 0] == 1.0
+    print("python: pagedkv", pagedkv.version(), "pool", e.stats()["pool"])'
+            break
+        fi
+    done
 fi
 echo "check_install: shared and archive recipes build and run from an installed tree"

@@ -40,8 +40,9 @@ fi
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 
-# Debian packages the build and the tests need (pkg-config names checked below).
-PKGS="meson ninja-build pkg-config gcc libc6-dev libjemalloc-dev liburing-dev check"
+# Debian packages the build and the tests need (pkg-config names checked below);
+# python3 and python3-numpy for the Python package and its tests (tests/python).
+PKGS="meson ninja-build pkg-config gcc libc6-dev libjemalloc-dev liburing-dev check python3 python3-numpy"
 
 missing=""
 for p in $PKGS; do

@@ -30,6 +30,15 @@ print(pool, "process-jemalloc" if process else "process-libc")
 def probe(**extra):
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": PYPATH,
            "PAGEDKV_LIBRARY": LIB, "PYTHONDONTWRITEBYTECODE": "1"}
+    # a sanitizer build's runtime (tests/meson.build), never an allocator
+    san = os.environ.get("PKV_SANITIZER_PRELOAD")
+    if san:
+        env["LD_PRELOAD"] = san
+        for name in ("ASAN_OPTIONS", "TSAN_OPTIONS"):
+            if name in os.environ:
+                env[name] = os.environ[name]
+    if "LD_PRELOAD" in extra and san:
+        extra = dict(extra, LD_PRELOAD=san + ":" + extra["LD_PRELOAD"])
     env.update(extra)
     r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
                        text=True)

@@ -328,6 +328,11 @@ class Session:
         self._check(L.pkv_session_memory(self._handle(), ctypes.byref(m)), "memory")
         return {name: getattr(m, name) for name, _ in L.Memory._fields_}
 
+    @staticmethod
+    def load(engine, path):
+        """A Session of `engine` read from a session file (the same as engine.load)."""
+        return engine.load(path)
+
     def save(self, path):
         """Write the session to `path` atomically (mode 0600)."""
         self._check(L.pkv_session_save(self._handle(), os.fsencode(path)),

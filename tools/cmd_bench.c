@@ -288,8 +288,9 @@ static uint64_t peak_bytes(const bench_opts *o)
             const cli_preset *p = o->presets[pi];
             uint64_t kv = 0, naive = 0, one;
             for (uint32_t di = 0; di < o->n_dtypes; di++) {
-                if (pkv_kv_cache_bytes(1, p->kv_heads, p->head_dim, o->ctx[ci], 1,
-                                       pkv_dtype_size(o->dtypes[di]), &one) != PKV_OK)
+                const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
+                                                o->block_tokens, o->dtypes[di], 1);
+                if (cli_kv_bytes(&c, o->ctx[ci], 1, &one) != PKV_OK)
                     return UINT64_MAX;
                 kv = one > kv ? one : kv;
             }
@@ -434,7 +435,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
             r->ctx = ctx;
             r->dt = dt;
             r->threads = T;
-            r->kv_bytes = 2 * (uint64_t)g * d * ctx * pkv_dtype_size(dt);
+            r->kv_bytes = 2 * (uint64_t)g * ctx * pkv_row_bytes(dt, d);
             r->scalar_us = r->scalar_gbs = r->scalar_bw_gbs = NAN;
             r->naive_us = r->naive_gbs = r->naive_bw_gbs = NAN;
 

@@ -148,7 +148,7 @@ START_TEST(help_and_mistakes)
         {{"soak", "--sessions", "1"}, "--sessions: '1' is not an integer in 2..1000000"},
         {{"bench", "--ctx", "4k,,8k"}, "--ctx: '4k,,8k' is not a comma-separated list"},
         {{"bench", "--dtype=f8"}, "--dtype: 'f8' is not a comma-separated list"},
-        {{"stress", "--dtype", "f8"}, "--dtype: 'f8' is not f32, f16 or bf16"},
+        {{"stress", "--dtype", "f8"}, "--dtype: 'f8' is not f32, f16, bf16, q8 or q4"},
         {{"mem", "--model-preset", "gpt-9"}, "'gpt-9' is not a preset: one of "},
     };
     expect_usage(rows, sizeof rows / sizeof rows[0]);

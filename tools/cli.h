@@ -24,6 +24,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_stress(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_soak(int argc, char **argv);
+int cmd_quality(int argc, char **argv);
 
 /* `pagedkv bench --spill`: spill/restore GB/s next to plain sequential I/O in `dir`,
  * sessions of `mib` MiB, medians of `reps`, both backends (bench_spill.c). */

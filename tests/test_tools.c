@@ -132,7 +132,8 @@ START_TEST(mem_usage)
     expect_usage_errors("mem", rows, sizeof rows / sizeof rows[0]);
     expect_help("mem");
     /* every command words an unknown option the same way */
-    static const char *const cmds[] = {"mem", "stress", "bench", "generate", "inspect", "soak"};
+    static const char *const cmds[] = {"mem",     "stress", "bench",  "generate",
+                                       "inspect", "soak",   "quality"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         const bad_args row = {{"--frobnicate"}, "unknown option '--frobnicate'"};
         expect_usage_errors(cmds[i], &row, 1);

@@ -121,7 +121,8 @@ END_TEST
 /* --help and -h on every command; the same words for the same mistakes. */
 START_TEST(help_and_mistakes)
 {
-    static const char *const cmds[] = {"mem", "stress", "bench", "generate", "inspect", "soak"};
+    static const char *const cmds[] = {"mem",     "stress", "bench",  "generate",
+                                       "inspect", "soak",   "quality"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         for (int h = 0; h < 2; h++) {
             pkvt_proc p;
@@ -148,7 +149,9 @@ START_TEST(help_and_mistakes)
         {{"soak", "--sessions", "1"}, "--sessions: '1' is not an integer in 2..1000000"},
         {{"bench", "--ctx", "4k,,8k"}, "--ctx: '4k,,8k' is not a comma-separated list"},
         {{"bench", "--dtype=f8"}, "--dtype: 'f8' is not a comma-separated list"},
-        {{"stress", "--dtype", "f8"}, "--dtype: 'f8' is not f32, f16 or bf16"},
+        {{"stress", "--dtype", "f8"}, "--dtype: 'f8' is not f32, f16, bf16, q8 or q4"},
+        {{"generate", "--dtype", "q5"}, "--dtype: 'q5' is not f32, f16, bf16, q8 or q4"},
+        {{"quality", "--dtype", "q5"}, "--dtype: 'q5' is not a comma-separated list"},
         {{"mem", "--model-preset", "gpt-9"}, "'gpt-9' is not a preset: one of "},
     };
     expect_usage(rows, sizeof rows / sizeof rows[0]);
@@ -189,6 +192,10 @@ START_TEST(engine_limits)
         {{"generate", "--block-tokens", "99999999"}, "limit of 1 GiB per page"},
         {{"bench", "--threads", "100000"}, "0..256"},
         {{"bench", "--block-tokens", "99999999"}, "limit of 1 GiB per page"},
+        /* a Q8/Q4 page is sized by its rows' bytes, scales included */
+        {{"mem", "--model-preset", "llama3-8b", "--ctx", "1", "--dtype", "q8",
+          "--block-tokens", "999999"}, "136-byte K row + 136-byte V row"},
+        {{"stress", "--dtype", "q4", "--block-tokens", "99999999"}, "limit of 1 GiB per page"},
         {{"bench", "--model-preset", "d256", "--block-tokens", "300000"}, "1 GiB"},
     };
     expect_usage(rows, sizeof rows / sizeof rows[0]);

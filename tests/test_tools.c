@@ -17,6 +17,7 @@
 #include "tools_run.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -131,7 +132,8 @@ START_TEST(mem_usage)
     expect_usage_errors("mem", rows, sizeof rows / sizeof rows[0]);
     expect_help("mem");
     /* every command words an unknown option the same way */
-    static const char *const cmds[] = {"mem", "stress", "bench", "generate", "inspect", "soak"};
+    static const char *const cmds[] = {"mem",     "stress", "bench",  "generate",
+                                       "inspect", "soak",   "quality"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         const bad_args row = {{"--frobnicate"}, "unknown option '--frobnicate'"};
         expect_usage_errors(cmds[i], &row, 1);
@@ -214,15 +216,31 @@ typedef struct {
     pkv_dtype dt;
 } geometry;
 
-static const char *const dtype_names[] = {"f32", "f16", "bf16"};
-static const uint64_t dtype_bytes[] = {4, 2, 2};
+static const char *const dtype_names[] = {"f32", "f16", "bf16", "q8", "q4"};
 
-/* The expected figures, computed here from SPEC §1 and §3, not by the tool. */
+/* Bytes of one stored row of d values: SPEC §1's per-value sizes; for Q8/Q4 (SPEC §9)
+ * blocks of 32 values (the last shorter), each 2 bytes of f16 scale and then one
+ * byte (Q8) or half a byte rounded up (Q4) per value. Computed here, not taken from
+ * the library. */
+static uint64_t row_bytes(pkv_dtype dt, uint64_t d)
+{
+    static const uint64_t per_value[] = {4, 2, 2};
+    if (dt <= PKV_BF16)
+        return d * per_value[dt];
+    uint64_t b = 0;
+    for (uint64_t i = 0; i < d; i += 32) {
+        const uint64_t m = d - i < 32 ? d - i : 32;
+        b += 2 + (dt == PKV_Q8 ? m : (m + 1) / 2);
+    }
+    return b;
+}
+
+/* The expected figures, computed here from SPEC §1, §3 and §9, not by the tool. */
 static void check_stress_json(const char *json, const geometry *g, uint64_t seed)
 {
     uint64_t pages = (g->ctx + g->bt - 1) / g->bt;
-    uint64_t page_bytes = 2ull * g->g * g->bt * g->d * dtype_bytes[g->dt];
-    uint64_t ideal = 2ull * g->layers * g->g * g->d * g->ctx * dtype_bytes[g->dt];
+    uint64_t page_bytes = 2ull * g->g * g->bt * row_bytes(g->dt, g->d);
+    uint64_t ideal = 2ull * g->layers * g->g * g->ctx * row_bytes(g->dt, g->d);
     ck_assert_msg(pkvt_json_valid(json), "seed %llu: stdout is not one JSON value: %s",
                   (unsigned long long)seed, json);
     ck_assert_msg(pkvt_json_find(json, "command") && pkvt_json_find(json, "config.ctx") &&
@@ -383,6 +401,63 @@ START_TEST(bench_json)
     ck_assert_uint_eq(pkvt_json_u64(p.out, "prefill[0].tokens"), 48);
     pkvt_proc_free(&p);
 
+    /* the roofline (SPEC §9) of f16 and the block types: bytes by the block format,
+     * arithmetic by the path, the binding bound named, f16 against itself 1 */
+    p = pkvt_tool((const char *[]){"bench", "--json", "--model-preset", "mqa", "--ctx", "600",
+                                  "--dtype", "f16,q8,q4", "--threads", "1", "--reps", "2",
+                                  "--bw-mib", "8", "--prefill", "0", "--no-naive",
+                                  "--no-scalar", "--in-cache", "256", NULL}, NULL);
+    ck_assert_msg(p.status == 0, "bench: exit %d: %s", p.status, p.err);
+    ck_assert_msg(pkvt_json_valid(p.out), "bench --json is not valid JSON: %s", p.out);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "integer_path"), 2);
+    const bool int_ok[2] = {pkvt_json_is(p.out, "integer_path[0].available", "true"),
+                            pkvt_json_is(p.out, "integer_path[1].available", "true")};
+    const size_t rows = pkvt_json_len(p.out, "decode");
+    ck_assert_uint_eq(rows, 3 + int_ok[0] + int_ok[1]);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "in_cache"), rows);
+    ck_assert(pkvt_json_num(p.out, "peak_int8.threads[0].gops") > 0);
+    for (size_t i = 0; i < rows; i++) {
+        char k[64];
+#define ROW(key) (snprintf(k, sizeof k, "decode[%zu].%s", i, key), k)
+        const char *dt = pkvt_json_find(p.out, ROW("dtype"));
+        const pkv_dtype t = strncmp(dt, "\"f16\"", 5) == 0   ? PKV_F16
+                            : strncmp(dt, "\"q8\"", 4) == 0 ? PKV_Q8
+                                                             : PKV_Q4;
+        const bool integer = pkvt_json_is(p.out, ROW("path"), "\"integer\"");
+        ck_assert(integer || pkvt_json_is(p.out, ROW("path"), "\"exact\""));
+        ck_assert_uint_eq(pkvt_json_u64(p.out, ROW("kv_bytes")), 2 * g * 600 * row_bytes(t, d));
+        const double hd = 32.0 * d; /* mqa: 32 heads */
+        ck_assert(pkvt_json_num(p.out, ROW("flops_per_pos")) == (integer ? 2 : 4) * hd);
+        ck_assert(pkvt_json_num(p.out, ROW("int_ops_per_pos")) == (integer ? 2 * hd : 0));
+        ck_assert(pkvt_json_is(p.out, ROW("binds"), "\"dram\"") ||
+                  pkvt_json_is(p.out, ROW("binds"), "\"compute\""));
+        ck_assert(pkvt_json_num(p.out, ROW("roofline_frac")) > 0);
+        ck_assert(pkvt_json_num(p.out, ROW("dram_bound_us")) > 0 &&
+                  pkvt_json_num(p.out, ROW("compute_bound_us")) > 0);
+        if (t == PKV_F16)
+            ck_assert(pkvt_json_num(p.out, ROW("vs_f16")) == 1.0);
+#undef ROW
+        snprintf(k, sizeof k, "in_cache[%zu].frac", i);
+        ck_assert(pkvt_json_num(p.out, k) > 0);
+    }
+    pkvt_proc_free(&p);
+
+    /* the table: a roofline line for every dtype of the default list */
+    p = pkvt_tool((const char *[]){"bench", "--model-preset", "mqa", "--ctx", "300",
+                                  "--threads", "1", "--reps", "1", "--bw-mib", "8",
+                                  "--prefill", "0", "--no-naive", "--no-scalar",
+                                  "--in-cache", "0", NULL}, NULL);
+    ck_assert_msg(p.status == 0, "bench: exit %d: %s", p.status, p.err);
+    const char *roof = strstr(p.out, "\nroofline");
+    ck_assert_msg(roof != NULL, "no roofline section: %s", p.out);
+    for (size_t i = 0; i < 5; i++) {
+        char line[32];
+        snprintf(line, sizeof line, "300 %-4s exact ", dtype_names[i]);
+        ck_assert_msg(has(roof, line), "roofline lacks '%s': %s", line, roof);
+    }
+    ck_assert(has(roof, "binds") && has(roof, "vs f16"));
+    pkvt_proc_free(&p);
+
     /* --spill --json has the top-level keys of every bench --json, then its figures */
     char dir[] = "/tmp/pkvt-bspill-XXXXXX";
     ck_assert(mkdtemp(dir) != NULL);
@@ -422,7 +497,7 @@ START_TEST(stress_json_random)
         g.layers = 1 + pkvt_below(&r, 3);
         g.fork_every = pkvt_below(&r, 2) ? 1 + pkvt_below(&r, 200) : 0;
         g.reps = 1 + pkvt_below(&r, 3);
-        g.dt = (pkv_dtype)pkvt_below(&r, 3);
+        g.dt = (pkv_dtype)pkvt_below(&r, 5);
         stress_run_geometry(&g, seed);
     }
 }
@@ -846,6 +921,69 @@ START_TEST(variant_usage)
 }
 END_TEST
 
+/* Q8/Q4 (SPEC §9) in every command that takes --dtype: mem sizes them by the block
+ * format (row bytes, page bytes, bytes per token) and a real session agrees; stress's
+ * memory check holds; generate's --check (against the reference on rows rounded as
+ * the cache rounds them) and --check-e2e pass; soak runs. */
+START_TEST(block_dtypes)
+{
+    static const uint32_t ds[] = {128, 100, 7};
+    for (pkv_dtype dt = PKV_Q8; dt <= PKV_Q4; dt++)
+        for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
+            char dstr[16];
+            snprintf(dstr, sizeof dstr, "%u", ds[i]);
+            pkvt_proc p = pkvt_tool((const char *[]){"mem", "--layers", "3", "--kv-heads", "2",
+                                                    "--heads", "8", "--head-dim", dstr, "--ctx",
+                                                    "1000", "--dtype", dtype_names[dt],
+                                                    "--measure", "--json", NULL}, NULL);
+            ck_assert_msg(p.status == 0, "mem --dtype %s: exit %d: %s", dtype_names[dt],
+                          p.status, p.err);
+            const uint64_t rb = row_bytes(dt, ds[i]);
+            ck_assert_uint_eq(pkvt_json_u64(p.out, "row_bytes_k"), rb);
+            ck_assert_uint_eq(pkvt_json_u64(p.out, "row_bytes_v"), rb);
+            ck_assert_uint_eq(pkvt_json_u64(p.out, "bytes_per_token"), 3 * 2 * 2 * rb);
+            ck_assert_uint_eq(pkvt_json_u64(p.out, "page_bytes"), 2 * 16 * 2 * rb);
+            ck_assert_uint_eq(pkvt_json_u64(p.out, "formula_bytes"), 1000ull * 3 * 2 * 2 * rb);
+            ck_assert_uint_eq(pkvt_json_u64(p.out, "paged_bytes"),
+                              3ull * 63 * 2 * 16 * 2 * rb);
+            ck_assert(pkvt_json_is(p.out, "measured.matches", "true"));
+            ck_assert(fabs(pkvt_json_num(p.out, "bytes_per_value") - (double)rb / ds[i]) <
+                      1e-5);
+            pkvt_proc_free(&p);
+        }
+    pkvt_proc p = pkvt_tool((const char *[]){"mem", "--model-preset", "llama3-8b", "--ctx",
+                                            "8192", "--dtype", "q8", NULL}, NULL);
+    ck_assert_msg(p.status == 0 && has(p.out, "8.5 bits/value") &&
+                      has(p.out, "69632 bytes (32 layers x 8 kv-heads x (K row 136"),
+                  "mem text: %s %s", p.out, p.err);
+    pkvt_proc_free(&p);
+    for (pkv_dtype dt = PKV_Q8; dt <= PKV_Q4; dt++) {
+        p = pkvt_tool((const char *[]){"stress", "--ctx", "300", "--heads", "4", "--kv-heads",
+                                      "2", "--head-dim", "40", "--layers", "2", "--sessions",
+                                      "2", "--dtype", dtype_names[dt], "--fork-every", "70",
+                                      "--reps", "1", "--json", "--quiet", NULL}, NULL);
+        ck_assert_msg(p.status == 0, "stress --dtype %s: exit %d: %s", dtype_names[dt],
+                      p.status, p.err);
+        ck_assert(pkvt_json_is(p.out, "memory_check.exact", "true"));
+        ck_assert_uint_eq(pkvt_json_u64(p.out, "engine.page_bytes"),
+                          2 * 16 * 2 * row_bytes(dt, 40));
+        pkvt_proc_free(&p);
+        p = pkvt_tool((const char *[]){"generate", "-n", "40", "--dtype", dtype_names[dt],
+                                      "--check", "--check-e2e", "-t", "0", "--json", NULL},
+                      NULL);
+        ck_assert_msg(p.status == 0, "generate --dtype %s --check: exit %d: %s",
+                      dtype_names[dt], p.status, p.err);
+        ck_assert(pkvt_json_valid(p.out));
+        pkvt_proc_free(&p);
+        p = pkvt_tool((const char *[]){"soak", "--dtype", dtype_names[dt], "--ops", "300",
+                                      "--sessions", "40", NULL}, NULL);
+        ck_assert_msg(p.status == 0, "soak --dtype %s: exit %d: %s", dtype_names[dt],
+                      p.status, p.err);
+        pkvt_proc_free(&p);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tools");
@@ -863,6 +1001,7 @@ int main(void)
     TCase *tr = tcase_create("stress");
     tcase_set_timeout(tr, 120);
     tcase_add_test(tr, bench_json);
+    tcase_add_test(tr, block_dtypes);
     tcase_add_test(tr, stress_json_random);
     tcase_add_test(tr, stress_decode_every);
     tcase_add_test(tr, stress_spill);

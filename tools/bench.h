@@ -37,19 +37,48 @@ typedef struct {
     uint32_t threads[MAX_LIST];
     uint32_t n_threads;
     uint32_t reps, block_tokens, prefill_tokens;
+    uint32_t in_cache;               /* tokens of the in-cache measurement; 0: none */
     uint64_t bw_mib, scalar_max_ctx, naive_max_bytes;
     bool json, scalar, naive, force;
 } bench_opts;
+
+/* Decode paths: the exact one (every dtype) and SPEC §9's integer dot products
+ * (pkv_config.quant_dot = 1; Q8/Q4 pages, where the engine accepts it). */
+enum { BENCH_EXACT = 0, BENCH_INTEGER = 1 };
+static inline const char *bench_path_name(uint32_t path)
+{
+    return path == BENCH_INTEGER ? "integer" : "exact";
+}
+static inline bool bench_is_block(pkv_dtype dt)
+{
+    return dt == PKV_Q8 || dt == PKV_Q4;
+}
+
+/* The arithmetic of one decode per cached position (one query, one layer), the model
+ * the roofline divides by the compute peaks: the exact path does q.k and p.v in f32,
+ * 2 * h * d FMAs = 4 * h * d FLOPs (dequantizing Q8/Q4 is not counted: it is what the
+ * path costs beyond the roofline); the integer path takes the scores from int8 dot
+ * products (h * d multiply-adds = 2 * h * d int8 operations) and p.v in f32 (2 * h * d
+ * FLOPs). */
+static inline void bench_arith(const cli_preset *p, uint32_t path, double *flops,
+                               double *int_ops)
+{
+    const double hd = (double)p->heads * p->head_dim;
+    *flops = path == BENCH_INTEGER ? 2 * hd : 4 * hd;
+    *int_ops = path == BENCH_INTEGER ? 2 * hd : 0;
+}
 
 typedef struct {
     const cli_preset *p;
     uint32_t bt;
     uint64_t ctx;
     pkv_dtype dt;
+    uint32_t path;                     /* BENCH_EXACT or BENCH_INTEGER */
     uint32_t threads;
     uint64_t kv_bytes;
     double ours_us, ours_gbs, bw_gbs;
     double warm_us, warm_gflops, peak; /* back-to-back decodes; peak FMA of the row */
+    double peak_int8;                  /* the int8 dot peak (GOP/s) of the row's threads */
     double scalar_us, scalar_gbs, scalar_bw_gbs;
     double naive_us, naive_gbs, naive_bw_gbs;
 } bench_row;
@@ -62,9 +91,25 @@ typedef struct {
     double cold_seconds, cold_gflops; /* the first run, fresh pages */
 } bench_prefill_row;
 
+/* The in-cache figure: the fastest of back-to-back decodes over o->in_cache tokens
+ * (a llama3-8b layer of 4096 tokens is 16 MiB of f16: mostly in the last-level cache),
+ * as a fraction of the compute bound of its path. */
+typedef struct {
+    const cli_preset *p;
+    pkv_dtype dt;
+    uint32_t path, threads, tokens;
+    double us, peak, peak_int8;
+} bench_incache_row;
+
 typedef struct {
     const bench_opts *o;
     bench_bw bw;
+    bench_incache_row inc[512];
+    uint32_t n_inc;
+    double peak_int8[MAX_LIST];        /* int8 dot peak of o->threads[i] threads */
+    /* the integer path per dtype: accepted by the engine, or why not */
+    bool int_ok[PKV_Q4 + 1];
+    char int_why[PKV_Q4 + 1][256];
     bench_row rows[4096];
     uint32_t n_rows;
     bench_prefill_row pre[512];

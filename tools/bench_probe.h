@@ -37,6 +37,14 @@ double bench_bw_measure(bench_bw *j, uint32_t n);
 uint32_t bench_fma_lanes(void);
 double bench_fma_peak(uint32_t n);
 
+/* The int8 dot-product probe: independent streams of the host's widest int8 dot
+ * (AVX-512 VNNI vpdpbusd, else vpmaddubsw + vpmaddwd + vpaddd on 64 or 32 bytes),
+ * accumulating into int32, which is what an integer-dot decode kernel runs. Its
+ * peak in GOP/s (2 operations a multiply-add, as FLOPs count) on n threads, and the
+ * name of the instruction sequence ("avx512-vnni", "avx512bw", "avx2"; "none": NAN). */
+double bench_int8_peak(uint32_t n);
+const char *bench_int8_kind(void);
+
 /* The naive decode: llama2.c-style loops over contiguous f32 K, V [n][g][d]. */
 typedef struct {
     uint32_t h, g, d;

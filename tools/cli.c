@@ -102,6 +102,8 @@ int cli_parse_dtype(const char *s, pkv_dtype *out)
     if (strcmp(s, "f32") == 0 || strcmp(s, "fp32") == 0) { *out = PKV_F32; return 1; }
     if (strcmp(s, "f16") == 0 || strcmp(s, "fp16") == 0) { *out = PKV_F16; return 1; }
     if (strcmp(s, "bf16") == 0) { *out = PKV_BF16; return 1; }
+    if (strcmp(s, "q8") == 0) { *out = PKV_Q8; return 1; }
+    if (strcmp(s, "q4") == 0) { *out = PKV_Q4; return 1; }
     return 0;
 }
 
@@ -219,21 +221,15 @@ int cli_check_engine_memory(const char *cmd, const pkv_config *c, const char *bu
         *page_bytes = st.page_bytes;
     if (block_tokens)
         *block_tokens = rc.block_tokens;
-    if (c->mem_budget && c->mem_budget < st.page_bytes && rc.head_dim_v != rc.head_dim)
+    if (c->mem_budget && c->mem_budget < st.page_bytes)
         return cli_usage_error(cmd, "%s %llu is smaller than one page, %llu bytes here (%u "
-                                    "kv-heads x %u tokens x (%u + %u) head-dims x %zu "
-                                    "bytes); give at least that, or 0 for no budget",
+                                    "kv-heads x %u tokens x (%zu-byte K row + %zu-byte V "
+                                    "row), %s); give at least that, or 0 for no budget",
                                budget_opt, (unsigned long long)c->mem_budget,
                                (unsigned long long)st.page_bytes, rc.n_kv_heads,
-                               rc.block_tokens, rc.head_dim, rc.head_dim_v,
-                               pkv_dtype_size(rc.kv_dtype));
-    if (c->mem_budget && c->mem_budget < st.page_bytes)
-        return cli_usage_error(cmd, "%s %llu is smaller than one page, %llu bytes here (2 x "
-                                    "%u kv-heads x %u tokens x %u head-dim x %zu bytes); "
-                                    "give at least that, or 0 for no budget", budget_opt,
-                               (unsigned long long)c->mem_budget,
-                               (unsigned long long)st.page_bytes, rc.n_kv_heads,
-                               rc.block_tokens, rc.head_dim, pkv_dtype_size(rc.kv_dtype));
+                               rc.block_tokens, pkv_row_bytes(rc.kv_dtype, rc.head_dim),
+                               pkv_row_bytes(rc.kv_dtype, rc.head_dim_v),
+                               pkv_dtype_name(rc.kv_dtype));
     return CLI_OK;
 }
 
@@ -283,17 +279,19 @@ int cli_check_limits(const char *cmd, const pkv_config *c, const char *geometry_
                                     "the engine's limit of %u%s", qh, c->n_heads, kv,
                                c->n_kv_heads, c->n_heads / c->n_kv_heads,
                                CLI_MAX_GROUP_HEADS, from);
-    /* page bytes = 2 * g * bt * d * size; the factors are < 2^32, so two products of
-     * two fit in 64 bits and the last is checked */
+    /* page bytes = g * bt * (row_bytes(d) + row_bytes(dv)) (SPEC §9: rows of the block
+     * types carry their scales); the factors are < 2^32 and a row of <= 4096 values is
+     * < 2^15 bytes, so two products of two fit in 64 bits and the last is checked */
     const uint64_t bt = c->block_tokens ? c->block_tokens : 16u;
     if (c->head_dim_v > CLI_MAX_HEAD_DIM)
         return cli_usage_error(cmd, "%s %u is beyond the engine's limit of %u%s",
                                geometry_from ? "head_dim_v" : "--head-dim-v", c->head_dim_v,
                                CLI_MAX_HEAD_DIM, from);
     /* with head_dim_v (MLA) a page holds K rows of head_dim and V rows of head_dim_v */
-    const uint64_t dv = c->head_dim_v ? c->head_dim_v : c->head_dim;
-    const uint64_t a = (uint64_t)c->n_kv_heads * (c->head_dim + dv),
-                   b = bt * pkv_dtype_size(c->kv_dtype);
+    const uint32_t dv = c->head_dim_v ? c->head_dim_v : c->head_dim;
+    const uint64_t rk = pkv_row_bytes(c->kv_dtype, c->head_dim),
+                   rv = pkv_row_bytes(c->kv_dtype, dv);
+    const uint64_t a = (uint64_t)c->n_kv_heads * (rk + rv), b = bt;
     if (a && b && (a > UINT64_MAX / b || a * b > CLI_MAX_PAGE_BYTES)) {
         char why[64];
         if (a > UINT64_MAX / b)
@@ -301,12 +299,12 @@ int cli_check_limits(const char *cmd, const pkv_config *c, const char *geometry_
         else
             snprintf(why, sizeof why, "%llu bytes", (unsigned long long)(a * b));
         return cli_usage_error(cmd, "%s %u makes one page %s (%u kv-heads x %llu "
-                                    "tokens x (%u + %llu) head-dim x %zu bytes), beyond the "
-                                    "engine's limit of 1 GiB per page%s",
+                                    "tokens x (%llu-byte K row + %llu-byte V row), %s), beyond "
+                                    "the engine's limit of 1 GiB per page%s",
                                c->block_tokens ? "--block-tokens" : "the default block size",
                                (unsigned)bt, why, c->n_kv_heads, (unsigned long long)bt,
-                               c->head_dim, (unsigned long long)dv,
-                               pkv_dtype_size(c->kv_dtype), from);
+                               (unsigned long long)rk, (unsigned long long)rv,
+                               pkv_dtype_name(c->kv_dtype), from);
     }
     return CLI_OK;
 }
@@ -394,6 +392,23 @@ const char *cli_bytes(uint64_t b, char *buf)
     else
         snprintf(buf, 32, "%.2f %s", v, units[u]);
     return buf;
+}
+
+uint64_t cli_token_layer_bytes(const pkv_config *c)
+{
+    const uint32_t dv = c->head_dim_v ? c->head_dim_v : c->head_dim;
+    return (uint64_t)c->n_kv_heads *
+           (pkv_row_bytes(c->kv_dtype, c->head_dim) + pkv_row_bytes(c->kv_dtype, dv));
+}
+
+pkv_status cli_kv_bytes(const pkv_config *c, uint64_t ctx, uint64_t batch, uint64_t *out)
+{
+    uint64_t b = cli_token_layer_bytes(c);
+    if (__builtin_mul_overflow(b, (uint64_t)c->n_layers, &b) ||
+        __builtin_mul_overflow(b, ctx, &b) || __builtin_mul_overflow(b, batch, &b))
+        return PKV_ERANGE;
+    *out = b;
+    return PKV_OK;
 }
 
 pkv_config cli_config(uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32_t head_dim,

@@ -24,6 +24,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_stress(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_soak(int argc, char **argv);
+int cmd_quality(int argc, char **argv);
 
 /* `pagedkv bench --spill`: spill/restore GB/s next to plain sequential I/O in `dir`,
  * sessions of `mib` MiB, medians of `reps`, both backends (bench_spill.c). */
@@ -112,6 +113,16 @@ const char *cli_variant_describe(const cli_variant *v, uint32_t layers, char *bu
  * No budget and no spill directory; callers that want them set those fields. */
 pkv_config cli_config(uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32_t head_dim,
                       uint32_t block_tokens, pkv_dtype dtype, uint32_t threads);
+
+/* Bytes of one position of one layer of config c: n_kv_heads K rows of head_dim and V
+ * rows of head_dim_v (0 = head_dim), each pkv_row_bytes (SPEC §9: the block types'
+ * scales included; for f32/f16/bf16 it is 2 * g * d * dtype_size). 0 for an unknown
+ * dtype. */
+uint64_t cli_token_layer_bytes(const pkv_config *c);
+/* layers * ctx * batch * cli_token_layer_bytes(c): the unpaged K/V of batch sessions
+ * of ctx tokens (SPEC §1's formula for the per-value types). PKV_ERANGE on overflow,
+ * PKV_OK otherwise. */
+pkv_status cli_kv_bytes(const pkv_config *c, uint64_t ctx, uint64_t batch, uint64_t *out);
 
 /* Strict parsers: the whole string must be consumed; 1 on success, 0 otherwise.
  * Integers accept a k/K (x1024), m/M (x2^20), g/G (x2^30) suffix. */

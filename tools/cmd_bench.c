@@ -11,7 +11,8 @@
  * pkv_engine_create.
  *
  * Method (each figure is a median over --reps rounds):
- *   - K/V bytes of one decode: 2 * g * d * ctx * dtype_size (one layer).
+ *   - K/V bytes of one decode: 2 * g * ctx * pkv_row_bytes(dtype, d) (one layer; for
+ *     f32/f16/bf16 that is 2 * g * d * ctx * dtype_size, Q8/Q4 rows carry their scales).
  *   - DRAM bandwidth: a vectorized sum over a buffer of --bw-mib MiB (default 2 GiB,
  *     far beyond any last-level cache) split over the same number of threads.
  *   - Rounds interleave bandwidth, ours and naive, so slow drifts of a shared machine
@@ -28,7 +29,19 @@
  *     first touch of every page (reported as "cold"), the median of the others is
  *     the steady state of an engine that has served a prompt before. FLOPs =
  *     2 * h * d * n * (n + 1) (q.k and p.v over the causal triangle).
- *   - peak FMA: independent FMA chains in registers, 2 FLOPs per lane.
+ *   - peak FMA: independent FMA chains in registers, 2 FLOPs per lane, the best of 5
+ *     runs (a shared machine only lowers a run); peak int8, the same way:
+ *     independent int8 dot-product streams (bench_probe.h), 2 operations a
+ *     multiply-add.
+ *   - roofline (SPEC §9): per row, the DRAM bound kv_bytes / bw (bw of the same
+ *     rounds) and the compute bound ctx * arithmetic per position / peak (bench.h's
+ *     bench_arith: f32 FLOPs over the FMA peak plus int8 operations over the int8
+ *     peak); the larger of the two times is the roofline, "binds" names it, and the
+ *     row's fraction is roofline time / measured time. Paths: exact for every dtype,
+ *     integer (quant_dot = 1) for Q8/Q4 when pkv_config_explain accepts it.
+ *   - in-cache (--in-cache N, default 4096): for every dtype, path and thread count,
+ *     the fastest of WARM_CALLS back-to-back decodes over N tokens after one untimed
+ *     one, median over --reps; its fraction of the compute bound.
  * A benchmark, never a test: nothing here asserts a time.
  */
 #include <errno.h>
@@ -51,18 +64,26 @@ static void usage(FILE *f)
     fprintf(f,
 "usage: pagedkv bench [options]\n"
 "\n"
-"Decode throughput of one layer in GB/s of K/V streamed (2 * kv_heads * head_dim *\n"
-"ctx * dtype_size bytes per decode), next to the DRAM read bandwidth measured in the\n"
+"Decode throughput of one layer in GB/s of K/V streamed (2 * kv_heads * ctx *\n"
+"row_bytes(head_dim) bytes per decode; f16: 2 bytes a value, q8/q4: 8.5/4.5 bits\n"
+"with their scales at head_dim 128), next to the DRAM read bandwidth measured in the\n"
 "same run with the same number of threads, the library's scalar reference kernel\n"
 "(PKV_FORCE_ISA=scalar) and a naive implementation (plain loops over contiguous f32,\n"
 "no paging); then pkv_prefill tokens/s and its FLOP rate next to a measured peak FMA\n"
 "rate. Medians over --reps rounds that interleave bandwidth, ours and naive.\n"
+"Then the roofline of every row (SPEC §9): the DRAM bound (its bytes over the\n"
+"bandwidth of the same rounds) and the compute bound (its arithmetic over the FMA\n"
+"peak, and for the integer path the int8 dot peak, both measured in this run), which\n"
+"one binds, the fraction of that bound the decode reaches and its time relative to\n"
+"f16; and the in-cache fraction of the compute bound (--in-cache tokens). Q8/Q4 run\n"
+"on the exact path and, where the engine accepts pkv_config.quant_dot = 1, on the\n"
+"integer path (otherwise the report says why it is unavailable).\n"
 "\n"
 "options:\n"
 "  --model-preset LIST  comma-separated presets (default llama3-8b; 'all' = llama3-8b,\n"
 "                       mqa,mha,d64,d256); one layer of each is measured\n"
 "  --ctx LIST           context lengths (default 4096,32768,131072; k/m suffixes)\n"
-"  --dtype LIST         f16,bf16,f32 (default all three)\n"
+"  --dtype LIST         f16,bf16,f32,q8,q4 (default all five)\n"
 "  --threads LIST       thread counts (default 1 and the number of online CPUs;\n"
 "                       0 = all online CPUs)\n"
 "  --reps N             rounds per figure (default 7; scalar and naive use <= %u,\n"
@@ -71,6 +92,7 @@ static void usage(FILE *f)
 "  --prefill N          prompt length of the prefill measurement, run with the first\n"
 "                       --dtype (default 4096; 0 skips it)\n"
 "  --bw-mib N           bandwidth probe buffer in MiB (default 2048)\n"
+"  --in-cache N         tokens of the in-cache measurement (default 4096; 0 skips it)\n"
 "  --no-scalar          skip the scalar reference\n"
 "  --no-naive           skip the naive implementation\n"
 "  --scalar-max-ctx N   skip the scalar reference above this context (default 32768:\n"
@@ -98,11 +120,16 @@ static void usage(FILE *f)
 "  backends (list of {backend, spill_restore_gbs, plain_seq_gbs, ratio})})\n"
 "\n"
 "JSON keys (decode mode): tool, version, isa, online_cpus, reps, bw_buffer_bytes, peak_fma (list of\n"
-"{threads, gflops}), decode (list of {preset, heads, kv_heads, head_dim,\n"
-"block_tokens, ctx, dtype, threads, kv_bytes, ours_us, ours_gbs, bw_gbs, ours_ratio,\n"
+"{threads, gflops}), peak_int8 ({kind, list of {threads, gops}}), integer_path (list of\n"
+"{dtype, available, reason}), decode (list of {preset, heads, kv_heads, head_dim,\n"
+"block_tokens, ctx, dtype, path, threads, kv_bytes, ours_us, ours_gbs, bw_gbs, ours_ratio,\n"
 "warm_us, warm_gflops, warm_fma_ratio,\n"
-"scalar_us, scalar_gbs, scalar_bw_gbs, scalar_ratio, naive_us, naive_gbs, naive_ratio};\n"
+"scalar_us, scalar_gbs, scalar_bw_gbs, scalar_ratio, naive_us, naive_gbs, naive_ratio,\n"
+"bytes_per_pos, flops_per_pos, int_ops_per_pos, dram_bound_us, compute_bound_us,\n"
+"binds (\"dram\" or \"compute\"), roofline_frac, vs_f16};\n"
 "ratio = GB/s over the bandwidth of the same rounds; skipped figures are null),\n"
+"in_cache (list of {preset, dtype, path, threads, tokens, us, gflops, compute_bound_us,\n"
+"frac}),\n"
 "prefill (list of {preset, dtype, threads, tokens, seconds, tokens_per_s, gflops,\n"
 "peak_gflops, ratio, cold_seconds, cold_gflops}: the warm median and the first run).\n"
 "\n"
@@ -209,7 +236,7 @@ static bool list_threads(const char *v, void *dst)
 static int parse(int argc, char **argv, bench_opts *o)
 {
     memset(o, 0, sizeof *o);
-    uint64_t reps = 7, bt = 0, prefill = 4096;
+    uint64_t reps = 7, bt = 0, prefill = 4096, in_cache = 4096;
     o->bw_mib = 2048;
     o->scalar_max_ctx = 32768;
     o->naive_max_bytes = 4ull << 30;
@@ -222,7 +249,7 @@ static int parse(int argc, char **argv, bench_opts *o)
         {.name = "ctx", .kind = OPT_CALL, .dst = o, .call = list_ctx,
          .what = "a comma-separated list of up to 16 context lengths in 1..2^32"},
         {.name = "dtype", .kind = OPT_CALL, .dst = o, .call = list_dtypes,
-         .what = "a comma-separated list of f32, f16, bf16"},
+         .what = "a comma-separated list of f32, f16, bf16, q8, q4"},
         {.name = "threads", .kind = OPT_CALL, .dst = o, .call = list_threads,
          .what = "a comma-separated list of thread counts in 0..256 (0 = all CPUs; "
                  "bench's limit)"},
@@ -230,6 +257,7 @@ static int parse(int argc, char **argv, bench_opts *o)
         {.name = "block-tokens", .kind = OPT_U64, .dst = &bt, .lo = 0, .hi = UINT32_MAX},
         {.name = "prefill", .kind = OPT_U64, .dst = &prefill, .lo = 0, .hi = 1u << 20},
         {.name = "bw-mib", .kind = OPT_U64, .dst = &o->bw_mib, .lo = 1, .hi = 1u << 20},
+        {.name = "in-cache", .kind = OPT_U64, .dst = &in_cache, .lo = 0, .hi = 1u << 20},
         {.name = "scalar-max-ctx", .kind = OPT_U64, .dst = &o->scalar_max_ctx, .lo = 0,
          .hi = UINT64_MAX},
         {.name = "no-scalar", .kind = OPT_CLEAR, .dst = &o->scalar},
@@ -244,15 +272,16 @@ static int parse(int argc, char **argv, bench_opts *o)
     o->reps = (uint32_t)reps;
     o->block_tokens = (uint32_t)bt;
     o->prefill_tokens = (uint32_t)prefill;
+    o->in_cache = (uint32_t)in_cache;
     if (o->n_presets == 0 && !(o->presets[o->n_presets++] = cli_preset_find("llama3-8b")))
         return cli_fail(CMD, "preset table lacks llama3-8b");
     static const uint64_t def_ctx[] = {4096, 32768, 131072};
     if (o->n_ctx == 0)
         for (; o->n_ctx < 3; o->n_ctx++)
             o->ctx[o->n_ctx] = def_ctx[o->n_ctx];
-    static const pkv_dtype def_dt[] = {PKV_F16, PKV_BF16, PKV_F32};
+    static const pkv_dtype def_dt[] = {PKV_F16, PKV_BF16, PKV_F32, PKV_Q8, PKV_Q4};
     if (o->n_dtypes == 0)
-        for (; o->n_dtypes < 3; o->n_dtypes++)
+        for (; o->n_dtypes < 5; o->n_dtypes++)
             o->dtypes[o->n_dtypes] = def_dt[o->n_dtypes];
     if (o->n_threads == 0) {
         o->threads[o->n_threads++] = 1;
@@ -288,8 +317,9 @@ static uint64_t peak_bytes(const bench_opts *o)
             const cli_preset *p = o->presets[pi];
             uint64_t kv = 0, naive = 0, one;
             for (uint32_t di = 0; di < o->n_dtypes; di++) {
-                if (pkv_kv_cache_bytes(1, p->kv_heads, p->head_dim, o->ctx[ci], 1,
-                                       pkv_dtype_size(o->dtypes[di]), &one) != PKV_OK)
+                const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
+                                                o->block_tokens, o->dtypes[di], 1);
+                if (cli_kv_bytes(&c, o->ctx[ci], 1, &one) != PKV_OK)
                     return UINT64_MAX;
                 kv = one > kv ? one : kv;
             }
@@ -310,12 +340,13 @@ static uint64_t peak_bytes(const bench_opts *o)
 
 /* An engine of one layer of preset p, and a session holding ctx tokens of K/V taken
  * from the pool kv ([pool_tokens][2][g][d], reused cyclically). */
-static pkv_status build(const bench_opts *o, const cli_preset *p, pkv_dtype dt, uint32_t threads,
-                        bool scalar, uint64_t ctx, const float *kv, uint32_t pool_tokens,
-                        pkv_engine **e, pkv_session **s)
+static pkv_status build(const bench_opts *o, const cli_preset *p, pkv_dtype dt, uint32_t path,
+                        uint32_t threads, bool scalar, uint64_t ctx, const float *kv,
+                        uint32_t pool_tokens, pkv_engine **e, pkv_session **s)
 {
-    const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim, o->block_tokens,
-                                    dt, threads);
+    pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim, o->block_tokens, dt,
+                              threads);
+    c.quant_dot = path == BENCH_INTEGER;
     *e = NULL;
     *s = NULL;
     if (scalar && setenv("PKV_FORCE_ISA", "scalar", 1) != 0)
@@ -424,8 +455,12 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
                 }
         double naive_t[SLOW_REPS], naive_bw[SLOW_REPS], naive_sum = 0;
         uint32_t n_naive = 0;
-        for (uint32_t di = 0; di < o->n_dtypes; di++) {
+        /* every dtype on the exact path; Q8/Q4 on the integer one too where it exists */
+        for (uint32_t vi = 0; vi < 2 * o->n_dtypes; vi++) {
+            const uint32_t di = vi / 2, path = vi % 2;
             const pkv_dtype dt = o->dtypes[di];
+            if (path == BENCH_INTEGER && !(bench_is_block(dt) && b->int_ok[dt]))
+                continue;
             if (b->n_rows >= sizeof b->rows / sizeof b->rows[0])
                 break;
             bench_row *r = &b->rows[b->n_rows];
@@ -433,19 +468,21 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
             r->p = p;
             r->ctx = ctx;
             r->dt = dt;
+            r->path = path;
             r->threads = T;
-            r->kv_bytes = 2 * (uint64_t)g * d * ctx * pkv_dtype_size(dt);
+            r->kv_bytes = 2 * (uint64_t)g * ctx * pkv_row_bytes(dt, d);
             r->scalar_us = r->scalar_gbs = r->scalar_bw_gbs = NAN;
             r->naive_us = r->naive_gbs = r->naive_bw_gbs = NAN;
 
             pkv_engine *e;
             pkv_session *s;
-            pkv_status st = build(o, p, dt, T, false, ctx, kv, pool_tokens, &e, &s);
+            pkv_status st = build(o, p, dt, path, T, false, ctx, kv, pool_tokens, &e, &s);
             if (st != PKV_OK) {
                 destroy(&e, &s);
                 char why[256] = "";
-                const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
-                                                o->block_tokens, dt, T);
+                pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
+                                          o->block_tokens, dt, T);
+                c.quant_dot = path == BENCH_INTEGER;
                 if (st == PKV_EINVAL)
                     pkv_config_explain(&c, why, sizeof why);
                 rc = cli_fail(CMD, "building a %s session of %llu tokens: %s%s%s",
@@ -467,7 +504,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
                 st = time_decode(s, q, out, &ours[k]);
                 if (st == PKV_OK)
                     st = time_warm(s, q, out, &warms[k]);
-                if (di == 0 && do_naive && n_naive < SLOW_REPS && naive_sum < SLOW_BUDGET &&
+                if (vi == 0 && do_naive && n_naive < SLOW_REPS && naive_sum < SLOW_BUDGET &&
                     k % 2 == 0) {
                     naive_t[n_naive] = bench_team_run(T, bench_naive_part, &nj);
                     naive_sum += naive_t[n_naive];
@@ -487,6 +524,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
             /* q.k and p.v: 2 FMAs = 4 FLOPs per query head, position and element */
             r->warm_gflops = 4.0 * h * d * (double)ctx / r->warm_us / 1e3;
             r->peak = b->peak[ti];
+            r->peak_int8 = b->peak_int8[ti];
             if (n_naive > 0) {
                 double tn[SLOW_REPS], bn[SLOW_REPS];
                 memcpy(tn, naive_t, sizeof tn);
@@ -498,7 +536,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
             }
 
             if (o->scalar && (o->scalar_max_ctx == 0 || ctx <= o->scalar_max_ctx)) {
-                st = build(o, p, dt, T, true, ctx, kv, pool_tokens, &e, &s);
+                st = build(o, p, dt, path, T, true, ctx, kv, pool_tokens, &e, &s);
                 if (st == PKV_OK && (st = pkv_engine_stats(e, &stats)) == PKV_OK &&
                     strcmp(stats.isa, "scalar") != 0)
                     st = PKV_EINVAL;
@@ -557,7 +595,8 @@ static int run_prefill(bench *b, const cli_preset *p)
                 goto done;
             pkv_engine *e;
             pkv_session *s;
-            pkv_status st = build(o, p, o->dtypes[di], o->threads[ti], false, 0, KV, 1, &e, &s);
+            pkv_status st = build(o, p, o->dtypes[di], BENCH_EXACT, o->threads[ti], false, 0, KV,
+                                  1, &e, &s);
             const uint32_t runs = o->reps < 5 ? o->reps + 1 : 6; /* 1 cold + warm */
             double sec[6] = {0};
             for (uint32_t k = 0; k < runs && st == PKV_OK; k++) {
@@ -588,6 +627,64 @@ static int run_prefill(bench *b, const cli_preset *p)
 done:
     free(Q);
     free(KV);
+    free(out);
+    return rc;
+}
+
+/* The in-cache figure of every dtype, path and thread count: a session of
+ * o->in_cache tokens, one untimed decode, then --reps times the fastest of WARM_CALLS
+ * back-to-back decodes; the median. */
+static int run_incache(bench *b, const cli_preset *p)
+{
+    const bench_opts *o = b->o;
+    const uint32_t g = p->kv_heads, d = p->head_dim, h = p->heads, pool_tokens = 256;
+    uint64_t seed = 0x1cac4eull;
+    float *kv = malloc((size_t)pool_tokens * 2 * g * d * sizeof(float));
+    float *q = malloc((size_t)h * d * sizeof(float));
+    float *out = malloc((size_t)h * d * sizeof(float));
+    int rc = CLI_OK;
+    if (!kv || !q || !out) {
+        rc = cli_fail(CMD, "out of memory");
+        goto done;
+    }
+    bench_fill_uniform(&seed, kv, (size_t)pool_tokens * 2 * g * d);
+    bench_fill_uniform(&seed, q, (size_t)h * d);
+    for (uint32_t ti = 0; ti < o->n_threads; ti++)
+        for (uint32_t vi = 0; vi < 2 * o->n_dtypes; vi++) {
+            const uint32_t di = vi / 2, path = vi % 2;
+            const pkv_dtype dt = o->dtypes[di];
+            if (path == BENCH_INTEGER && !(bench_is_block(dt) && b->int_ok[dt]))
+                continue;
+            if (b->n_inc >= sizeof b->inc / sizeof b->inc[0])
+                goto done;
+            pkv_engine *e;
+            pkv_session *s;
+            pkv_status st = build(o, p, dt, path, o->threads[ti], false, o->in_cache, kv,
+                                  pool_tokens, &e, &s);
+            double t, w[1000];
+            if (st == PKV_OK)
+                st = time_decode(s, q, out, &t);
+            for (uint32_t k = 0; k < o->reps && st == PKV_OK; k++)
+                st = time_warm(s, q, out, &w[k]);
+            destroy(&e, &s);
+            if (st != PKV_OK) {
+                rc = cli_fail(CMD, "in-cache decode (%s, %s path): %s", pkv_dtype_name(dt),
+                              bench_path_name(path), pkv_status_str(st));
+                goto done;
+            }
+            bench_incache_row *r = &b->inc[b->n_inc++];
+            r->p = p;
+            r->dt = dt;
+            r->path = path;
+            r->threads = o->threads[ti];
+            r->tokens = o->in_cache;
+            r->us = bench_median(w, o->reps) * 1e6;
+            r->peak = b->peak[ti];
+            r->peak_int8 = b->peak_int8[ti];
+        }
+done:
+    free(kv);
+    free(q);
     free(out);
     return rc;
 }
@@ -646,11 +743,25 @@ int cmd_bench(int argc, char **argv)
     }
     memset(buf, 1, b->bw.vecs * sizeof(bench_vec)); /* touch every page once */
     b->bw.buf = buf;
-    for (uint32_t i = 0; i < o.n_threads; i++)
+    for (uint32_t i = 0; i < o.n_threads; i++) {
         b->peak[i] = bench_fma_peak(o.threads[i]);
+        b->peak_int8[i] = bench_int8_peak(o.threads[i]);
+    }
+    /* the integer path (SPEC §9) of each block type: measured where the engine takes
+     * quant_dot = 1 for the first preset's geometry, otherwise reported unavailable */
+    for (pkv_dtype dt = PKV_Q8; dt <= PKV_Q4; dt++) {
+        const cli_preset *p = o.presets[0];
+        pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim, o.block_tokens, dt,
+                                  1);
+        c.quant_dot = 1;
+        b->int_ok[dt] = pkv_config_explain(&c, b->int_why[dt], sizeof b->int_why[dt]) ==
+                        PKV_OK;
+    }
     for (uint32_t pi = 0; pi < o.n_presets && rc == CLI_OK; pi++) {
         for (uint32_t ci = 0; ci < o.n_ctx && rc == CLI_OK; ci++)
             rc = run_ctx(b, o.presets[pi], o.ctx[ci]);
+        if (rc == CLI_OK && o.in_cache > 0)
+            rc = run_incache(b, o.presets[pi]);
         if (rc == CLI_OK && o.prefill_tokens > 0)
             rc = run_prefill(b, o.presets[pi]);
     }

@@ -66,7 +66,7 @@ static void usage(FILE *f)
         "  -t, --temperature T 0 = greedy (default 1.0)\n"
         "  -p, --top-p P       nucleus sampling mass in (0,1); 0 or 1 = off (default 0.9)\n"
         "  -s, --seed S        sampler seed (default 42); session i uses its own stream\n"
-        "  --dtype D           KV storage: f32, f16, bf16 (default f32 with --model,\n"
+        "  --dtype D           KV storage: f32, f16, bf16, q8, q4 (default f32 with --model,\n"
         "                      f16 for the synthetic model)\n"
         "  --block-tokens B    tokens per page (default: the library's, 16)\n"
         "  --sessions N        N continuations of one prompt, forked after the prompt so\n"
@@ -85,7 +85,8 @@ static void usage(FILE *f)
         "  --check-e2e         afterwards, recompute every step without the cache (one\n"
         "                      causal pass over each session's tokens); fail if a logit\n"
         "                      differs by more than 1e-3 x max(1, max|logit|) (f16 KV:\n"
-        "                      2^-8 x, bf16: 2^-5 x) or a greedy token differs beyond\n"
+        "                      2^-8 x, bf16 and q8: 2^-5 x, q4: 2^-3 x) or a greedy\n"
+        "                      token differs beyond\n"
         "                      a near-tie\n"
         "  --json              one JSON object on stdout instead of text and figures\n"
         "  -h, --help          this help\n\n"
@@ -325,6 +326,18 @@ static float *hist(const gen *g, float *base, uint32_t s, uint32_t layer, uint32
     return base + slot * width;
 }
 
+/* The n rows k, v [rows][head_size] rounded as the cache stores them, row by row
+ * (a Q8/Q4 row's scales are its own 32-value blocks'), into dk, dv. */
+static void round_rows(const gen *g, pkv_dtype dt, size_t rows, const float *k,
+                       const float *v, float *dk, float *dv)
+{
+    const uint32_t hs = g->c->head_size;
+    for (size_t r = 0; r < rows; r++) {
+        pkv_dtype_round_row(dt, hs, k + r * hs, dk + r * hs);
+        pkv_dtype_round_row(dt, hs, v + r * hs, dv + r * hs);
+    }
+}
+
 /* Record row r's q/k/v for session s at position pos (K/V rounded as the cache
  * stores them). */
 static void record(gen *g, pkv_dtype dt, uint32_t s, uint32_t layer, uint32_t pos,
@@ -334,10 +347,7 @@ static void record(gen *g, pkv_dtype dt, uint32_t s, uint32_t layer, uint32_t po
     memcpy(hist(g, g->hq, s, layer, pos, c->dim), q, c->dim * sizeof(float));
     float *hk = hist(g, g->hk, s, layer, pos, c->kv_dim);
     float *hv = hist(g, g->hv, s, layer, pos, c->kv_dim);
-    for (uint32_t i = 0; i < c->kv_dim; i++) {
-        hk[i] = pkv_dtype_round(dt, k[i]);
-        hv[i] = pkv_dtype_round(dt, v[i]);
-    }
+    round_rows(g, dt, c->n_kv_heads, k, v, hk, hv);
 }
 
 /* Dense causal attention over positions 0..T-1 of (s, layer); compare rows
@@ -394,10 +404,7 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
     pkv_status st = PKV_OK;
     if (g->mode == MODE_DENSE) {
         pkv_dtype dt = gen_dtype(g);
-        for (size_t i = 0; i < (size_t)n * c->kv_dim; i++) {
-            g->dk[i] = pkv_dtype_round(dt, k[i]);
-            g->dv[i] = pkv_dtype_round(dt, v[i]);
-        }
+        round_rows(g, dt, (size_t)n * c->n_kv_heads, k, v, g->dk, g->dv);
         st = pkv_attention_reference(n, c->n_heads, c->n_kv_heads, c->head_size, 0, 0.0f,
                                      g->lc ? &g->lc[layer] : NULL, q, g->dk, g->dv, out);
         if (st != PKV_OK)
@@ -591,7 +598,11 @@ static int gen_run(gen *g)
  * recomputes every step of the generation. */
 static double e2e_rel(pkv_dtype dt)
 {
-    double eps = dt == PKV_BF16 ? 0x1p-7 : dt == PKV_F16 ? 0x1p-10 : 0x1p-23;
+    /* Q8/Q4: one step is 1/127 or 1/7 of its block's largest value, but a flip of one
+     * value in a block moves a logit far less (stories260K: 3e-6 and 4e-4 x max|logit|):
+     * Q8 is held to bf16's bound, Q4 to 4 x 2^-5 */
+    double eps = dt == PKV_Q4 ? 0x1p-5 : dt == PKV_Q8 || dt == PKV_BF16 ? 0x1p-7
+               : dt == PKV_F16 ? 0x1p-10 : 0x1p-23;
     return 4 * eps > E2E_REL ? 4 * eps : E2E_REL;
 }
 

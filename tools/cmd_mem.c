@@ -11,6 +11,8 @@
  * Figures (all uint64, overflow-checked; "batch" sessions of "ctx" tokens each):
  *   formula         2 * layers * g * d * ctx * batch * bytes_per_value; with variants
  *                   (SPEC §8) sum over layers of positions * g * (d + dv) * bpv * batch,
+ *                   and for the block types (SPEC §9: Q8, Q4, whose rows carry a scale
+ *                   per 32 values) positions * g * (row_bytes(d) + row_bytes(dv)),
  *                   positions = ctx for a full layer, min(ctx, sinks + window +
  *                   rollback) for a windowed one (what a decode can still read)
  *   pages/layer     ceil(ctx / block_tokens); a windowed layer's pages come from a
@@ -69,7 +71,8 @@ static void usage(FILE *f)
 "  --head-dim N        dimension of one head\n"
 "  --ctx N             tokens per session (k/m/g suffixes: x1024, x2^20, x2^30)\n"
 "  --batch N           sessions (default 1)\n"
-"  --dtype T           stored K/V type: f32, f16 (default) or bf16\n"
+"  --dtype T           stored K/V type: f32, f16 (default), bf16, q8 or q4 (SPEC §9:\n"
+"                      blocks of 32 values with an f16 scale each)\n"
 "  --block-tokens N    tokens per page (default: the library's, 0 = the same)\n"
 "  --head-dim-v N      width of V rows (default: --head-dim); MLA: kv_lora_rank\n"
 "  --window W          sliding window of W positions on every layer (or on the\n"
@@ -104,7 +107,9 @@ static void usage(FILE *f)
     fprintf(f,
 "\n"
 "JSON keys (stable): preset (string or null), layers, heads, kv_heads, head_dim,\n"
-"  ctx, batch, dtype, bytes_per_value, block_tokens, formula_bytes, paged_bytes,\n"
+"  ctx, batch, dtype, bytes_per_value (q8/q4: a fraction, scales included),\n"
+"  row_bytes_k, row_bytes_v (pkv_row_bytes of a K and a V row), bytes_per_token (all\n"
+"  layers of one session), block_tokens, formula_bytes, paged_bytes,\n"
 "  page_bytes, pages_per_layer, pages_per_session, waste_bytes,\n"
 "  block_table_bytes_est (null if it overflows 64 bits), mha_formula_bytes,\n"
 "  gqa_saving_bytes (both null if the MHA figure overflows 64 bits), gqa_ratio\n"
@@ -149,7 +154,9 @@ typedef struct {
 #define MLA_NAIVE_PER_HEAD (128u + 64u + 128u)
 
 typedef struct {
-    uint64_t bytes_per_value;
+    uint64_t bytes_per_value;    /* f32/f16/bf16; 0 for the block types */
+    uint64_t row_k, row_v;       /* pkv_row_bytes of a K row (d) and a V row (dv) */
+    uint64_t token_bytes;        /* one position of every layer: L * g * (row_k + row_v) */
     uint32_t block_tokens;       /* resolved by the engine */
     uint64_t formula;            /* SPEC §1, whole batch */
     uint64_t formula_session;    /* the same, batch = 1 */
@@ -385,7 +392,13 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
     f->windowed = cli_variant_windowed_layers(&o->v, o->layers);
     f->full = o->layers - f->windowed;
     f->mla = o->vp && o->vp->head_dim_v != 0 && f->dv != o->head_dim;
-    const bool plain = !f->windowed && f->dv == o->head_dim;
+    f->row_k = pkv_row_bytes(o->dtype, o->head_dim);
+    f->row_v = pkv_row_bytes(o->dtype, f->dv);
+    if (!mul64(o->layers, o->kv_heads, &f->token_bytes) ||
+        !mul64(f->token_bytes, f->row_k + f->row_v, &f->token_bytes))
+        return overflow();
+    /* the §1 formula (bytes_per_value) holds for the per-value types alone */
+    const bool plain = !f->windowed && f->dv == o->head_dim && f->bytes_per_value != 0;
 
     /* positions a session keeps that a decode can still read, summed over layers */
     const uint64_t keep = (uint64_t)o->v.sinks + o->v.window + o->v.rollback;
@@ -412,8 +425,7 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
     } else {
         /* one position of one layer: g K rows of head_dim and V rows of head_dim_v */
         uint64_t tok, dense_pos;
-        if (!mul64(o->kv_heads, (uint64_t)o->head_dim + f->dv, &tok) ||
-            !mul64(tok, f->bytes_per_value, &tok) ||
+        if (!mul64(o->kv_heads, f->row_k + f->row_v, &tok) ||
             !mul64(positions, tok, &f->formula_session) ||
             !mul64(f->formula_session, o->batch, &f->formula) ||
             !mul64(o->layers, o->ctx, &dense_pos) || !mul64(dense_pos, tok, &f->dense) ||
@@ -425,9 +437,14 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
                                   "x %" PRIu64 " positions + %u windowed x min(ctx, sinks + "
                                   "window + rollback) = %" PRIu64 " positions; ",
                                   f->full, o->ctx, f->windowed, f->win_positions);
-        snprintf(f->assumes + n, sizeof f->assumes - n, "%s%u kv-head(s) x (K %u + V %u) "
-                 "values a position", f->mla ? "MLA: the latent (K = [c_t ; k_rope], V = "
-                 "c_t), not per-head K/V; " : "", o->kv_heads, o->head_dim, f->dv);
+        n += (size_t)snprintf(f->assumes + n, sizeof f->assumes - n, "%s%u kv-head(s) x (K %u "
+                              "+ V %u) values a position", f->mla ? "MLA: the latent (K = "
+                              "[c_t ; k_rope], V = c_t), not per-head K/V; " : "",
+                              o->kv_heads, o->head_dim, f->dv);
+        if (!f->bytes_per_value && n < sizeof f->assumes)
+            snprintf(f->assumes + n, sizeof f->assumes - n, "; SPEC §9: %s rows of %" PRIu64
+                     " + %" PRIu64 " bytes (blocks of 32 values, an f16 scale each)",
+                     pkv_dtype_name(o->dtype), f->row_k, f->row_v);
     }
 
     f->pages_per_layer = o->ctx / f->block_tokens + (o->ctx % f->block_tokens != 0);
@@ -466,10 +483,14 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
         f->mha_ok = mul64(f->formula / o->kv_heads, o->heads, &f->mha);
     }
     f->saving = f->mha_ok ? f->mha - f->formula : 0;
-    if (f->mla && (!mul64(positions, o->head_dim, &f->latent) ||
-                   !mul64(f->latent, f->bytes_per_value * o->batch, &f->latent) ||
-                   !mul64(positions, (uint64_t)o->heads * MLA_NAIVE_PER_HEAD, &f->naive) ||
-                   !mul64(f->naive, f->bytes_per_value * o->batch, &f->naive)))
+    /* the latent: one row of head_dim values a position; naive: per head a K row of
+     * 128 + 64 and a V row of 128 values (rows of the block types: their scales too) */
+    const uint64_t naive_head = pkv_row_bytes(o->dtype, MLA_NAIVE_PER_HEAD - 128u) +
+                                pkv_row_bytes(o->dtype, 128u);
+    if (f->mla && (!mul64(positions, f->row_k, &f->latent) ||
+                   !mul64(f->latent, o->batch, &f->latent) ||
+                   !mul64(positions, (uint64_t)o->heads * naive_head, &f->naive) ||
+                   !mul64(f->naive, o->batch, &f->naive)))
         return overflow();
     return CLI_OK;
 }
@@ -536,11 +557,20 @@ static void print_text(const mem_opts *o, const mem_figures *f, const mem_measur
     else
         printf("geometry        %u layers, %u kv-heads (query heads not given), head-dim %u\n",
                o->layers, o->kv_heads, o->head_dim);
-    printf("sessions        %" PRIu64 " x %" PRIu64 " tokens, %s (%" PRIu64
-           " bytes/value), block-tokens %u\n",
-           o->batch, o->ctx, pkv_dtype_name(o->dtype), f->bytes_per_value, f->block_tokens);
-    const bool plain = !f->windowed && f->dv == o->head_dim;
-    if (!plain || cli_variant_any(&o->v)) {
+    if (f->bytes_per_value)
+        printf("sessions        %" PRIu64 " x %" PRIu64 " tokens, %s (%" PRIu64
+               " bytes/value), block-tokens %u\n",
+               o->batch, o->ctx, pkv_dtype_name(o->dtype), f->bytes_per_value, f->block_tokens);
+    else
+        printf("sessions        %" PRIu64 " x %" PRIu64 " tokens, %s (%.4g bits/value: a "
+               "%u-value row is %" PRIu64 " bytes, blocks of 32 values with an f16 scale), "
+               "block-tokens %u\n", o->batch, o->ctx, pkv_dtype_name(o->dtype),
+               8.0 * (double)f->row_k / o->head_dim, o->head_dim, f->row_k, f->block_tokens);
+    printf("per token       %" PRIu64 " bytes (%u layers x %u kv-heads x (K row %" PRIu64
+           " + V row %" PRIu64 " bytes))\n", f->token_bytes, o->layers, o->kv_heads, f->row_k,
+           f->row_v);
+    const bool plain = !f->windowed && f->dv == o->head_dim && f->bytes_per_value != 0;
+    if (f->windowed || f->dv != o->head_dim || cli_variant_any(&o->v)) {
         char vd[256];
         printf("variant         %s; head-dim-v %u\n",
                cli_variant_describe(&o->v, o->layers, vd, sizeof vd), f->dv);
@@ -551,11 +581,16 @@ static void print_text(const mem_opts *o, const mem_figures *f, const mem_measur
     if (plain)
         printf("formula         2 * %u * %u * %u * %" PRIu64 " * %" PRIu64 " * %" PRIu64 "\n",
                o->layers, o->kv_heads, o->head_dim, o->ctx, o->batch, f->bytes_per_value);
-    else
+    else if (f->bytes_per_value)
         printf("formula         %s\n                (%u full x %" PRIu64 " + %u windowed x %"
                PRIu64 " positions) * %u * (%u + %u) * %" PRIu64 " * %" PRIu64 "\n",
                f->assumes, f->full, o->ctx, f->windowed, f->win_positions, o->kv_heads,
                o->head_dim, f->dv, o->batch, f->bytes_per_value);
+    else
+        printf("formula         %s\n                (%u full x %" PRIu64 " + %u windowed x %"
+               PRIu64 " positions) * %u * (%" PRIu64 " + %" PRIu64 " bytes) * %" PRIu64 "\n",
+               f->assumes, f->full, o->ctx, f->windowed, f->win_positions, o->kv_heads,
+               f->row_k, f->row_v, o->batch);
     printf("                = %" PRIu64 " bytes (%s)\n", f->formula, cli_bytes(f->formula, b1));
     if (f->windowed)
         printf("paged           (%u full * %" PRIu64 " + %u windowed * %" PRIu64 ") pages * %"
@@ -565,7 +600,11 @@ static void print_text(const mem_opts *o, const mem_figures *f, const mem_measur
         printf("paged           %u layers * %" PRIu64 " pages * %" PRIu64 " bytes * %" PRIu64
                "\n", o->layers, f->pages_per_layer, f->page_bytes, o->batch);
     printf("                = %" PRIu64 " bytes (%s)\n", f->paged, cli_bytes(f->paged, b1));
-    if (f->dv == o->head_dim)
+    if (!f->bytes_per_value)
+        printf("page            %" PRIu64 " bytes (%s) = %u kv-heads * %u tokens * (%" PRIu64
+               " + %" PRIu64 ") bytes a K and a V row\n", f->page_bytes,
+               cli_bytes(f->page_bytes, b1), o->kv_heads, f->block_tokens, f->row_k, f->row_v);
+    else if (f->dv == o->head_dim)
         printf("page            %" PRIu64 " bytes (%s) = 2 * %u kv-heads * %u tokens * %u "
                "* %" PRIu64 "\n", f->page_bytes, cli_bytes(f->page_bytes, b1), o->kv_heads,
                f->block_tokens, o->head_dim, f->bytes_per_value);
@@ -659,7 +698,13 @@ static void print_json(const mem_opts *o, const mem_figures *f, const mem_measur
     JSON_U64S(W, {"layers", o->layers}, {"heads", o->heads}, {"kv_heads", o->kv_heads},
               {"head_dim", o->head_dim}, {"ctx", o->ctx}, {"batch", o->batch});
     json_str(W, "dtype", pkv_dtype_name(o->dtype));
-    JSON_U64S(W, {"bytes_per_value", f->bytes_per_value}, {"block_tokens", f->block_tokens},
+    if (f->bytes_per_value)
+        json_u64(W, "bytes_per_value", f->bytes_per_value);
+    else /* a block type: the mean over a K row, scales included */
+        json_num(W, "bytes_per_value", (double)f->row_k / o->head_dim);
+    JSON_U64S(W, {"row_bytes_k", f->row_k}, {"row_bytes_v", f->row_v},
+              {"bytes_per_token", f->token_bytes});
+    JSON_U64S(W, {"block_tokens", f->block_tokens},
               {"formula_bytes", f->formula}, {"paged_bytes", f->paged},
               {"page_bytes", f->page_bytes}, {"pages_per_layer", f->pages_per_layer},
               {"pages_per_session", f->pages_per_session}, {"waste_bytes", f->waste});

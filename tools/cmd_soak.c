@@ -66,7 +66,7 @@ static void usage(FILE *f)
         "  --budget-pages N   resident page budget (default 384)\n"
         "  --spill-dir DIR    spill and save files there (default: a fresh directory\n"
         "                     under /tmp, removed at the end)\n"
-        "  --dtype f32|f16|bf16  K/V storage type (default f32)\n"
+        "  --dtype T          K/V storage type: f32 (default), f16, bf16, q8, q4\n"
         "  --threads N        engine threads (default 0: all CPUs)\n"
         "  --max-len N        history cap of a session, per layer (default 48)\n"
         "  --long-len N       cap of the 1-in-32 long sessions, created half to fully\n"
@@ -168,8 +168,7 @@ static bool setup(soak *S)
     const soak_opts *o = &S->o;
     pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim, o->block_tokens,
                               o->dtype, o->threads);
-    S->page_bytes = 2ull * o->kv_heads * o->block_tokens * o->head_dim *
-                    pkv_dtype_size(o->dtype);
+    S->page_bytes = (uint64_t)o->block_tokens * cli_token_layer_bytes(&c);
     c.mem_budget = o->budget_pages * S->page_bytes;
     c.spill_dir = S->dir;
     pkv_status st = pkv_engine_create(&c, &S->e);

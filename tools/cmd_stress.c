@@ -13,7 +13,8 @@
  *     pass of the token loop (a pass is one token for every session and layer).
  *   - Without spill, at every decode point and at the end, for each session of length
  *     n: bytes_resident == layers * ceil(n / bt) * page_bytes and
- *     bytes_ideal == pkv_kv_cache_bytes(layers, g, d, n, 1, dtype_size); with spill,
+ *     bytes_ideal == layers * n * g * (row_bytes(d) + row_bytes(dv)) (for f32/f16/bf16
+ *     pkv_kv_cache_bytes(layers, g, d, n, 1, dtype_size)); with spill,
  *     bytes_resident + bytes_spilled takes the place of bytes_resident. A mismatch is
  *     reported and makes the exit status 1.
  *   - With variants (SPEC §8) the same identities hold with a windowed layer's pages
@@ -51,7 +52,7 @@ static void usage(FILE *f)
         "                       gemma2-9b, gpt-oss-20b, deepseek-v3 (docs/variants.md);\n"
         "                       explicit flags below override it\n"
         "  --layers L --heads H --kv-heads G --head-dim D   (H %% G == 0)\n"
-        "  --dtype f32|f16|bf16 K/V storage type (default f16)\n"
+        "  --dtype T            K/V storage type: f32, f16 (default), bf16, q8, q4\n"
         "  --block-tokens N     tokens per page (default: the library's, 16)\n"
         "  --head-dim-v N       width of V rows (default: --head-dim; MLA: 512)\n"
         "variants (SPEC §8; every layer, or the preset's windowed layers):\n"
@@ -183,8 +184,7 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
     if (cli_check_limits(CMD, &c, NULL) != CLI_OK)
         return CLI_USAGE;
     uint64_t total;
-    if (pkv_kv_cache_bytes(o->layers, o->kv_heads, o->head_dim, o->ctx, o->sessions,
-                           pkv_dtype_size(o->dtype), &total) != PKV_OK ||
+    if (cli_kv_bytes(&c, o->ctx, o->sessions, &total) != PKV_OK ||
         (uint64_t)o->heads * o->head_dim > (1u << 24) ||
         (uint64_t)o->heads * o->head_dim_v > (1u << 24))
         return cli_usage_error(CMD, "the geometry or context is too large");
@@ -284,7 +284,7 @@ static int setup(stress_run *r)
     r->page_bytes = s.page_bytes;
     r->isa = s.isa;
     r->io = s.io_backend;
-    r->dsize = pkv_dtype_size(o->dtype);
+    r->row_pair = pkv_row_bytes(o->dtype, o->head_dim) + pkv_row_bytes(o->dtype, r->dv);
     r->spill = o->budget && o->spill_dir;
     r->sess = calloc(o->sessions, sizeof *r->sess);
     if (!r->sess)
@@ -361,7 +361,7 @@ static uint64_t pages_expected(const stress_run *r, uint64_t n)
 static uint64_t ideal_expected(const stress_run *r, uint64_t n)
 {
     const stress_opts *o = &r->o;
-    const uint64_t tok = (uint64_t)o->kv_heads * (o->head_dim + r->dv) * r->dsize;
+    const uint64_t tok = (uint64_t)o->kv_heads * r->row_pair;
     const uint64_t keep = (uint64_t)o->v.sinks + o->v.window + o->v.rollback;
     uint64_t ideal = 0;
     for (uint32_t l = 0; l < o->layers; l++)
@@ -700,8 +700,9 @@ int cmd_stress(int argc, char **argv)
      * (and with --spill-dir the rest goes to disk), so then it just runs. */
     uint64_t need = 0, ram = cli_avail_mem_bytes();
     if (!cli_variant_any(&r.o.v) && !r.o.head_dim_v) {
-        pkv_kv_cache_bytes(r.o.layers, r.o.kv_heads, r.o.head_dim, r.o.ctx, r.o.sessions,
-                           pkv_dtype_size(r.o.dtype), &need);
+        const pkv_config kc = cli_config(r.o.layers, r.o.heads, r.o.kv_heads, r.o.head_dim,
+                                         r.o.block_tokens, r.o.dtype, 1);
+        cli_kv_bytes(&kc, r.o.ctx, r.o.sessions, &need);
     } else if (bt) {
         /* the pages the SPEC lets these layers hold at --ctx (a window bounds them) */
         uint64_t pages = 0;

@@ -67,7 +67,7 @@ static int store(const char *cmd, const cli_opt *o, bool as_short, const char *v
         break;
     case OPT_DTYPE:
         if (!cli_parse_dtype(v, (pkv_dtype *)o->dst))
-            return cli_usage_error(cmd, "%s: '%s' is not f32, f16 or bf16", nm, v);
+            return cli_usage_error(cmd, "%s: '%s' is not f32, f16, bf16, q8 or q4", nm, v);
         break;
     case OPT_CALL:
         if (!o->call(v, o->dst))

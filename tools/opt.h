@@ -35,7 +35,7 @@ typedef enum {
     OPT_U64,      /* the same into a uint64_t */
     OPT_DOUBLE,   /* finite number in [dlo, dhi]; double */
     OPT_STRING,   /* *(const char **)dst = the value (argv's storage) */
-    OPT_DTYPE,    /* f32, f16 or bf16 (cli_parse_dtype); pkv_dtype */
+    OPT_DTYPE,    /* f32, f16, bf16, q8 or q4 (cli_parse_dtype); pkv_dtype */
     OPT_CALL      /* call(value, dst) decides; `what` describes the valid values */
 } opt_kind;
 

@@ -17,7 +17,8 @@
  * Invariants
  *   - After each operation on slot a: pkv_session_len(s, l) == h[l].len <= cap for
  *     every layer, and pkv_session_memory matches the model (soak_check_lens).
- *   - Model rows are pkv_dtype_round of what was appended, so the reference decode
+ *   - Model rows are pkv_dtype_round_row of what was appended (row by row: a Q8/Q4
+ *     row's scales are per 32 values of its own), so the reference decode
  *     sees the values the cache holds; a decode must be within 1e-5 * max|V| of it.
  *   - A history never passes its cap: an append that would is preceded by a truncate
  *     (make_room), so the model needs at most sessions * layers * cap * 2 * g * d floats.
@@ -31,6 +32,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "soak.h"
 
 /* ---- helpers: random numbers, failures, the model ------------------------------- */
@@ -144,9 +146,10 @@ static uint64_t spilled_alone(soak *S, const pkv_session *s, uint64_t keep)
 /* Append one token (raw k, v [g][d]) to the model, rounded as the cache stores it. */
 static void model_append(soak *S, soak_hist *H, const float *k, const float *v)
 {
-    for (uint32_t i = 0; i < S->kd; i++) {
-        H->k[(size_t)H->len * S->kd + i] = pkv_dtype_round(S->cfg.kv_dtype, k[i]);
-        H->v[(size_t)H->len * S->kd + i] = pkv_dtype_round(S->cfg.kv_dtype, v[i]);
+    const uint32_t d = S->cfg.head_dim;
+    for (uint32_t i = 0; i < S->kd; i += d) {
+        pkv_dtype_round_row(S->cfg.kv_dtype, d, k + i, H->k + (size_t)H->len * S->kd + i);
+        pkv_dtype_round_row(S->cfg.kv_dtype, d, v + i, H->v + (size_t)H->len * S->kd + i);
     }
     H->len++;
 }
@@ -206,7 +209,7 @@ bool soak_check_lens(soak *S, uint32_t a)
     pkv_memory m;
     if (pkv_session_memory(sl->s, &m) != PKV_OK)
         return soak_fail(S, "pkv_session_memory failed on slot %u", a);
-    uint64_t token_bytes = 2ull * S->kd * pkv_dtype_size(S->cfg.kv_dtype);
+    uint64_t token_bytes = cli_token_layer_bytes(&S->cfg);
     if (m.tokens != tokens || m.blocks != blocks ||
         m.bytes_resident + m.bytes_spilled != blocks * S->page_bytes ||
         m.bytes_ideal != tokens * token_bytes || m.bytes_shared > m.bytes_resident)

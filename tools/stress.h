@@ -62,7 +62,7 @@ typedef struct {
     uint64_t steady_from;        /* context from which a windowed layer's pages stay
                                     level: sinks + window + rollback + one page */
     uint64_t page_bytes;
-    size_t dsize;
+    uint64_t row_pair;           /* pkv_row_bytes of a K row + a V row (SPEC §9) */
     bool spill;                  /* budget and spill dir: pages may be on disk */
     const char *isa, *io;
     uint32_t rows;               /* rows of the random blocks below */

@@ -78,7 +78,7 @@ static line_fit fit_latency(const stress_run *r, bool fastest)
     f.slope = sxy / sxx;
     f.intercept = my - f.slope * mx;
     f.r2 = syy > 0 ? sxy * sxy / (sxx * syy) : 1.0;
-    double bytes = (double)r->o.kv_heads * (r->o.head_dim + r->dv) * (double)r->dsize;
+    double bytes = (double)r->o.kv_heads * (double)r->row_pair;
     f.gbps = f.slope > 0 ? bytes / (f.slope * 1e-6) / 1e9 : 0;
     return f;
 }

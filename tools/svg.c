@@ -186,11 +186,24 @@ static void layout_log(axis_layout *a, double lo, double hi)
 
 static bool usable(const svg_axis *ax, double v)
 {
-    return isfinite(v) && (!ax->log || v > 0.0);
+    return isfinite(v) && (!ax->log || ax->categories || v > 0.0);
 }
 
 static void layout_axis(axis_layout *a, const svg_axis *ax, const svg_panel *p, bool is_x)
 {
+    if (ax->categories && ax->n_categories) {
+        /* one slot per category, its tick in the middle */
+        a->ax = ax;
+        a->lo = -0.5;
+        a->hi = (double)ax->n_categories - 0.5;
+        a->n_ticks = 0;
+        for (size_t i = 0; i < ax->n_categories && a->n_ticks < MAX_TICKS; i++)
+            a->ticks[a->n_ticks++] = (double)i;
+        a->step = 1.0;
+        a->unit = 1.0;
+        a->unit_name = "";
+        return;
+    }
     double lo = INFINITY, hi = -INFINITY;
     for (size_t s = 0; s < p->n_series; s++) {
         const svg_series *se = &p->series[s];
@@ -217,7 +230,7 @@ static void layout_axis(axis_layout *a, const svg_axis *ax, const svg_panel *p, 
 /* Position of v along the axis as a fraction 0..1 of its length. */
 static double frac(const axis_layout *a, double v)
 {
-    if (a->ax->log)
+    if (a->ax->log && !a->ax->categories)
         return (log(v) - log(a->lo)) / (log(a->hi) - log(a->lo));
     return (v - a->lo) / (a->hi - a->lo);
 }
@@ -241,6 +254,11 @@ static void short_num(char *buf, size_t len, double v, const char *suffix)
 
 static const char *tick_label(const axis_layout *a, double v, char *buf, size_t len)
 {
+    if (a->ax->categories) {
+        const size_t i = (size_t)(v + 0.5);
+        snprintf(buf, len, "%s", i < a->ax->n_categories ? a->ax->categories[i] : "");
+        return buf;
+    }
     if (v == 0.0) {
         snprintf(buf, len, "0");
         return buf;
@@ -330,13 +348,40 @@ static void draw_axes(FILE *f, const axis_layout *xa, const axis_layout *ya,
     fputs("</text>\n", f);
 }
 
+/* Bars of series se, the bi-th of nb bar series: 80% of each slot (one x unit: a
+ * category), split evenly; from the axis' lower end (log) or from 0 (linear). */
+static void draw_bars(FILE *f, const svg_series *se, const char *color,
+                      const axis_layout *xa, const axis_layout *ya, const svg_panel *p,
+                      size_t panel_no, size_t bi, size_t nb)
+{
+    const double slot = (PLOT_R - PLOT_L) / (xa->hi - xa->lo) * 0.8; /* one x unit */
+    const double w = slot / (double)(nb ? nb : 1);
+    const double base = ya->ax->log ? PLOT_B
+                                    : px_y(ya, fmin(fmax(0.0, ya->lo), ya->hi));
+    fprintf(f, "<g fill=\"%s\" clip-path=\"url(#plot%zu)\">\n", color, panel_no);
+    for (size_t i = 0; i < se->n; i++) {
+        if (!usable(&p->x, se->x[i]) || !usable(&p->y, se->y[i]))
+            continue;
+        const double x = px_x(xa, se->x[i]) - slot / 2 + (double)bi * w;
+        const double y = px_y(ya, se->y[i]);
+        fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\"/>\n", x,
+                fmin(y, base), w * 0.92, fabs(base - y));
+    }
+    fputs("</g>\n", f);
+}
+
 static void draw_series(FILE *f, const svg_series *se, const char *color,
                         const axis_layout *xa, const axis_layout *ya, const svg_panel *p,
-                        size_t panel_no)
+                        size_t panel_no, size_t bi, size_t nb)
 {
     fputs("<g class=\"series\"><title>", f);
     xml_text(f, se->name);
     fprintf(f, "</title>\n");
+    if (se->bars) {
+        draw_bars(f, se, color, xa, ya, p, panel_no, bi, nb);
+        fputs("</g>\n", f);
+        return;
+    }
     if (se->line) {
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" "
                    "stroke-linejoin=\"round\"%s clip-path=\"url(#plot%zu)\" points=\"",
@@ -381,6 +426,9 @@ static void draw_legend(FILE *f, const svg_panel *p, const char *const *colors)
         if (se->markers)
             fprintf(f, "<circle cx=\"%d\" cy=\"%d\" r=\"3\" fill=\"%s\"/>", x + 13, y,
                     colors[s]);
+        if (se->bars)
+            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"26\" height=\"10\" fill=\"%s\"/>",
+                    x, y - 5, colors[s]);
         fprintf(f, "<text x=\"%d\" y=\"%d\">", x + 34, y + 4);
         xml_text(f, se->name);
         fputs("</text>\n", f);
@@ -427,12 +475,15 @@ int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_pane
                 i, PLOT_L - 4, PLOT_T - 4, PLOT_R - PLOT_L + 8, PLOT_B - PLOT_T + 8);
         draw_axes(f, &xa, &ya, p);
         const char *colors[16];
-        size_t ns = p->n_series < 16 ? p->n_series : 16;
+        size_t ns = p->n_series < 16 ? p->n_series : 16, nb = 0, bi = 0;
+        for (size_t s = 0; s < ns; s++)
+            nb += p->series[s].bars;
         for (size_t s = 0; s < ns; s++) {
             const svg_series *se = &p->series[s];
             colors[s] = se->color ? se->color
                                   : palette[next_color++ % (sizeof palette / sizeof *palette)];
-            draw_series(f, se, colors[s], &xa, &ya, p, i);
+            draw_series(f, se, colors[s], &xa, &ya, p, i, bi, nb);
+            bi += se->bars;
         }
         svg_panel shown = *p;
         shown.n_series = ns;

@@ -1,7 +1,7 @@
 /*
- * svg.h - a small chart writer for the `pagedkv` tools: line/marker charts with axes,
- * "nice" ticks, labels with units and a legend, written as one standalone SVG file
- * with one or more panels stacked vertically.
+ * svg.h - a small chart writer for the `pagedkv` tools: line/marker charts and grouped
+ * bar charts with axes, "nice" ticks, labels with units and a legend, written as one
+ * standalone SVG file with one or more panels stacked vertically.
  *
  * Owns: layout, tick choice, tick label formatting, XML escaping, the SVG text.
  * Does not own: the data (series arrays are borrowed for the duration of the call)
@@ -30,6 +30,10 @@ typedef struct {
     bool log;           /* logarithmic axis; points with a value <= 0 are not drawn */
     svg_format format;
     bool from_zero;     /* linear axis: include 0 in the range */
+    /* A categorical x axis (bar charts): x value i stands for categories[i], drawn at
+     * evenly spaced slots and labelled with the name; NULL: a numeric axis. */
+    const char *const *categories;
+    size_t n_categories;
 } svg_axis;
 
 typedef struct {
@@ -40,6 +44,8 @@ typedef struct {
     bool line;             /* connect the points */
     bool markers;          /* draw a dot at each point */
     bool dashed;
+    bool bars;             /* a bar from the axis to each point; the bar series of a
+                              panel stand side by side in each category slot */
 } svg_series;
 
 typedef struct {

@@ -19,6 +19,7 @@
 #include "testutil.h"
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -564,6 +565,112 @@ START_TEST(truncate_then_append_copies)
 }
 END_TEST
 
+/* Threads: sessions of one engine on several threads, each recording, matching,
+ * forking and destroying its own while the others do (the index is engine-wide). */
+typedef struct {
+    pkv_engine *e;
+    uint64_t seed;
+    int fails;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    pkvt_rng r;
+    pkvt_rng_init(&r, w->seed);
+    const int rounds = pkvt_quick() ? 40 : 200;
+    for (int i = 0; i < rounds; i++) {
+        int32_t t[33];
+        for (int k = 0; k < 33; k++)
+            t[k] = (int32_t)pkvt_below(&r, 2);   /* few prompts: many shared prefixes */
+        pkv_session *s = NULL, *f = NULL;
+        uint64_t got = 0;
+        if (pkv_session_from_prefix(w->e, 33, t, &s, &got) != PKV_OK) {
+            w->fails++;
+            continue;
+        }
+        append_tokens(s, t, got, 32);
+        w->fails += pkv_session_set_tokens(s, 32, t) != PKV_OK;
+        w->fails += pkv_session_fork(s, &f) != PKV_OK;
+        if (f)
+            w->fails += pkv_session_truncate(f, pkvt_below(&r, 33)) != PKV_OK;
+        float q[H * D], out[H * D];
+        pkvt_fill(&r, q, H * D, -1, 1);
+        w->fails += pkv_decode(s, 0, q, out) != PKV_OK;
+        pkv_session_destroy(f);
+        pkv_session_destroy(s);
+    }
+    return NULL;
+}
+
+START_TEST(threads)
+{
+    pkv_engine *probe = engine(0, 0, NULL, NULL);
+    pkv_stats st;
+    pkv_engine_stats(probe, &st);
+    pkv_engine_destroy(probe);
+    pkv_engine *e = engine(24 * st.page_bytes, 0, NULL, NULL);   /* trims as it goes */
+    worker w[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = (worker){e, pkvt_seed() + (uint64_t)i, 0};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_int_eq(w[i].fails, 0);
+    }
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    pkv_engine_stats(e, &st);
+    ck_assert_uint_gt(st.prefix_hit_tokens, 0);
+    ck_assert_uint_le(st.pages_cached, 24);
+    pkv_engine_destroy(e);
+}
+END_TEST
+
+/* The tools: generate --prefix-cache prints the same text as forks and reports the
+ * hits; stress --prefix reports both runs. */
+START_TEST(tools)
+{
+    const char *prompt = "Once upon a time there was a little cat who liked to play";
+    const char *const a[] = {"generate", "--sessions", "3", "-n", "120", "-i", prompt, "-t",
+                             "0.8", NULL};
+    const char *const b[] = {"generate", "--sessions", "3", "-n", "120", "-i", prompt, "-t",
+                             "0.8", "--prefix-cache", NULL};
+    const char *const bj[] = {"generate", "--sessions", "3", "-n", "120", "-i", prompt, "-t",
+                              "0.8", "--prefix-cache", "--json", NULL};
+    pkvt_proc x = pkvt_tool(a, NULL), y = pkvt_tool(b, NULL), z = pkvt_tool(bj, NULL);
+    ck_assert_msg(x.status == 0 && y.status == 0 && z.status == 0, "%s / %s / %s", x.err,
+                  y.err, z.err);
+    ck_assert_str_eq(x.out, y.out);
+    ck_assert_ptr_nonnull(strstr(y.err, "prefix cache: 2 of 2 later session(s) hit"));
+    ck_assert(pkvt_json_valid(z.out));
+    ck_assert_uint_eq(pkvt_json_u64(z.out, "prefix_cache.hits"), 2);
+    ck_assert(pkvt_json_is(z.out, "prefix_cache.logits_identical", "true"));
+    const uint64_t reused = pkvt_json_u64(z.out, "prefix_cache.tokens_reused");
+    const uint64_t pre = pkvt_json_u64(z.out, "prefix_cache.tokens_prefilled");
+    ck_assert_uint_eq(reused + pre, 2 * pkvt_json_u64(z.out, "prompt_positions"));
+    ck_assert_uint_gt(reused, 0);
+    pkvt_proc_free(&x);
+    pkvt_proc_free(&y);
+    pkvt_proc_free(&z);
+    const char *const sp[] = {"stress", "--prefix", "512", "--prefix-tail", "40", "--sessions",
+                              "4", "--layers", "2", "--json", NULL};
+    pkvt_proc s = pkvt_tool(sp, NULL);
+    ck_assert_msg(s.status == 0, "%s", s.err);
+    ck_assert(pkvt_json_valid(s.out));
+    /* 512 = 32 pages; from_prefix shares at most 511 positions: 31 pages */
+    ck_assert_uint_eq(pkvt_json_u64(s.out, "with_cache.positions_reused"), 3 * 496);
+    ck_assert_uint_eq(pkvt_json_u64(s.out, "with_cache.hits"), 3);
+    const uint64_t pb = pkvt_json_u64(s.out, "page_bytes");
+    /* with: 32 + 4 * 3 + 3 more prefix pages (position 496..511 each) ... per layer */
+    ck_assert_uint_eq(pkvt_json_u64(s.out, "with_cache.engine_bytes"),
+                      2 * (32 + 3 + 4 * 3) * pb);
+    ck_assert_uint_eq(pkvt_json_u64(s.out, "without_cache.engine_bytes"), 2 * 4 * 35 * pb);
+    pkvt_proc_free(&s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("prefix");
@@ -576,6 +683,11 @@ int main(void)
     tcase_add_test(tc, windowed_layers);
     tcase_add_test(tc, bad_calls);
     tcase_add_test(tc, truncate_then_append_copies);
+    tcase_add_test(tc, threads);
     suite_add_tcase(s, tc);
+    TCase *tt = tcase_create("tools");
+    tcase_set_timeout(tt, 300);
+    tcase_add_test(tt, tools);
+    suite_add_tcase(s, tt);
     return pkvt_run(s);
 }

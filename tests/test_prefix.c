@@ -203,11 +203,15 @@ static void model_walk(bool collide, const char *dir)
     int n = 0;
     mindex mx = {0};
     uint64_t hits = 0, lookups = 0;
-    const int steps = pkvt_quick() ? 300 : 1500;
+    const int steps = pkvt_quick() ? 500 : 2000;
     char path[512];
     snprintf(path, sizeof path, "%s/s.pkv", dir);
     for (int step = 0; step < steps; step++) {
-        const uint32_t op = pkvt_below(&r, 9);
+        /* from_prefix twice as often as the rest; a full table makes room first */
+        uint32_t op = pkvt_below(&r, 10);
+        op = op == 9 ? 3 : op;
+        if (n == MAXS && (op == 0 || op == 3 || op == 4) && pkvt_below(&r, 2))
+            op = 6;
         const int i = n ? (int)pkvt_below(&r, (uint32_t)n) : -1;
         if (op == 0 && n < MAXS) {                       /* create */
             ss[n] = pkvt_session(e);
@@ -215,7 +219,7 @@ static void model_walk(bool collide, const char *dir)
             n++;
         } else if (op == 1 && i >= 0) {                  /* append */
             msess *m = &ms[i];
-            uint64_t k = 1 + pkvt_below(&r, 9);
+            uint64_t k = 1 + pkvt_below(&r, 24);
             if (m->len + k > MAXT)
                 k = MAXT - m->len;
             random_tokens(&r, m->tok + m->len, k);
@@ -223,7 +227,8 @@ static void model_walk(bool collide, const char *dir)
             m->len += k;
         } else if (op == 2 && i >= 0) {                  /* set_tokens */
             msess *m = &ms[i];
-            const uint64_t to = m->recorded + pkvt_below(&r, (uint32_t)(m->len - m->recorded + 1));
+            const uint64_t to = pkvt_below(&r, 2) ? m->len
+                                : m->recorded + pkvt_below(&r, (uint32_t)(m->len - m->recorded + 1));
             ck_assert_int_eq(pkv_session_set_tokens(ss[i], to, m->tok), PKV_OK);
             if (to > m->recorded)
                 m->recorded = to;
@@ -233,7 +238,8 @@ static void model_walk(bool collide, const char *dir)
             uint64_t len = 1 + pkvt_below(&r, MAXT);
             random_tokens(&r, t, len);
             if (i >= 0 && pkvt_below(&r, 4) != 0) {      /* mostly: a live prefix */
-                const uint64_t keep = pkvt_below(&r, (uint32_t)ms[i].len + 1);
+                const uint64_t keep = pkvt_below(&r, 2) ? ms[i].len
+                                                        : pkvt_below(&r, (uint32_t)ms[i].len + 1);
                 memcpy(t, ms[i].tok, keep * sizeof *t);
             }
             const uint64_t want = mindex_match(&mx, t, len);
@@ -253,7 +259,9 @@ static void model_walk(bool collide, const char *dir)
             ms[n] = ms[i];
             n++;
         } else if (op == 5 && i >= 0) {                  /* truncate */
-            const uint64_t to = pkvt_below(&r, (uint32_t)ms[i].len + 1);
+            const uint64_t back = pkvt_below(&r, 4) ? pkvt_below(&r, 9) : ms[i].len;
+            const uint64_t to = back >= ms[i].len ? pkvt_below(&r, (uint32_t)ms[i].len + 1)
+                                                  : ms[i].len - back;
             ck_assert_int_eq(pkv_session_truncate(ss[i], to), PKV_OK);
             ms[i].len = to;
             if (ms[i].recorded > to)

@@ -443,6 +443,48 @@ START_TEST(budget_drops_cached_first)
 }
 END_TEST
 
+/* Sessions whose pages are in the spill file: recording indexes spilled pages, a
+ * match shares them spilled, and the decode reads them back, exact. */
+START_TEST(spilled_sessions)
+{
+    char dir[256];
+    pkvt_scratch_dir(dir, sizeof dir, "prefix-spilled");
+    pkv_engine *probe = engine(0, 0, NULL, NULL);
+    pkv_stats st;
+    pkv_engine_stats(probe, &st);
+    pkv_engine_destroy(probe);
+    pkv_engine *e = engine(UINT64_MAX, 20 * st.page_bytes, dir, NULL);
+    pkv_engine *ref = engine(0, 0, NULL, NULL);
+    int32_t a[33], b[33];
+    for (int i = 0; i < 33; i++) {
+        a[i] = i * 3;
+        b[i] = -i;
+    }
+    pkv_session *s = pkvt_session(e), *o = pkvt_session(e), *f = NULL;
+    append_tokens(s, a, 0, 32);          /* 16 pages */
+    append_tokens(o, b, 0, 32);          /* 16 more: most of s goes to disk */
+    pkv_memory m;
+    pkv_session_memory(s, &m);
+    ck_assert_uint_gt(m.bytes_spilled, 0);
+    ck_assert_int_eq(pkv_session_set_tokens(s, 32, a), PKV_OK);
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    uint64_t got = 0;
+    ck_assert_int_eq(pkv_session_from_prefix(e, 33, a, &f, &got), PKV_OK);
+    ck_assert_uint_eq(got, 32);
+    assert_like_cold(ref, f, a, 32, 11);
+    append_tokens(f, a, 32, 33);
+    assert_like_cold(ref, f, a, 33, 12);
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    pkv_session_destroy(s);
+    pkv_session_destroy(f);
+    pkv_session_destroy(o);
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    pkv_engine_destroy(ref);
+    pkv_engine_destroy(e);
+    pkvt_remove_dir(dir);
+}
+END_TEST
+
 /* A windowed layer: a match is usable when every page a session of that length
  * needs is held; the new session's hole is a cold session's. */
 START_TEST(windowed_layers)
@@ -689,6 +731,7 @@ int main(void)
     tcase_add_test(tc, retention_lru);
     tcase_add_test(tc, budget_drops_cached_first);
     tcase_add_test(tc, windowed_layers);
+    tcase_add_test(tc, spilled_sessions);
     tcase_add_test(tc, bad_calls);
     tcase_add_test(tc, truncate_then_append_copies);
     tcase_add_test(tc, threads);

@@ -65,6 +65,8 @@ static int run_mode(const stress_opts *o, bool reuse, const float *K, const floa
     pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim, o->block_tokens,
                               o->dtype, o->threads);
     c.head_dim_v = o->head_dim_v;
+    c.mem_budget = o->budget;
+    c.spill_dir = o->spill_dir;
     pkv_engine *e = NULL;
     pkv_status st = pkv_engine_create(&c, &e);
     if (st != PKV_OK)

@@ -130,8 +130,9 @@ static pkv_status make_room(pkv_engine *e, uint64_t n)
 
     /* `tally` marks a descriptor already chosen (a shared page is met once per holder) */
     uint64_t nv = cached_victims(e, vic, pages, want);
-    /* cached pages alone suffice: no live page is spilled for the batch */
-    for (uint64_t k = 0; nv < need && k < ns && nv < want; k++)
+    /* cached pages alone suffice: no live page is spilled just to fill the batch */
+    const bool cached_enough = nv >= need;
+    for (uint64_t k = 0; !cached_enough && k < ns && nv < want; k++)
         for (uint32_t l = 0; l < e->cfg.n_layers && nv < want; l++) {
             pkvi_btable *t = &order[k]->layers[l];
             if (t->pins || t->n_spilled == t->n_pages)

@@ -534,6 +534,27 @@ START_TEST(windowed_layers)
         assert_like_cold(ref, f, w, got, 5);
     pkv_session_destroy(f);
     ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    /* saved and loaded into a new engine (version 3 with the variants): hits again */
+    char dir[256], path[300];
+    pkvt_scratch_dir(dir, sizeof dir, "prefix-window");
+    snprintf(path, sizeof path, "%s/w.pkv", dir);
+    ck_assert_int_eq(pkv_session_save(s, path), PKV_OK);
+    pkv_file_info fi;
+    ck_assert_int_eq(pkv_session_file_check(path, &fi, NULL, 0), PKV_OK);
+    ck_assert_uint_eq(fi.version, 3);
+    ck_assert_uint_eq(fi.n_token_ids, 40);
+    ck_assert_uint_eq(fi.n_variant_layers, 1);
+    pkv_engine *e2 = engine(UINT64_MAX, 0, NULL, lc);
+    pkv_session *ld = NULL;
+    ck_assert_int_eq(pkv_session_load(e2, path, &ld), PKV_OK);
+    ck_assert_int_eq(pkv_session_from_prefix(e2, 41, t, &f, &got), PKV_OK);
+    ck_assert_uint_eq(got, 40);
+    assert_like_cold(ref, f, t, 40, 6);
+    pkv_session_destroy(f);
+    pkv_session_destroy(ld);
+    ck_assert_int_eq(pkv_engine_check(e2), PKV_OK);
+    pkv_engine_destroy(e2);
+    pkvt_remove_dir(dir);
     pkv_session_destroy(s);
     pkv_session_destroy(u);
     ck_assert_int_eq(pkv_engine_check(e), PKV_OK);

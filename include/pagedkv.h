@@ -108,7 +108,9 @@ typedef struct {
     /* SPEC §10 */
     uint64_t prefix_cache_bytes; /* reusable pages that no live session holds are kept
                                   up to this many bytes, least recently used dropped
-                                  first; 0 = only pages of live sessions are reusable */
+                                  first; 0 = only pages of live sessions are reusable.
+                                  Under mem_budget they go before any live page is
+                                  spilled: dropped, or spilled first with a spill_dir */
 } pkv_config;
 
 /* All-zero geometry, PKV_F32, defaults elsewhere. Callers start here and set the
@@ -212,8 +214,13 @@ typedef struct {
                                   size class (without jemalloc: those pages' bytes) */
     uint64_t mem_budget;
     /* SPEC §10 */
-    uint64_t pages_cached;     /* pages kept only for reuse (no live session holds them) */
-    uint64_t prefix_lookups, prefix_hit_tokens;
+    uint64_t pages_cached;     /* pages in memory kept only for reuse (no live session
+                                  holds them; spilled ones count in pages_spilled):
+                                  pages_in_use + pages_cached + pages_free is what the
+                                  pool holds */
+    uint64_t prefix_lookups;   /* pkv_session_from_prefix calls that succeeded */
+    uint64_t prefix_hit_tokens;/* positions they shared, summed (one per position, not
+                                  per layer) */
     /* the page pool's allocator: "jemalloc" (a private arena of the jemalloc found at
        run time, see pkv_engine_destroy) or "aligned" (aligned_alloc) */
     const char *pool;
@@ -250,10 +257,12 @@ PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
 
 /* Write the session to `path` atomically (temporary file, fsync, rename, directory
  * fsync), mode 0600. Format: docs/file-format.md (version 1 for a plain engine, 2 with
- * attention variants or Q8/Q4 pages). PKV_EINVAL, PKV_EIO, PKV_ENOMEM. */
+ * attention variants or Q8/Q4 pages, 3 when token ids are recorded:
+ * pkv_session_set_tokens). PKV_EINVAL, PKV_EIO, PKV_ENOMEM. */
 PKV_API pkv_status pkv_session_save(pkv_session *s, const char *path);
-/* Read a session file (format versions 1 and 2, docs/file-format.md) into a new
- * session of e. The whole file is validated before the session is built: PKV_EINVAL
+/* Read a session file (format versions 1 to 3, docs/file-format.md) into a new
+ * session of e; a version-3 file's token ids are recorded again (its full pages are
+ * reusable by pkv_session_from_prefix). The whole file is validated before the session is built: PKV_EINVAL
  * for a file that is not a session file (magic), or a sound file of an unknown version
  * or of another geometry, dtype, block size, scale or attention variant;
  * PKV_ECORRUPT for any other damage; PKV_EIO, PKV_ENOMEM. Nothing is half-loaded.
@@ -330,6 +339,31 @@ PKV_API pkv_status pkv_attention_reference(uint32_t n_tokens, uint32_t n_heads,
                                            const pkv_layer_config *lc, const float *q,
                                            const float *k, const float *v, float *out);
 
+/* ---- Prefix cache (SPEC §10) ----------------------------------------------------- */
+
+/* Record the token ids of positions [0, n) of s (tokens[0..n); n <= every layer's
+ * length, else PKV_ERANGE): every page index whose positions are covered, on every
+ * layer, becomes reusable by later sessions (pkv_session_from_prefix), held by the
+ * engine's prefix index as well as by s. Repeated calls extend the record: ids
+ * already recorded must be given again unchanged (a call with n at or below the
+ * record's length only compares); pkv_session_truncate shortens the record, a fork
+ * inherits it, pkv_session_save stores it. A windowed layer's page that its window
+ * has released cannot be shared; a page index is then reusable only by a prefix
+ * whose sessions would not read that page either (docs/prefix-cache.md).
+ * PKV_EINVAL (s NULL; tokens NULL with n > 0; ids that differ from the recorded
+ * ones), PKV_ERANGE, PKV_ENOMEM; the record and the index unchanged on failure. */
+PKV_API pkv_status pkv_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *tokens);
+/* A new session sharing (as a fork does, O(pages), no copy) the longest cached prefix
+ * of tokens[0..n) in whole pages of every layer, at most n - 1 positions so the
+ * caller always runs its last token; *n_cached is its length (0: a new empty
+ * session), a multiple of block_tokens. A match compares the stored ids of every
+ * position, never a hash alone. The new session's record is tokens[0..*n_cached);
+ * it decodes bitwise identically to a session that appended the same K/V.
+ * PKV_EINVAL (e, out or n_cached NULL; tokens NULL with n > 0), PKV_ENOMEM; nothing
+ * changes on failure (*out and *n_cached untouched). */
+PKV_API pkv_status pkv_session_from_prefix(pkv_engine *e, uint64_t n, const int32_t *tokens,
+                                           pkv_session **out, uint64_t *n_cached);
+
 /* ---- Introspection (what `pagedkv inspect` and `pagedkv soak` are built on) ------- */
 
 /* What a session file says about itself, as far as it could be read and checked. */
@@ -351,6 +385,7 @@ typedef struct {
     uint32_t bad_layer;        /* ... its layer, and its index in that layer */
     uint64_t bad_index;
     char     reason[160];      /* why the check failed ("" on PKV_OK) */
+    uint64_t n_token_ids;      /* recorded token ids (version 3; 0 before) */
 } pkv_file_info;
 /* Check every byte of the session file at `path` (header, page table, every page's
  * checksum and padding) without an engine: the checks pkv_session_load makes, with

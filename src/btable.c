@@ -10,11 +10,17 @@
 
 #include <stdlib.h>
 
-/* Drop one reference; the last one frees the page (and its slot, when spilled). */
+/* Drop one reference; the last one frees the page (and its slot, when spilled). A
+ * page left to the prefix index alone becomes a cached page. */
 static void page_unref(pkvi_pages ps, pkvi_page *pg)
 {
-    if (--pg->refs > 0)
+    if (--pg->refs > 0) {
+        if (pg->refs == 1 && pg->indexed) {
+            ps.cached->pages++;
+            ps.cached->resident += pg->data != NULL;
+        }
         return;
+    }
     if (!pg->data)
         pkvi_spill_drop(ps.spill, ps.pool, pg);
     pkvi_page_destroy(ps.pool, pg);
@@ -114,6 +120,40 @@ void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src)
     dst->n_pages = src->n_pages;
     dst->n_spilled = src->n_spilled;
     dst->len = src->len;
+}
+
+void pkvi_page_index(pkvi_page *pg)
+{
+    pg->refs++;
+    pg->indexed = 1;
+}
+
+void pkvi_page_unindex(pkvi_pages ps, pkvi_page *pg)
+{
+    if (pg->refs == 1) { /* it was a cached page: it goes now */
+        ps.cached->pages--;
+        ps.cached->resident -= pg->data != NULL;
+    }
+    pg->indexed = 0;
+    page_unref(ps, pg);
+}
+
+void pkvi_btable_push_shared(pkvi_btable *t, pkvi_pages ps, pkvi_page *pg)
+{
+    if (!pg) {
+        if (t->hole_hi == t->hole_lo)
+            t->hole_lo = t->hole_hi = t->n_pages;
+        t->hole_hi++;
+        t->pages[t->n_pages] = NULL;
+        t->data[t->n_pages++] = NULL;
+        return;
+    }
+    if (pg->refs == 1 && pg->indexed) { /* a cached page is in use again */
+        ps.cached->pages--;
+        ps.cached->resident -= pg->data != NULL;
+    }
+    pg->refs++;
+    pkvi_btable_push(t, pg);
 }
 
 void pkvi_btable_sync(pkvi_btable *t, uint64_t i)

@@ -24,9 +24,10 @@
  *       == NULL exactly for hole_lo <= i < hole_hi
  *   B3  n_spilled == #{ i < n_pages : pages[i] && pages[i]->data == NULL }
  *   B4  a page sits at the same index i in every table that holds it (sharing is
- *       index-preserving: fork, and later the prefix cache)
+ *       index-preserving: fork and the prefix cache)
  *   B5  a page with refs > 1 is never written; a page gains a holder only through
- *       pkvi_btable_share, never while a writer may hold it (writing == 0)
+ *       pkvi_btable_share, pkvi_page_index or pkvi_btable_push_shared, never while a
+ *       writer may hold it (writing == 0)
  * The engine-wide count (sum over tables of entries naming P == P->refs) is checked
  * by session.c, which sees every table.
  */
@@ -48,10 +49,19 @@ typedef struct {
                                 (spill engines only): the spiller leaves them alone */
 } pkvi_btable;
 
-/* Where a released page goes: the pool, and the spill file for a spilled one. */
+/* Indexed pages (pkvi_page.indexed) whose only reference is the prefix index's:
+ * pages kept only for reuse (prefix.h). Kept exact by every reference change here. */
+typedef struct {
+    uint64_t pages;          /* all of them */
+    uint64_t resident;       /* those in memory (the rest are in the spill file) */
+} pkvi_cached;
+
+/* Where a released page goes: the pool, and the spill file for a spilled one; and
+ * the count of cached pages a dropped reference may add to. */
 typedef struct {
     pkvi_pool *pool;
     pkvi_spill *spill;       /* NULL without a spill file */
+    pkvi_cached *cached;
 } pkvi_pages;
 
 /* Capacity for n entries; on failure the table is unchanged. */
@@ -77,6 +87,16 @@ static inline uint64_t pkvi_btable_held(const pkvi_btable *t)
 }
 /* dst (empty, capacity reserved) names every page of src: one more reference each. */
 PKVI_HIDDEN void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src);
+/* The prefix cache's references (SPEC §10). An index entry is one more holder of a
+ * full page, counted in refs like a table entry (E3 counts it through `indexed`).
+ * pkvi_page_index: the index takes a reference on pg, a full page some table holds
+ * (refs >= 1, not being written: B5). pkvi_page_unindex: it drops it (the page is
+ * freed when that was the last). pkvi_btable_push_shared: entry n_pages (capacity
+ * reserved) names pg, an indexed page, with one more reference (from_prefix shares
+ * as a fork does); pg NULL extends the hole (a window's released page). */
+PKVI_HIDDEN void pkvi_page_index(pkvi_page *pg);
+PKVI_HIDDEN void pkvi_page_unindex(pkvi_pages ps, pkvi_page *pg);
+PKVI_HIDDEN void pkvi_btable_push_shared(pkvi_btable *t, pkvi_pages ps, pkvi_page *pg);
 /* Entry i's page moved between memory and the spill file: refresh data[i] and
  * n_spilled (B2, B3). */
 PKVI_HIDDEN void pkvi_btable_sync(pkvi_btable *t, uint64_t i);

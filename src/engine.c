@@ -247,6 +247,8 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     if (st != PKV_OK)
         goto fail;
     e->kern = pkvi_kernels_for_dtype(e->kern, c.kv_dtype);
+    pkvi_prefix_init(&e->prefix, c.n_layers, c.block_tokens,
+                     c.prefix_cache_bytes / e->page_bytes);
     st = pkvi_pool_init(&e->pool, e->page_bytes, c.mem_budget);
     if (st != PKV_OK)
         goto fail;
@@ -271,6 +273,8 @@ void pkv_engine_destroy(pkv_engine *e)
         return;
     while (e->sessions)
         pkv_session_destroy(e->sessions);
+    if (e->prefix.n_layers) /* zero in a create that failed before it */
+        pkvi_prefix_fini(&e->prefix, pkvi_engine_pages(e));
     pkvi_spill_close(e->spill);
     pkvi_threads_destroy(e->threads);
     pkvi_pool_fini(&e->pool); /* a no-op on the zeroed pool of a failed create */
@@ -304,9 +308,14 @@ pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
      * (docs/memory.md). */
     pthread_mutex_lock(&e->lock);
     s.io_backend = e->spill ? pkvi_spill_backend(e->spill) : "none"; /* may fall back to sync */
-    s.pages_in_use = e->pool.in_use;
+    /* cached pages (SPEC §10) are resident pages only the prefix index holds: in
+     * pool.in_use, not in pages_in_use; spilled ones are in pages_spilled */
+    s.pages_in_use = e->pool.in_use - e->prefix.cached.resident;
+    s.pages_cached = e->prefix.cached.resident;
     s.pages_free = e->pool.n_free;
     s.pages_spilled = e->pool.spilled;
+    s.prefix_lookups = e->prefix.lookups;
+    s.prefix_hit_tokens = e->prefix.hit_tokens;
     const uint64_t allocated = e->pool.allocated;
     pthread_mutex_unlock(&e->lock);
     s.bytes_allocator = pkvi_pool_allocator_bytes(&e->pool, allocated);

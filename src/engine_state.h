@@ -15,7 +15,8 @@
  *   E2  pool.spilled  == descriptors with data == NULL
  *   E3  for every page P: entries naming P over all tables == P->refs
  *   E4  (pool.in_use + pool.n_free) * page_bytes <= mem_budget (when set)
- *   and B1-B5 of btable.h for every table.
+ *   and B1-B5 of btable.h for every table, P1-P4 of prefix.h for the index. E1-E3
+ *   count the index's references too: entries naming P + P->indexed == P->refs.
  */
 #ifndef PAGEDKV_ENGINE_STATE_H
 #define PAGEDKV_ENGINE_STATE_H
@@ -23,6 +24,7 @@
 #include "btable.h"
 #include "kernels/kernels.h"
 #include "pool.h"
+#include "prefix.h"
 #include "spill.h"
 #include "threads.h"
 #include "reference.h"
@@ -73,6 +75,7 @@ struct pkv_engine {
     uint64_t clock;              /* LRU clock; lock */
     pkv_session *sessions;       /* doubly linked list of live sessions; lock */
     uint64_t n_sessions;         /* lock */
+    pkvi_prefix prefix;          /* the prefix cache's index (SPEC §10); lock */
 
     pthread_mutex_t err_lock;    /* guards err alone (error.c) */
     char err[256];               /* reason of the most recent failed call; err_lock */
@@ -82,6 +85,8 @@ struct pkv_engine {
      * descheduled writer once let another session's rollback share its page. */
     void (*hook_before_write)(void *ctx);
     void *hook_ctx;
+    /* The prefix index's collision hook is prefix.collide (tests set it before the
+     * first pkv_session_set_tokens): every hash 0, one bucket. */
 };
 
 /* Record why a call on e failed (printf format; pkv_engine_last_error reads it) and
@@ -117,7 +122,7 @@ static inline uint64_t pkvi_max_chunks(const pkv_engine *e, uint64_t n_pages)
 /* Where released pages go (btable.h). */
 static inline pkvi_pages pkvi_engine_pages(pkv_engine *e)
 {
-    return (pkvi_pages){&e->pool, e->spill};
+    return (pkvi_pages){&e->pool, e->spill, &e->prefix.cached};
 }
 
 #endif /* PAGEDKV_ENGINE_STATE_H */

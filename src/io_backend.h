@@ -63,7 +63,7 @@ PKVI_HIDDEN bool pkvi_crc32c_hw_available(void);
 
 /* The newest version this build writes and reads; it reads every version from 1 on
  * and writes the oldest that holds a session (version 1 for plain engines). */
-#define PKVI_SFILE_VERSION 2u
+#define PKVI_SFILE_VERSION 3u
 #define PKVI_SFILE_ALIGN 4096u
 /* The largest header_bytes of any version (docs/file-format.md, versioning rules): a
  * reader refuses a larger one as damage before it allocates or reads anything for it.
@@ -90,6 +90,8 @@ typedef struct {
     float *logits;             /* the sink logits of every layer that has them, owned */
     uint64_t *hole_hi;         /* [n_layers]: a windowed layer's first page kept after
                                   its released ones (0: none released), owned */
+    uint64_t n_token_ids;      /* v3: recorded token ids after the last page */
+    uint32_t tokens_crc;       /* v3: their CRC-32C */
     uint64_t bad_page;         /* file index of the first page that failed its checks,
                                   UINT64_MAX if none did */
     uint32_t bad_layer;        /* ... its layer and index within the layer */

@@ -70,6 +70,8 @@ enum {
     V2_LAYER = 32,         /* v2, then per layer: window, sink_tokens, rollback_tokens,
                               softcap bits, has_sink_logits, reserved (u32 each),
                               hole_hi (u64); then n_heads f32 logits per flagged layer */
+    V3_EXTRA = 16,         /* v3, after the v2 fields: n_token_ids u64, tokens_crc u32,
+                              reserved u32; the ids follow the last page */
     PREFIX_BYTES = 16,     /* magic, version, header_bytes: the same in every version */
     ENTRY_BYTES = 16,      /* page-table entry: layer u32, crc u32, index u64 */
 };
@@ -302,7 +304,8 @@ static pkv_status read_header(reader *r)
         /* the logits follow; the header's size must be exactly what they need */
         uint64_t want = 0;
         if (!pkvi_mul(n_logit_layers, 4ull * in->n_heads, &want) ||
-            !pkvi_add(want, v2_min, &want) || want != hbytes) {
+            !pkvi_add(want, v2_min + (in->version >= 3 ? V3_EXTRA : 0), &want) ||
+            want != hbytes) {
             st = fail(r, PKV_ECORRUPT, "header size does not match its layer count");
             goto out;
         }
@@ -325,6 +328,12 @@ static pkv_status read_header(reader *r)
             }
             in->layer_cfg[l].sink_logits = next;
             next += in->n_heads;
+        }
+        if (in->version >= 3) { /* the token record */
+            const unsigned char *t3 = h + hbytes - 4 - V3_EXTRA;
+            in->n_token_ids = get64(t3);
+            in->tokens_crc = get32(t3 + 8);
+            ext_ok = ext_ok && get32(t3 + 12) == 0;
         }
     }
     in->header_sound = true;
@@ -365,13 +374,18 @@ static pkv_status read_header(reader *r)
              isfinite(lc->softcap) && lc->softcap >= 0.0f &&
              pkvi_add(n_pages, np - hole, &n_pages);
     }
-    uint64_t table_end = 0;
-    ok = ok && pkvi_mul(in->n_pages, ENTRY_BYTES, &table_end) &&
+    /* version 3: at most as many ids as every layer has positions (load records them) */
+    for (uint32_t l = 0; ok && l < in->n_layers; l++)
+        ok = in->n_token_ids <= in->layer_len[l];
+    uint64_t table_end = 0, ids_bytes = 0;
+    ok = ok && pkvi_mul(in->n_token_ids, 4, &ids_bytes) &&
+         pkvi_mul(in->n_pages, ENTRY_BYTES, &table_end) &&
          pkvi_add(table_end, hbytes, &table_end) && table_end <= UINT64_MAX - PKVI_SFILE_ALIGN;
     if (!ok || pb != in->page_bytes || n_pages != in->n_pages ||
         get64(h + OFF_TABLE_OFF) != hbytes ||
         in->data_off != align_up(table_end, PKVI_SFILE_ALIGN) ||
-        !pkvi_mul(in->n_pages, pb, &end) || !pkvi_add(end, in->data_off, &end)) {
+        !pkvi_mul(in->n_pages, pb, &end) || !pkvi_add(end, in->data_off, &end) ||
+        !pkvi_add(end, ids_bytes, &end)) {
         st = fail(r, PKV_ECORRUPT, "header fields are inconsistent");
         goto out;
     }
@@ -384,7 +398,7 @@ static pkv_status read_header(reader *r)
         goto out;
     }
     if (in->file_bytes > end) {
-        st = fail(r, PKV_ECORRUPT, "trailing bytes after the last page");
+        st = fail(r, PKV_ECORRUPT, "trailing bytes after the last page (and token ids)");
         goto out;
     }
 out:
@@ -625,6 +639,37 @@ static pkv_status scan_pages(reader *r, pkv_session *s)
     return st;
 }
 
+/* Version 3: the token ids after the last page, checked against tokens_crc. ids
+ * (NULL: only check) receives them; the file's size bounded them (read_header). */
+static pkv_status read_ids(reader *r, int32_t *ids)
+{
+    const pkvi_sfile_info *in = r->info;
+    if (in->n_token_ids == 0)
+        return PKV_OK;
+    const uint64_t at = in->data_off + in->n_pages * in->page_bytes;
+    const uint64_t chunk = TABLE_CHUNK * 4ull; /* 256 Ki ids a read */
+    const uint64_t total = in->n_token_ids * 4;
+    unsigned char *buf = malloc((size_t)(total < chunk ? total : chunk));
+    if (!buf)
+        return fail(r, PKV_ENOMEM, "out of memory");
+    uint32_t crc = 0;
+    pkv_status st = PKV_OK;
+    for (uint64_t o = 0; o < total; o += chunk) {
+        const uint64_t n = total - o < chunk ? total - o : chunk;
+        if (transfer(r->io, false, r->fd, buf, n, at + o) != PKV_OK) {
+            st = fail(r, PKV_EIO, "read error");
+            break;
+        }
+        crc = pkvi_crc32c(crc, buf, (size_t)n);
+        for (uint64_t k = 0; ids && k < n / 4; k++)
+            ids[o / 4 + k] = (int32_t)get32(buf + 4 * k);
+    }
+    free(buf);
+    if (st == PKV_OK && crc != in->tokens_crc)
+        st = fail(r, PKV_ECORRUPT, "token id checksum mismatch");
+    return st;
+}
+
 /* Open path and check that it is a regular file; fills info->file_bytes. The open is
  * non-blocking, so a FIFO without a writer is refused instead of waited on forever;
  * the flag is cleared once the file is known to be regular (io_uring would otherwise
@@ -684,6 +729,8 @@ pkv_status pkvi_sfile_verify(pkvi_io *io, const char *path, pkvi_sfile_info *inf
         st = check_table(&r);
     if (st == PKV_OK)
         st = scan_pages(&r, NULL);
+    if (st == PKV_OK)
+        st = read_ids(&r, NULL);
     reader_close(&r);
     if (why != NULL)
         *why = r.why;
@@ -752,6 +799,11 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
         st = check_table(&r);
     if (st == PKV_OK)
         st = scan_pages(&r, NULL);                 /* pass 1: verify everything */
+    int32_t *ids = NULL;
+    if (st == PKV_OK && info.n_token_ids) {       /* bounded by the file's size */
+        ids = info.n_token_ids <= SIZE_MAX / 4 ? malloc((size_t)info.n_token_ids * 4) : NULL;
+        st = ids ? read_ids(&r, ids) : fail(&r, PKV_ENOMEM, "out of memory");
+    }
     if (st == PKV_OK) {
         st = pkv_session_create(e, &s);
         if (st != PKV_OK)
@@ -759,6 +811,12 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
     }
     if (st == PKV_OK)
         st = scan_pages(&r, s);                    /* pass 2: check again, build */
+    if (st == PKV_OK && ids) {                     /* SPEC §10: the record, indexed */
+        st = pkvi_session_set_tokens(s, info.n_token_ids, ids);
+        if (st != PKV_OK)
+            r.why = "could not record the token ids";
+    }
+    free(ids);
     if (st != PKV_OK) {
         pkv_session_destroy(s);
         s = NULL;
@@ -871,6 +929,28 @@ static pkv_status write_page(writer *w, const pkv_engine *e, const unsigned char
 
 /* Temporary name: the target path, the pid and 64 random bits. Never built from
  * anything but the caller's own path. clean_stale() recognises exactly this pattern. */
+/* The token ids of a version-3 file, little-endian, from offset `at`; *crc their
+ * CRC-32C. */
+static pkv_status write_ids(pkvi_io *io, int fd, const int32_t *ids, uint64_t n, uint64_t at,
+                            uint32_t *crc)
+{
+    enum { PER = 65536 };
+    unsigned char *buf = malloc(4u * PER);
+    if (!buf)
+        return PKV_ENOMEM;
+    pkv_status st = PKV_OK;
+    *crc = 0;
+    for (uint64_t o = 0; o < n && st == PKV_OK; o += PER) {
+        const uint64_t k = n - o < PER ? n - o : PER;
+        for (uint64_t i = 0; i < k; i++)
+            put32(buf + 4 * i, (uint32_t)ids[o + i]);
+        *crc = pkvi_crc32c(*crc, buf, (size_t)(4 * k));
+        st = transfer(io, true, fd, buf, 4 * k, at + 4 * o);
+    }
+    free(buf);
+    return st;
+}
+
 static char *temp_name(const char *path)
 {
     uint64_t rnd = 0;
@@ -1040,7 +1120,7 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
         return PKV_EINVAL;
     /* The oldest version that holds the session: 1 for a plain engine (so readers of
      * version 1 still read what it saves), 2 with variants or block dtypes. */
-    const uint32_t version = e->variants || code > 2 ? 2u : 1u;
+    const uint32_t version = s->n_tokens ? 3u : e->variants || code > 2 ? 2u : 1u;
     uint64_t n_logit_layers = 0;
     for (uint32_t l = 0; l < L; l++)
         n_logit_layers += e->layers[l].sink_logits != NULL;
@@ -1048,6 +1128,8 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
     uint64_t n_pages = 0, hbytes = HEADER_FIXED + 8ull * L, table_end = 0, data_off;
     if (version >= 2)
         hbytes += V2_EXTRA + (uint64_t)V2_LAYER * L + 4ull * c->n_heads * n_logit_layers;
+    if (version >= 3)
+        hbytes += V3_EXTRA;
     if (hbytes > PKVI_SFILE_MAX_HEADER)   /* more layers than the format holds */
         return PKV_EINVAL;
     for (uint32_t l = 0; l < L; l++)
@@ -1165,6 +1247,17 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
                 put32(z, float_bits(lc->sink_logits[i]));
         }
     }
+    if (version >= 3) { /* the ids go after the last page */
+        unsigned char *t3 = head + hbytes - 4 - V3_EXTRA;
+        uint32_t crc = 0;
+        w_why = "write error";
+        st = write_ids(io, w.fd, s->tokens, s->n_tokens, data_off + n_pages * e->page_bytes,
+                       &crc);
+        if (st != PKV_OK)
+            goto out;
+        put64(t3, s->n_tokens);
+        put32(t3 + 8, crc);
+    }
     put32(head + hbytes - 4, pkvi_crc32c(0, head, (size_t)hbytes - 4));
     if ((st = transfer(io, true, w.fd, head, data_off, 0)) != PKV_OK)
         goto out;
@@ -1279,6 +1372,7 @@ pkv_status pkv_session_file_check(const char *path, pkv_file_info *info,
     f.bad_page = in.bad_page;
     f.bad_layer = in.bad_layer;
     f.bad_index = in.bad_index;
+    f.n_token_ids = in.n_token_ids;
     if (st != PKV_OK && why != NULL)
         snprintf(f.reason, sizeof f.reason, "%s", why);
     pkvi_sfile_info_free(&in);

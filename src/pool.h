@@ -33,6 +33,7 @@ typedef struct pkvi_page {
     uint64_t slot;         /* spill-file slot while spilled */
     uint32_t refs;         /* block-table entries (over all sessions) naming this page */
     uint32_t tally;        /* scratch of the invariant check and the spiller; 0 between */
+    uint32_t indexed;      /* 1 while the prefix index (prefix.c) holds one of the refs */
     atomic_uint writing;   /* 1 while a reservation may write rows into it (set under
                               the lock, cleared by the writer); then refs == 1 (B4) */
 } pkvi_page;

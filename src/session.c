@@ -25,6 +25,9 @@
  * single-page round trips when sessions grow page by page under a full budget. */
 #define SPILL_BATCH 16u
 
+static pkv_status copy_record(pkv_session *s, const pkv_session *src);
+static void truncate_record(pkv_session *s, uint64_t n);
+
 /* ---- holders of a page (B4) ------------------------------------------------------ */
 
 /* Whether a table holding pg (at layer, index i) is pinned. */
@@ -69,6 +72,27 @@ static int by_lru(const void *a, const void *b)
     return x->lru < y->lru ? -1 : x->lru > y->lru;
 }
 
+/* Resident cached pages (only the prefix index holds them), least recently used
+ * nodes first: the first spill victims, before any live session's page (SPEC §10).
+ * Marks them in tally like make_room does. */
+static uint64_t cached_victims(pkv_engine *e, located *vic, pkvi_page **pages,
+                               uint64_t want)
+{
+    uint64_t nv = 0;
+    if (!e->prefix.cached.resident)
+        return 0;
+    for (pkvi_pnode *n = e->prefix.oldest; n && nv < want; n = n->newer)
+        for (uint32_t l = 0; l < e->cfg.n_layers && nv < want; l++) {
+            pkvi_page *pg = n->pages[l];
+            if (!pg || pg->refs != 1 || !pg->data || pg->tally)
+                continue;
+            pg->tally = 1;
+            vic[nv] = (located){pg, NULL, l, n->depth};
+            pages[nv++] = pg;
+        }
+    return nv;
+}
+
 /*
  * Room for n more resident pages: spill pages of unpinned tables, least recently used
  * sessions first (at least SPILL_BATCH pages when anything must go). PKV_OK when the
@@ -81,9 +105,13 @@ static pkv_status make_room(pkv_engine *e, uint64_t n)
     pkvi_pool *p = &e->pool;
     if (!p->budget_pages || p->in_use + n <= p->budget_pages)
         return PKV_OK;
-    if (!e->spill || n > p->budget_pages)
+    if (n > p->budget_pages)
         return PKV_ENOMEM;
     const uint64_t need = p->in_use + n - p->budget_pages;
+    if (!e->spill) { /* cached pages (SPEC §10) are dropped before anything fails */
+        pkvi_prefix_drop(&e->prefix, pkvi_engine_pages(e), need);
+        return p->in_use + n <= p->budget_pages ? PKV_OK : PKV_ENOMEM;
+    }
     const uint64_t want = need < SPILL_BATCH ? SPILL_BATCH : need;
 
     pkv_session **order = malloc((size_t)(e->n_sessions ? e->n_sessions : 1) * sizeof *order);
@@ -101,8 +129,10 @@ static pkv_status make_room(pkv_engine *e, uint64_t n)
     qsort(order, (size_t)ns, sizeof *order, by_lru);
 
     /* `tally` marks a descriptor already chosen (a shared page is met once per holder) */
-    uint64_t nv = 0;
-    for (uint64_t k = 0; k < ns && nv < want; k++)
+    uint64_t nv = cached_victims(e, vic, pages, want);
+    /* cached pages alone suffice: no live page is spilled just to fill the batch */
+    const bool cached_enough = nv >= need;
+    for (uint64_t k = 0; !cached_enough && k < ns && nv < want; k++)
         for (uint32_t l = 0; l < e->cfg.n_layers && nv < want; l++) {
             pkvi_btable *t = &order[k]->layers[l];
             if (t->pins || t->n_spilled == t->n_pages)
@@ -120,8 +150,12 @@ static pkv_status make_room(pkv_engine *e, uint64_t n)
     pkv_status st = nv < need ? PKV_ENOMEM : pkvi_spill_write(e->spill, p, pages, nv, need);
     for (uint64_t v = 0; v < nv; v++) {
         vic[v].pg->tally = 0;
-        if (st == PKV_OK && !vic[v].pg->data) /* written (a retry may write fewer) */
-            sync_holders(e, vic[v].t, vic[v].layer, vic[v].index, vic[v].pg);
+        if (st == PKV_OK && !vic[v].pg->data) { /* written (a retry may write fewer) */
+            if (vic[v].t)
+                sync_holders(e, vic[v].t, vic[v].layer, vic[v].index, vic[v].pg);
+            else /* a cached page: no table names it */
+                e->prefix.cached.resident--;
+        }
     }
     free(order);
     free(vic);
@@ -166,7 +200,7 @@ static pkv_status fault_in(pkv_engine *e, pkvi_btable *t, uint32_t layer, uint64
 /* n new pages, all or nothing, spilling to make room. Under e->lock. */
 static pkv_status take_pages(pkv_engine *e, uint64_t n, pkvi_page **out)
 {
-    pkv_status st = e->spill ? make_room(e, n) : PKV_OK;
+    pkv_status st = make_room(e, n);
     uint64_t got = 0;
     while (st == PKV_OK && got < n)
         if ((st = pkvi_page_create(&e->pool, &out[got])) == PKV_OK)
@@ -310,6 +344,7 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
         pkvi_page *copy = fresh[n_new];
         memcpy(copy->data, t->pages[t->n_pages - 1]->data, (size_t)e->page_bytes);
         pkvi_btable_replace(t, pkvi_engine_pages(e), t->n_pages - 1, copy);
+        pkvi_prefix_trim(&e->prefix, pkvi_engine_pages(e)); /* the original may be cached now */
     }
     for (uint64_t i = 0; i < n_new; i++)
         pkvi_btable_push(t, fresh[i]);
@@ -374,8 +409,10 @@ void pkvi_session_finish(pkv_session *s, pkvi_reservation *r)
     const bool trim = keep > (t->hole_hi > sinks ? t->hole_hi : sinks);
     if (r->pinned || trim) {
         pthread_mutex_lock(&e->lock);
-        if (trim)
+        if (trim) {
             pkvi_btable_release(t, pkvi_engine_pages(e), sinks, keep);
+            pkvi_prefix_trim(&e->prefix, pkvi_engine_pages(e));
+        }
         if (r->pinned)
             t->pins--;
         pthread_mutex_unlock(&e->lock);
@@ -404,6 +441,7 @@ static void session_free(pkv_session *s)
         pkvi_btable_free(&s->layers[l]);
     free(s->layers);
     free(s->partials);
+    free(s->tokens);
     free(s);
 }
 
@@ -452,7 +490,7 @@ pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
             return PKV_ENOMEM;
         }
     }
-    if (reserve_partials(s, max_pages) != PKV_OK) {
+    if (reserve_partials(s, max_pages) != PKV_OK || copy_record(s, src) != PKV_OK) {
         session_free(s);
         return PKV_ENOMEM;
     }
@@ -482,6 +520,7 @@ void pkv_session_destroy(pkv_session *s)
     if (s->next)
         s->next->prev = s->prev;
     e->n_sessions--;
+    pkvi_prefix_trim(&e->prefix, pkvi_engine_pages(e)); /* its indexed pages are cached now */
     pthread_mutex_unlock(&e->lock);
     session_free(s);
 }
@@ -525,7 +564,9 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
     for (uint32_t l = 0; l < e->cfg.n_layers; l++)
         pkvi_btable_truncate(&s->layers[l], pkvi_engine_pages(e), e->cfg.block_tokens,
                              n_tokens);
+    pkvi_prefix_trim(&e->prefix, pkvi_engine_pages(e));
     pthread_mutex_unlock(&e->lock);
+    truncate_record(s, n_tokens);
     return PKV_OK;
 }
 
@@ -613,7 +654,8 @@ pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out)
         m.bytes_overhead += pkvi_btable_overhead(t);
         m.bytes_spilled += t->n_spilled * pb;
         for (uint64_t i = 0; i < t->n_pages; i++)
-            if (t->pages[i] && t->pages[i]->data && t->pages[i]->refs > 1)
+            if (t->pages[i] && t->pages[i]->data &&
+                t->pages[i]->refs - t->pages[i]->indexed > 1) /* the index is no session */
                 m.bytes_shared += pb;
     }
     m.bytes_resident = m.blocks * pb - m.bytes_spilled;
@@ -634,7 +676,7 @@ pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t firs
     for (uint64_t i = first; i < t->n_pages && k < n; i++, k++) {
         const pkvi_page *pg = t->pages[i]; /* NULL: released by a window */
         out[k].id = (uint64_t)(uintptr_t)pg;
-        out[k].refs = pg ? pg->refs : 0;
+        out[k].refs = pg ? pg->refs - pg->indexed : 0; /* table entries: not the index's */
         out[k].resident = pg && pg->data != NULL;
     }
     pthread_mutex_unlock(&e->lock);
@@ -656,6 +698,16 @@ pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t firs
                 }                                                                        \
             }
 
+/* Visit every page the prefix index names. */
+#define FOR_EACH_NODE_PAGE(e, pg, body)                                                 \
+    for (pkvi_pnode *n_ = (e)->prefix.oldest; n_; n_ = n_->newer)                       \
+        for (uint32_t l_ = 0; l_ < (e)->cfg.n_layers; l_++) {                            \
+            pkvi_page *pg = n_->pages[l_];                                               \
+            if (pg) {                                                                    \
+                body                                                                     \
+            }                                                                            \
+        }
+
 bool pkvi_sessions_check(pkv_engine *e, bool quiescent)
 {
     bool ok = true;
@@ -670,21 +722,22 @@ bool pkvi_sessions_check(pkv_engine *e, bool quiescent)
         for (uint32_t l = 0; ok && l < e->cfg.n_layers; l++)
             ok = pkvi_btable_check(&s->layers[l], e->cfg.block_tokens, quiescent);
     if (ok) {
-        /* E1-E3: tally entries per descriptor, then visit each descriptor once. */
+        /* E1-E3: tally entries per descriptor (the prefix index's references too),
+         * then visit each descriptor once. */
         FOR_EACH_ENTRY(e, pg, { pg->tally = 0; })
+        FOR_EACH_NODE_PAGE(e, pg, { pg->tally = 0; })
         FOR_EACH_ENTRY(e, pg, { pg->tally++; })
+        uint64_t node_pages = 0, indexed = 0;
+        ok = pkvi_prefix_check(&e->prefix, quiescent, &node_pages); /* tally++ each */
         uint64_t resident = 0, spilled = 0;
-        FOR_EACH_ENTRY(e, pg, {
-            if (pg->tally != 0) {
-                ok &= pg->tally == pg->refs;
-                resident += pg->data != NULL;
-                spilled += pg->data == NULL;
-                pg->tally = 0;
-            }
-        })
+#define VISIT_ONCE(pg)                                                                      if (pg->tally != 0) {                                                                       ok &= pg->tally == pg->refs;                                                            resident += pg->data != NULL;                                                           spilled += pg->data == NULL;                                                            indexed += pg->indexed;                                                                 pg->tally = 0;                                                                      }
+        FOR_EACH_ENTRY(e, pg, { VISIT_ONCE(pg) })
+        FOR_EACH_NODE_PAGE(e, pg, { VISIT_ONCE(pg) })
+#undef VISIT_ONCE
         /* Pages a reservation took but has not yet pushed do not exist between the
-         * lock's holds, so these are exact. */
-        ok &= resident == p->in_use && spilled == p->spilled;
+         * lock's holds, so these are exact. An indexed page is in exactly one node
+         * (P3): the distinct indexed pages are the node pages. */
+        ok &= resident == p->in_use && spilled == p->spilled && indexed == node_pages;
     }
     pthread_mutex_unlock(&e->lock);
     return ok;
@@ -713,4 +766,236 @@ bool pkvi_engine_check(pkv_engine *e)
 bool pkvi_engine_check_live(pkv_engine *e)
 {
     return pkvi_sessions_check(e, false);
+}
+
+/* ---- the prefix cache (SPEC §10): token records, set_tokens, from_prefix ------------------ */
+
+/* The fork's copy of src's token record. PKV_ENOMEM. */
+static pkv_status copy_record(pkv_session *s, const pkv_session *src)
+{
+    if (!src->n_tokens)
+        return PKV_OK;
+    s->tokens = malloc((size_t)src->n_tokens * sizeof *s->tokens);
+    if (!s->tokens)
+        return PKV_ENOMEM;
+    memcpy(s->tokens, src->tokens, (size_t)src->n_tokens * sizeof *s->tokens);
+    s->n_tokens = s->tokens_cap = src->n_tokens;
+    s->indexed_pages = src->indexed_pages;
+    return PKV_OK;
+}
+
+/* A truncate to n shortens the record. */
+static void truncate_record(pkv_session *s, uint64_t n)
+{
+    if (n >= s->n_tokens)
+        return;
+    s->n_tokens = n;
+    const uint64_t pages = n / s->e->cfg.block_tokens;
+    if (s->indexed_pages > pages)
+        s->indexed_pages = pages;
+}
+
+/* Index the record's first `full` page indices (ids in s->tokens): the nodes that
+ * exist are reused (a window-released entry filled in when s still holds that page),
+ * the missing ones are created from s's pages. All nodes are allocated before the
+ * index changes: PKV_ENOMEM changes nothing. chain: [full]. Under e->lock. */
+static pkv_status index_record(pkv_engine *e, pkv_session *s, uint64_t full,
+                               pkvi_pnode **chain)
+{
+    pkvi_prefix *p = &e->prefix;
+    const uint64_t bt = e->cfg.block_tokens;
+    pkvi_pnode *parent = NULL;
+    uint64_t j = 0;
+    for (; j < full; j++) {
+        pkvi_pnode *nd = pkvi_prefix_find(p, parent, s->tokens + j * bt);
+        if (!nd)
+            break;
+        chain[j] = parent = nd;
+    }
+    pkvi_pnode *spare = NULL;
+    const pkv_status st = pkvi_prefix_alloc(p, full - j, &spare);
+    if (st != PKV_OK)
+        return st;
+    /* B5: only full pages of s gain the index as a holder, on s's owner thread (the
+     * only one that could write s's unshared pages) */
+    for (uint64_t i = 0; i < full; i++) {
+        if (i >= j) {
+            pkvi_pnode *nd = spare;
+            spare = spare->hnext;
+            pkvi_prefix_insert(p, nd, parent, s->tokens + i * bt, NULL);
+            chain[i] = parent = nd;
+        }
+        for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
+            pkvi_page *pg = s->layers[l].pages[i];
+            if (!chain[i]->pages[l] && pg && !pg->indexed)
+                pkvi_prefix_fill(chain[i], l, pg);
+        }
+    }
+    pkvi_prefix_touch(p, chain, full);
+    return PKV_OK;
+}
+
+pkv_status pkvi_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *tokens)
+{
+    pkv_engine *e = s->e;
+    const uint64_t bt = e->cfg.block_tokens;
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
+        if (n > s->layers[l].len)
+            return pkvi_fail(e, PKV_ERANGE, "pkv_session_set_tokens: %llu ids, but layer %u "
+                             "holds %llu positions", (unsigned long long)n, l,
+                             (unsigned long long)s->layers[l].len);
+    const uint64_t old = s->n_tokens, same = n < old ? n : old;
+    if (same && memcmp(tokens, s->tokens, (size_t)same * sizeof *tokens) != 0)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_session_set_tokens: the ids differ from the "
+                         "ones recorded (truncate first to change them)");
+    if (n <= old)
+        return PKV_OK;
+    if (n > s->tokens_cap) {
+        uint64_t cap = s->tokens_cap ? s->tokens_cap * 2 : 64;
+        if (cap < n)
+            cap = n;
+        int32_t *t = cap > SIZE_MAX / sizeof *t ? NULL
+                                                : realloc(s->tokens, (size_t)cap * sizeof *t);
+        if (!t)
+            return pkvi_fail(e, PKV_ENOMEM, "pkv_session_set_tokens: out of memory");
+        s->tokens = t;
+        s->tokens_cap = cap;
+    }
+    memcpy(s->tokens + old, tokens + old, (size_t)(n - old) * sizeof *tokens);
+    const uint64_t full = n / bt;
+    if (full > s->indexed_pages) {
+        pkvi_pnode **chain = malloc((size_t)full * sizeof *chain);
+        pkv_status st = chain ? PKV_OK : PKV_ENOMEM;
+        if (st == PKV_OK) {
+            pthread_mutex_lock(&e->lock);
+            st = index_record(e, s, full, chain);
+            pthread_mutex_unlock(&e->lock);
+        }
+        free(chain);
+        if (st != PKV_OK)
+            return pkvi_fail(e, st, "pkv_session_set_tokens: out of memory");
+        s->indexed_pages = full;
+    }
+    s->n_tokens = n;
+    return PKV_OK;
+}
+
+pkv_status pkv_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *tokens)
+{
+    if (!s)
+        return PKV_EINVAL;
+    if (n && !tokens)
+        return pkvi_fail(s->e, PKV_EINVAL, "pkv_session_set_tokens: tokens is NULL");
+    PKVI_BOUNDARY_CHECK(s->e);
+    return pkvi_session_set_tokens(s, n, tokens);
+}
+
+/* Whether layer l of a session of m pages needs page i: every page of a full layer; a
+ * windowed one its sink pages and those from pkvi_window_keep_from on (the rest is
+ * its hole, as in a session that appended the same rows). */
+static bool page_needed(const pkv_engine *e, uint32_t l, uint64_t i, uint64_t m)
+{
+    const pkv_layer_config *lc = &e->layers[l];
+    if (!lc->window)
+        return true;
+    const uint64_t bt = e->cfg.block_tokens;
+    return i < pkvi_sink_pages(e, lc) || i >= pkvi_window_keep_from(lc, m * bt, bt);
+}
+
+/* The longest m <= m_max such that chain[0..m) holds every page a session of m
+ * pages needs. */
+static uint64_t usable_pages(const pkv_engine *e, pkvi_pnode *const *chain, uint64_t m_max)
+{
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++) /* a full layer needs every page */
+        for (uint64_t i = 0; !e->layers[l].window && i < m_max; i++)
+            if (!chain[i]->pages[l])
+                m_max = i;
+    for (uint64_t m = m_max; m > 0; m--) {
+        bool ok = true;
+        for (uint32_t l = 0; ok && l < e->cfg.n_layers; l++)
+            for (uint64_t i = 0; ok && i < m; i++)
+                ok = chain[i]->pages[l] || !page_needed(e, l, i, m);
+        if (ok)
+            return m;
+    }
+    return 0;
+}
+
+pkv_status pkv_session_from_prefix(pkv_engine *e, uint64_t n, const int32_t *tokens,
+                                   pkv_session **out, uint64_t *n_cached)
+{
+    if (!e || !out || !n_cached)
+        return PKV_EINVAL;
+    if (n && !tokens)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_session_from_prefix: tokens is NULL");
+    PKVI_BOUNDARY_CHECK(e);
+    const uint64_t bt = e->cfg.block_tokens, L = e->cfg.n_layers;
+    const uint64_t max_pages = n ? (n - 1) / bt : 0;   /* at most n - 1 positions */
+    pkv_session *s = session_alloc(e);
+    if (!s)
+        return pkvi_fail(e, PKV_ENOMEM, "pkv_session_from_prefix: out of memory");
+    pkvi_pnode **chain = NULL;
+    uint64_t chain_cap = 0, m = 0;
+    pkv_status st = PKV_OK;
+    pthread_mutex_lock(&e->lock);
+    /* the longest match: each step compares the parent and bt stored ids */
+    pkvi_pnode *parent = NULL;
+    for (uint64_t i = 0; i < max_pages && st == PKV_OK; i++) {
+        pkvi_pnode *nd = pkvi_prefix_find(&e->prefix, parent, tokens + i * bt);
+        if (!nd)
+            break;
+        if (i == chain_cap) {
+            const uint64_t cap = chain_cap ? chain_cap * 2 : 64;
+            pkvi_pnode **c = cap > SIZE_MAX / sizeof *c ? NULL
+                                                         : realloc(chain, (size_t)cap * sizeof *c);
+            if (!c) {
+                st = PKV_ENOMEM;
+                break;
+            }
+            chain = c;
+            chain_cap = cap;
+        }
+        chain[i] = parent = nd;
+        m = i + 1;
+    }
+    if (st == PKV_OK)
+        m = usable_pages(e, chain, m);
+    /* everything the shared part needs, before anything changes */
+    for (uint32_t l = 0; st == PKV_OK && l < L; l++)
+        st = pkvi_btable_reserve(&s->layers[l], m);
+    if (st == PKV_OK)
+        st = reserve_partials(s, m);
+    if (st == PKV_OK && m) {
+        s->tokens = malloc((size_t)(m * bt) * sizeof *s->tokens);
+        st = s->tokens ? PKV_OK : PKV_ENOMEM;
+    }
+    if (st != PKV_OK) {
+        pthread_mutex_unlock(&e->lock);
+        free(chain);
+        session_free(s);
+        return pkvi_fail(e, st, "pkv_session_from_prefix: out of memory");
+    }
+    /* B5: only full, indexed pages gain a holder; none of them can be written (a
+     * table holding one shares it with the index, so its owner copies it first) */
+    const pkvi_pages ps = pkvi_engine_pages(e);
+    for (uint32_t l = 0; l < L; l++) {
+        pkvi_btable *t = &s->layers[l];
+        for (uint64_t i = 0; i < m; i++)
+            pkvi_btable_push_shared(t, ps, page_needed(e, l, i, m) ? chain[i]->pages[l] : NULL);
+        t->len = m * bt;
+    }
+    pkvi_prefix_touch(&e->prefix, chain, m);
+    e->prefix.lookups++;
+    e->prefix.hit_tokens += m * bt;
+    session_link(e, s);
+    pthread_mutex_unlock(&e->lock);
+    free(chain);
+    if (m) {
+        memcpy(s->tokens, tokens, (size_t)(m * bt) * sizeof *tokens);
+        s->n_tokens = s->tokens_cap = m * bt;
+        s->indexed_pages = m;
+    }
+    *out = s;
+    *n_cached = m * bt;
+    return PKV_OK;
 }

@@ -36,6 +36,10 @@ struct pkv_session {
      * never allocates: per (chunk, group), chunk-major: m[hg], l[hg], acc[hg][d]. */
     float *partials;
     uint64_t partials_chunks;/* chunks partials can hold, per group */
+    /* SPEC §10: the recorded token ids of positions [0, n_tokens) (owner thread) */
+    int32_t *tokens;
+    uint64_t n_tokens, tokens_cap;
+    uint64_t indexed_pages;  /* page indices of the record the last set_tokens walked */
 };
 
 /* What a reservation holds until pkvi_session_finish. */
@@ -68,6 +72,11 @@ PKVI_HIDDEN pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer,
  * `page`. Only right after the sink pages were pushed; PKV_EINVAL otherwise. */
 PKVI_HIDDEN pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer,
                                                uint64_t page);
+
+/* Record ids [0, n) of s and index its full pages (pkv_session_set_tokens without
+ * the argument checks; load calls it). PKV_ERANGE, PKV_EINVAL, PKV_ENOMEM. */
+PKVI_HIDDEN pkv_status pkvi_session_set_tokens(pkv_session *s, uint64_t n,
+                                               const int32_t *tokens);
 
 /* Pin `layer` and bring every page of it into memory (spill engines; else a no-op):
  * O(1) for a resident layer. PKV_EIO / PKV_ENOMEM leave the session unchanged. */

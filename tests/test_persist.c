@@ -372,6 +372,96 @@ START_TEST(every_byte_flip)
 }
 END_TEST
 
+/* Version 3 (SPEC §10): the recorded token ids after the last page. Every byte of
+ * such a file is checked too; a loaded session serves prefix hits again; a file
+ * without ids is still version 1. */
+START_TEST(token_record_v3)
+{
+    pkvi_io *io = test_io();
+    scratch t;
+    scratch_init(&t);
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() ^ 0x7e3);
+    pkv_config c = pkvt_config(2, 2, 1, 4, 5, PKV_F16);
+    c.prefix_cache_bytes = 1u << 20;
+    pkv_engine *e = pkvt_engine_cfg(&c);
+    uint64_t lens[2] = {12, 11};
+    pkv_session *s = make_session(e, &r, lens);
+    ck_assert_int_eq(pkv_session_save(s, t.path), PKV_OK);
+    pkv_file_info fi;
+    ck_assert_int_eq(pkv_session_file_check(t.path, &fi, NULL, 0), PKV_OK);
+    ck_assert_uint_eq(fi.version, 1);
+    ck_assert_uint_eq(fi.n_token_ids, 0);
+    int32_t ids[11];
+    for (int i = 0; i < 11; i++)
+        ids[i] = 1000 * i - 7;
+    ck_assert_int_eq(pkv_session_set_tokens(s, 11, ids), PKV_OK);
+    ck_assert_int_eq(pkv_session_save(s, t.path), PKV_OK);
+    ck_assert_int_eq(pkv_session_file_check(t.path, &fi, NULL, 0), PKV_OK);
+    ck_assert_uint_eq(fi.version, 3);
+    ck_assert_uint_eq(fi.n_token_ids, 11);
+    size_t n = 0;
+    unsigned char *orig = pkvt_slurp(t.path, &n);
+    ck_assert_uint_eq(n, PKVI_SFILE_ALIGN + 6 * 80 + 11 * 4);
+    /* the ids are the last 44 bytes, little-endian */
+    ck_assert_uint_eq(pkvt_le32(orig + n - 4), (uint32_t)ids[10]);
+    pkv_session_destroy(s);              /* its pages stay cached */
+
+    unsigned char *b = pkvt_alloc(n + 1);
+    const size_t step = pkvt_quick() ? 13 : 1;
+    for (size_t i = 0; i < n; i += step) {
+        memcpy(b, orig, n);
+        b[i] ^= (unsigned char)(1 + pkvt_below(&r, 255));
+        pkvt_write_file(t.path, b, n);
+        char what[64];
+        snprintf(what, sizeof what, "v3: byte %zu changed", i);
+        expect_load(e, io, t.path, i < 8 ? PKV_EINVAL : PKV_ECORRUPT, what);
+    }
+    for (size_t len = n - 44; len < n; len += 3) {
+        pkvt_write_file(t.path, orig, len);
+        expect_load(e, io, t.path, PKV_ECORRUPT, "v3: ids cut short");
+    }
+    memcpy(b, orig, n);
+    b[n] = 0;
+    pkvt_write_file(t.path, b, n + 1);
+    expect_load(e, io, t.path, PKV_ECORRUPT, "v3: a trailing byte");
+
+    /* a new engine (nothing cached): the loaded session's pages serve the prefix */
+    pkv_engine *e2 = pkvt_engine_cfg(&c);
+    pkvt_write_file(t.path, orig, n);
+    pkv_session *l = NULL, *f = NULL;
+    ck_assert_int_eq(pkv_session_load(e2, t.path, &l), PKV_OK);
+    uint64_t got = 0;
+    ck_assert_int_eq(pkv_session_from_prefix(e2, 11, ids, &f, &got), PKV_OK);
+    ck_assert_uint_eq(got, 10);
+    pkv_page_info a[2], bb[2];
+    for (uint32_t layer = 0; layer < 2; layer++) {
+        ck_assert_int_eq(pkv_session_pages(l, layer, 0, 2, a, NULL), PKV_OK);
+        ck_assert_int_eq(pkv_session_pages(f, layer, 0, 2, bb, NULL), PKV_OK);
+        ck_assert_uint_eq(a[0].id, bb[0].id);   /* shared, not copied */
+        ck_assert_uint_eq(a[1].id, bb[1].id);
+        ck_assert_uint_eq(a[1].refs, 2);
+    }
+    /* the record survives a save of the loaded session */
+    ck_assert_int_eq(pkv_session_save(l, t.path), PKV_OK);
+    size_t n2 = 0;
+    unsigned char *again = pkvt_slurp(t.path, &n2);
+    ck_assert_uint_eq(n2, n);
+    ck_assert(memcmp(again, orig, n) == 0);
+    free(again);
+    pkv_session_destroy(f);
+    pkv_session_destroy(l);
+    ck_assert(pkvi_engine_check(e2));
+    pkv_engine_destroy(e2);
+    free(b);
+    free(orig);
+    ck_assert(pkvi_engine_check(e));
+    pkv_engine_destroy(e);
+    pkvi_io_close(io);
+    pkvt_remove_dir(t.dir);
+}
+END_TEST
+
 START_TEST(every_truncation)
 {
     damage d;
@@ -407,8 +497,8 @@ START_TEST(forged_consistent_checksums)
     uint32_t h = pkvt_le32(orig + 12);
     ck_assert_uint_eq(h, 92 + 8 * 2);
 
-    /* A version this build does not know (it reads 1 and 2), sound header: EINVAL. */
-    uint32_t versions[] = {0, 3, 0xffffffffu};
+    /* A version this build does not know (it reads 1 to 3), sound header: EINVAL. */
+    uint32_t versions[] = {0, 4, 0xffffffffu};
     for (int i = 0; i < 3; i++) {
         memcpy(b, orig, n);
         pkvt_put_le32(b + 8, versions[i]);
@@ -811,6 +901,7 @@ static TCase *backend_case(const char *name, void (*setup)(void))
     tcase_add_test(tc, roundtrip_matrix);
     tcase_add_test(tc, roundtrip_empty);
     tcase_add_test(tc, every_byte_flip);
+    tcase_add_test(tc, token_record_v3);
     tcase_add_test(tc, every_truncation);
     tcase_add_test(tc, save_faults);
     tcase_add_test(tc, load_faults);

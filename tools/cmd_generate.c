@@ -71,6 +71,10 @@ static void usage(FILE *f)
         "  --block-tokens B    tokens per page (default: the library's, 16)\n"
         "  --sessions N        N continuations of one prompt, forked after the prompt so\n"
         "                      they share its pages (default 1)\n"
+        "  --prefix-cache      with --sessions: sessions 2..N are not forks but requests\n"
+        "                      that take the prompt from the prefix cache (SPEC §10) and\n"
+        "                      run the model over the rest; reports hits, tokens reused\n"
+        "                      and the prefill time saved (the text is the same)\n"
         "  --threads N         engine threads (default 0 = online CPUs)\n"
         "  --window W          every layer a sliding window of W positions (SPEC §8;\n"
         "                      0 = full causal): the cache holds at most ceil(S/bt) +\n"
@@ -125,6 +129,7 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
         {.name = "check", .kind = OPT_FLAG, .dst = &o->check},
         {.name = "check-e2e", .kind = OPT_FLAG, .dst = &o->check_e2e},
         {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
+        {.name = "prefix-cache", .kind = OPT_FLAG, .dst = &o->prefix_cache},
         {.name = "window", .kind = OPT_U32, .dst = &o->v.window, .lo = 0, .hi = UINT32_MAX},
         {.name = "sinks", .kind = OPT_U32, .dst = &o->v.sinks, .lo = 0, .hi = UINT32_MAX},
         {.name = "rollback", .kind = OPT_U32, .dst = &o->v.rollback, .lo = 0,
@@ -135,6 +140,9 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
                        NULL);
     if (rc != CLI_OK)
         return rc;
+    if (o->prefix_cache && o->check) /* --check's history follows forks */
+        return cli_usage_error(CMD, "--prefix-cache does not combine with --check "
+                               "(--check-e2e does)");
     return cli_variant_check(CMD, &o->v);
 }
 
@@ -160,6 +168,7 @@ static void gen_free(gen *g)
         for (uint32_t s = 0; s < g->N; s++)
             pkv_session_destroy(g->sess[s]);
     pkv_engine_destroy(g->eng);
+    free(g->pfx.logits);
     llama_state_free(&g->st);
     llama_sampler_free(&g->smp);
     tokenizer_free(&g->tk);
@@ -518,7 +527,9 @@ static int gen_run(gen *g)
     g->t_prefill = cli_now() - t0 - g->check_secs;
     double check_before = g->check_secs;
 
-    for (uint32_t s = 1; s < N; s++) {
+    if (g->o->prefix_cache && N > 1 && gen_prefix_sessions(g, attn_cb, sample_first) != CLI_OK)
+        return CLI_FAIL;
+    for (uint32_t s = 1; s < N && !g->o->prefix_cache; s++) {
         st = pkv_session_fork(g->sess[0], &g->sess[s]);
         if (st != PKV_OK)
             return cli_fail(CMD, "pkv_session_fork: %s", pkv_status_str(st));
@@ -536,7 +547,7 @@ static int gen_run(gen *g)
         memcpy(t, g->prompt, P * sizeof *t);
         g->ntok[s] = P;
         if (sample_first)
-            live = take(g, s, 0, g->logits) || live;
+            live = take(g, s, 0, gen_first_logits(g, s)) || live;
         else
             t[g->ntok[s]++] = g->prompt[P];   /* -n ended inside the prompt */
     }

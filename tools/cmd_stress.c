@@ -71,6 +71,10 @@ static void usage(FILE *f)
         "  --reps N             timed decodes per session, layer and point (default 3)\n"
         "  --fork-every N       every N tokens fork each session, check copy-on-write\n"
         "                       (shared pages, bitwise-equal decode), drop the fork\n"
+        "  --prefix P           prefix cache (SPEC §10): --sessions sessions sharing a\n"
+        "                       P-token prefix, built with and without the cache; memory\n"
+        "                       and append work of both (--svg plots them)\n"
+        "  --prefix-tail T      with --prefix: tokens of each session's own (default 256)\n"
         "  --budget BYTES       resident page budget (0 = none)\n"
         "  --spill-dir DIR      spill pages beyond the budget to a file in DIR\n"
         "  --force              run without --budget even if the K/V cache exceeds the\n"
@@ -98,7 +102,7 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
     bool set_w = false, set_s = false, set_r = false, set_c = false, set_dv = false;
     *o = (stress_opts){.ctx = 65536, .sessions = 1, .layers = 1, .heads = 32,
                        .kv_heads = 8, .head_dim = 128, .dtype = PKV_F16, .seed = 1,
-                       .points = 64, .reps = 3};
+                       .points = 64, .reps = 3, .prefix_tail = 256};
     const cli_opt opts[] = {
         {.name = "model-preset", .kind = OPT_CALL, .dst = &o->preset,
          .call = cli_opt_any_preset,
@@ -132,6 +136,9 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
         {.name = "reps", .kind = OPT_U32, .dst = &o->reps, .lo = 1, .hi = 1000},
         {.name = "fork-every", .kind = OPT_U64, .dst = &o->fork_every, .lo = 0,
          .hi = UINT64_MAX},
+        {.name = "prefix", .kind = OPT_U64, .dst = &o->prefix, .lo = 1, .hi = 1ull << 31},
+        {.name = "prefix-tail", .kind = OPT_U64, .dst = &o->prefix_tail, .lo = 0,
+         .hi = 1ull << 31},
         {.name = "budget", .kind = OPT_U64, .dst = &o->budget, .lo = 0, .hi = UINT64_MAX},
         {.name = "spill-dir", .kind = OPT_STRING, .dst = &o->spill_dir},
         {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
@@ -669,6 +676,8 @@ int cmd_stress(int argc, char **argv)
     int rc = parse_opts(argc, argv, &r.o);
     if (rc != CLI_OK)
         return rc == CLI_HELP ? CLI_OK : rc;
+    if (r.o.prefix) /* SPEC §10: its own run (stress_prefix.c) */
+        return stress_prefix(&r.o);
     /* the budget and spill directory name their mistakes before any work; with spill
      * a decode still needs its whole layer resident, so a budget below one layer of
      * one session would fail at the first long decode */

@@ -31,6 +31,15 @@
  * accuracy contract (SPEC §4; for f16/bf16 against the reference on rounded K/V). */
 #define CHECK_REL 1e-5
 
+/* --prefix-cache (generate_sessions.c): what sessions 1..N-1 took from the cache */
+typedef struct {
+    bool on, identical;             /* identical: every first logit == session 0's */
+    uint32_t hits;
+    uint64_t reused, computed;      /* prompt positions shared / run through the model */
+    double t_cold, t_tail;          /* session 0's prefill; the later ones', summed */
+    float *logits;                  /* [N][vocab] each session's first logits */
+} gen_prefix;
+
 typedef struct {
     const char *model_path, *tok_path, *prompt;
     uint32_t steps, block_tokens, sessions, threads;
@@ -38,6 +47,7 @@ typedef struct {
     uint64_t seed;
     pkv_dtype dtype;
     bool dtype_set, check, check_e2e, json;
+    bool prefix_cache;              /* --prefix-cache: sessions 1.. from the cache */
     cli_variant v;                  /* --window, --sinks, --rollback, --softcap */
 } gen_opts;
 
@@ -85,6 +95,7 @@ typedef struct {
     uint64_t e2e_steps, e2e_ties;
     double t_prefill, t_decode;
     uint64_t n_generated;
+    gen_prefix pfx;
     char err[512];
 } gen;
 
@@ -115,5 +126,14 @@ static inline gen_stop gen_stop_reason(const gen *g, uint32_t s)
  * on stderr (the text went to stdout during the run). Changes nothing. Returns
  * CLI_FAIL if the engine's or a session's figures cannot be read, CLI_OK otherwise. */
 int gen_report(gen *g);
+
+/* --prefix-cache (generate_sessions.c): sessions 1..N-1 from pkv_session_from_prefix,
+ * each running the model over its uncached prompt tail; gen_first_logits is what
+ * session s samples its first token from; gen_prefix_report adds the figures (to W,
+ * or to stderr when W is NULL). */
+int gen_prefix_sessions(gen *g, llama_attn_fn attn, bool sample_first);
+const float *gen_first_logits(const gen *g, uint32_t s);
+#include "json.h"
+void gen_prefix_report(const gen *g, json_writer *W);
 
 #endif

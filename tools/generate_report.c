@@ -235,6 +235,7 @@ int gen_report(gen *g)
             json_fmt(W, "seconds", "%.3f", g->check_secs);
             json_close(W, '}');
         }
+        gen_prefix_report(g, W);
         if (o->check_e2e) {
             json_open(W, "check_e2e", '{');
             json_bool(W, "passed", true);
@@ -261,6 +262,7 @@ int gen_report(gen *g)
             (unsigned long long)g->n_generated, (unsigned long long)decoded, g->t_decode,
             tps, pkv_dtype_name(cfg.kv_dtype), cfg.n_threads, es.isa,
             o->check ? ", --check time excluded" : "");
+    gen_prefix_report(g, NULL);
     if (o->check)
         fprintf(stderr, "check: passed, %llu attention rows vs pkv_attention_reference, max "
                         "|diff| %.3g, worst %.4f of the tolerance (%.0e x max|V|), %.2f s\n",

@@ -28,6 +28,7 @@
 
 typedef struct {
     uint64_t ctx, decode_every, fork_every, budget, seed;
+    uint64_t prefix, prefix_tail;  /* --prefix P, --prefix-tail T (stress_prefix.c) */
     uint32_t sessions, layers, heads, kv_heads, head_dim, block_tokens, threads;
     uint32_t head_dim_v;         /* 0 = head_dim */
     cli_variant v;               /* --window, --sinks, --rollback, --softcap, preset */
@@ -88,5 +89,8 @@ typedef struct {
  * memory mismatch, a fork mismatch or a plot that could not be written;
  * CLI_INTERRUPTED after Ctrl-C; CLI_OK otherwise. */
 int stress_report(stress_run *r);
+/* `--prefix P` (SPEC §10): the run with and without the prefix cache, its report and
+ * plot (stress_prefix.c). Returns the exit status. */
+int stress_prefix(const stress_opts *o);
 
 #endif

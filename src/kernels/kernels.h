@@ -96,7 +96,7 @@ PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512;  /* may be unavailabl
  * (scalar|avx2|avx512; a forced ISA the host lacks gives PKV_EINVAL). */
 PKVI_HIDDEN pkv_status pkvi_kernels_select(const pkvi_kernels **out);
 /* The table an engine of storage type dt uses, given the best one k for the host:
- * k, unless k lacks loads of dt (the block types on AVX-512: then AVX2's). */
+ * k: every table built reads every dtype (kept for a table that some day lacks one). */
 PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_for_dtype(const pkvi_kernels *k, pkv_dtype dt);
 /* PKV_EINVAL when PKV_FORCE_ISA names an ISA this host cannot run (or none at all);
  * *name is the variable's value (NULL when unset). */

@@ -404,6 +404,70 @@ START_TEST(quant_vs_scalar)
 }
 END_TEST
 
+/* The integer-dot walk quantizes a call's q on its stack (walk.h, 32 KiB) and walks a
+ * call too large for it in runs of groups, or of heads of one group: one call over
+ * all groups, with such sizes, against the scalar kernel group by group. A run
+ * indexing the wrong heads or states is far outside the bound. */
+START_TEST(quant_dot_scratch_runs)
+{
+    static const uint32_t cases[][3] = { /* d, hg, groups: runs of 2 groups; of heads */
+        {200, 64, 5}, {1000, 40, 2}, {4096, 9, 2},
+    };
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed ^ 0x77);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const uint32_t d = cases[ci][0], hg = cases[ci][1], g = cases[ci][2], bt = 4, n = 9;
+        const pkv_dtype dt = ci % 2 ? PKV_Q4 : PKV_Q8;
+        layer L;
+        layer_build(&L, &r, g, hg, d, bt, dt, n, 1.0f);
+        L.kp.quant_dot = 1;
+        const size_t sf = (size_t)hg * (d + 2);
+        float *q = pkvt_alloc((size_t)g * hg * d * sizeof(float));
+        float *qd = pkvt_alloc((size_t)hg * d * sizeof(float));
+        float *st = pkvt_alloc((size_t)g * sf * sizeof(float));
+        float *ref = pkvt_alloc((size_t)hg * d * sizeof(float));
+        pkvt_fill(&r, q, (size_t)g * hg * d, -2.0f, 2.0f);
+        for (size_t i = 0; i < N_SIMD; i++) {
+            const pkvi_kernels *k = simd_tables[i];
+            for (uint32_t gi = 0; gi < g; gi++) {
+                float *b = st + gi * sf;
+                for (uint32_t h = 0; h < hg; h++) {
+                    b[h] = -INFINITY;
+                    b[hg + h] = 0.0f;
+                }
+                memset(b + 2 * hg, 0, (size_t)hg * d * sizeof(float));
+            }
+            const pkvi_heads x = {.q = q, .m = st, .l = st + hg, .acc = st + 2 * hg,
+                                  .q_stride = (size_t)hg * d, .st_stride = sf};
+            k->attend(&L.kp, L.pages, L.n_pages, last_tokens(&L), 0, g, &x);
+            for (uint32_t gi = 0; gi < g; gi++) {
+                const float *qg = q + (size_t)gi * hg * d;
+                run_kernel(&pkvi_kernels_scalar, &L, gi, qg, ref);
+                dequant_q(hg, d, qg, qd);
+                const double tol = 2 * bound(&L, gi, qd);
+                const float *b = st + gi * sf;
+                double err = 0;
+                for (uint32_t h = 0; h < hg; h++)
+                    for (uint32_t c = 0; c < d; c++) {
+                        const double e = fabs((double)b[2 * hg + (size_t)h * d + c] / b[hg + h] -
+                                              ref[(size_t)h * d + c]);
+                        err = e > err || e != e ? e : err;
+                    }
+                ck_assert_msg(err <= tol, "%s quant_dot d=%u hg=%u group %u of %u: %g > %g "
+                              "(seed 0x%llx)", k->isa, d, hg, gi, g, err, tol,
+                              (unsigned long long)seed);
+            }
+        }
+        free(q);
+        free(qd);
+        free(st);
+        free(ref);
+        layer_free(&L);
+    }
+}
+END_TEST
+
 /* ---- walk and head independence: what decode.c's task split and prefill rely on ----
  * For every kernel: (a) one call over a range of groups leaves each group's state
  * exactly as one call per group does; (b) a call whose "group" stacks Q queries' heads
@@ -1080,6 +1144,7 @@ int main(void)
         tcase_add_test(tc, shapes_vs_scalar);
         tcase_add_test(tc, many_heads);
         tcase_add_test(tc, quant_vs_scalar);
+        tcase_add_test(tc, quant_dot_scratch_runs);
     }
     suite_add_tcase(s, tc);
     /* "dispatch": which table an engine gets, checked against /proc/cpuinfo */

@@ -104,7 +104,14 @@ typedef struct {
     const pkv_layer_config *layer_cfg; /* NULL: every layer full causal; else
                                   [n_layers], copied by pkv_engine_create */
     /* SPEC §9 */
-    uint32_t quant_dot;        /* 0: exact; 1: integer dot products (PKV_Q8/PKV_Q4 pages) */
+    uint32_t quant_dot;        /* 0: exact; 1: integer dot products (PKV_Q8/PKV_Q4 pages
+                                  only): each query head is rounded per block of 32 to
+                                  int8 with its own scale and scored against the K rows'
+                                  integers (error bound: docs/numerics.md); the weighted
+                                  V sum stays exact. Bitwise identical across threads,
+                                  batch and prefill as on the exact path. An f32, f16 or
+                                  bf16 engine with quant_dot 1 is PKV_EINVAL
+                                  (pkv_config_explain says why); > 1 is PKV_EINVAL. */
     /* SPEC §10 */
     uint64_t prefix_cache_bytes; /* reusable pages that no live session holds are kept
                                   up to this many bytes, least recently used dropped

@@ -125,8 +125,10 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
     if (c.quant_dot > 1)
         return reject(why, n, PKV_EINVAL, "quant_dot %u: must be 0 (exact) or 1 (integer)",
                       c.quant_dot);
-    if (c.quant_dot == 1)
-        return reject(why, n, PKV_EINVAL, "quant_dot 1: the integer path is not built yet");
+    if (c.quant_dot == 1 && c.kv_dtype != PKV_Q8 && c.kv_dtype != PKV_Q4)
+        return reject(why, n, PKV_EINVAL,
+                      "quant_dot 1: integer dot products need PKV_Q8 or PKV_Q4 pages "
+                      "(kv_dtype is %s)", pkv_dtype_name(c.kv_dtype));
     /* page bytes = g * bt * (row_bytes(dk) + row_bytes(dv)), checked */
     uint64_t pb;
     if (!pkvi_mul(c.n_kv_heads, c.block_tokens, &pb) ||
@@ -196,6 +198,7 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     e->kp.hg = e->hg;
     e->kp.dtype = c.kv_dtype;
     e->kp.scale = c.scale;
+    e->kp.quant_dot = c.quant_dot;
     e->kp.v_offset = (size_t)(c.block_tokens * e->row_bytes);
     e->kp.group_stride = (size_t)(c.block_tokens * (e->row_bytes + e->row_bytes_v));
     pthread_mutex_init(&e->lock, NULL);

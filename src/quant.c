@@ -126,3 +126,26 @@ void pkvi_quant_load_row(pkv_dtype t, float *dst, const void *src, uint32_t n)
         p += block_bytes(t, m);
     }
 }
+
+void pkvi_quant_query(uint32_t n, const float *x, int8_t *qi, float *qs)
+{
+    for (uint32_t i = 0, b = 0; i < n; i += BLOCK, b++) {
+        const uint32_t m = n - i < BLOCK ? n - i : BLOCK;
+        float a = 0.0f;
+        bool finite = true;
+        for (uint32_t j = 0; j < m; j++) {
+            finite &= isfinite(x[i + j]) != 0;
+            a = fabsf(x[i + j]) > a ? fabsf(x[i + j]) : a;
+        }
+        const float d = finite ? a / 127.0f : NAN;
+        memset(qi + i, 0, BLOCK);
+        qs[b] = d;
+        if (!(d > 0.0f)) /* zero, underflowed or not finite: qi stays 0 */
+            continue;
+        for (uint32_t j = 0; j < m; j++) {
+            float r = rintf(x[i + j] / d);
+            r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+            qi[i + j] = (int8_t)r;
+        }
+    }
+}

@@ -21,4 +21,28 @@ PKVI_HIDDEN void pkvi_quant_store_row(pkv_dtype t, void *dst, const float *src, 
 /* dst[0..n) = dequant(src) */
 PKVI_HIDDEN void pkvi_quant_load_row(pkv_dtype t, float *dst, const void *src, uint32_t n);
 
+/*
+ * The query side of the integer-dot path (quant_dot = 1, docs/numerics.md "The
+ * integer-dot path"): n values of one query head cut into the K rows' blocks of 32,
+ * each block b with its own f32 scale qs[b] = a_b / 127 (a_b = max |x_j| of the
+ * block) and int8 values qi[j] = clamp(rint(x_j / qs[b]), -127, 127) (nearest even).
+ * A zero block, or one whose scale underflows to 0, is qs = 0, qi = 0; a block
+ * holding a NaN or an infinity is qs = NaN, qi = 0 (its head's scores are NaN, as on
+ * the exact path). qi has ceil(n/32)*32 bytes (the tail past n is 0), qs ceil(n/32).
+ */
+PKVI_HIDDEN void pkvi_quant_query(uint32_t n, const float *x, int8_t *qi, float *qs);
+
+/* The integer a block of row values holds: value j of the block at blk (Q8: int8;
+ * Q4: nibble - 8), and the block's scale as f32. For the scalar kernel. */
+static inline int pkvi_quant_block_int(pkv_dtype t, const unsigned char *blk, uint32_t j)
+{
+    return t == PKV_Q8 ? (int)(signed char)blk[2 + j]
+                       : (int)((blk[2 + j / 2] >> (4 * (j % 2))) & 15u) - 8;
+}
+/* Bytes of a full block (2 + 32 or 2 + 16). */
+static inline size_t pkvi_quant_block_bytes(pkv_dtype t)
+{
+    return t == PKV_Q8 ? 34u : 18u;
+}
+
 #endif /* PAGEDKV_QUANT_H */

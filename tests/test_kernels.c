@@ -14,6 +14,7 @@
  * choice of table against /proc/cpuinfo.
  */
 #include "internal.h"
+#include "quant.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -87,15 +88,15 @@ typedef struct {
 static void layer_build(layer *L, pkvt_rng *r, uint32_t g, uint32_t hg, uint32_t d, uint32_t bt,
                         pkv_dtype dt, uint32_t n, float kv_range)
 {
-    const size_t es = pkv_dtype_size(dt);
+    const size_t rb = pkv_row_bytes(dt, d); /* block types (Q8, Q4) included */
     memset(&L->kp, 0, sizeof L->kp); /* fields this test does not set: dv = d, no softcap */
     L->kp.head_dim = d;
     L->kp.block_tokens = bt;
     L->kp.hg = hg;
     L->kp.dtype = dt;
     L->kp.scale = 1.0f / sqrtf((float)d);
-    L->kp.group_stride = 2 * (size_t)bt * d * es;
-    L->kp.v_offset = (size_t)bt * d * es;
+    L->kp.group_stride = 2 * (size_t)bt * rb;
+    L->kp.v_offset = (size_t)bt * rb;
     L->g = g;
     L->n = n;
     L->n_pages = (n + bt - 1) / bt;
@@ -108,14 +109,15 @@ static void layer_build(layer *L, pkvt_rng *r, uint32_t g, uint32_t hg, uint32_t
     for (uint32_t p = 0; p < L->n_pages; p++) {
         L->bufs[p] = guarded_alloc(page_bytes);
         unsigned char *page = L->bufs[p].p;
-        memset(page, 0xff, page_bytes); /* all-ones is NaN in f32, f16 and bf16 */
+        memset(page, 0xff, page_bytes); /* all-ones is NaN in f32, f16 and bf16, and a
+                                         * NaN scale in Q8 and Q4 */
         L->pages[p] = page;
         for (uint32_t t = p * bt; t < n && t < (p + 1) * bt; t++)
             for (uint32_t gi = 0; gi < g; gi++)
                 for (int kv = 0; kv < 2; kv++) {
                     pkvt_fill(r, row, d, -kv_range, kv_range);
                     unsigned char *dst = page + gi * L->kp.group_stride +
-                                         (kv ? L->kp.v_offset : 0) + (size_t)(t - p * bt) * d * es;
+                                         (kv ? L->kp.v_offset : 0) + (size_t)(t - p * bt) * rb;
                     pkvi_store_row(dt, dst, row, d);
                     float *ref = (kv ? L->V : L->K) + ((size_t)t * g + gi) * d;
                     pkvi_load_row(dt, ref, dst, d);
@@ -305,6 +307,164 @@ START_TEST(many_heads)
         one_shape(&r, seed, i % 2 ? 24 : 40, hgs[i], 16, 37, dtypes[i % 3], ran);
     for (size_t i = 0; i < N_SIMD; i++)
         ck_assert_msg(ran[i], "many_heads: %s never ran", simd_tables[i]->isa);
+}
+END_TEST
+
+/* ---- Q8 / Q4 pages, both paths (quant_dot 0 and 1), SIMD against scalar -----------
+ * Exact path: bound() as for the other dtypes (the rows as stored are exact in f32).
+ * Integer-dot path: both kernels compute the same int32 block dots of the same
+ * quantized q (pkvi_quant_query); they differ only in the order of the f32 additions
+ * of the block terms (dk*dq)*isum, which bound() covers with q replaced by its
+ * dequantized value dq*qi (the magnitudes those terms carry). */
+static void dequant_q(uint32_t hg, uint32_t d, const float *q, float *qd)
+{
+    int8_t qi[PKVI_MAX_HEAD_DIM];
+    float qs[PKVI_MAX_HEAD_DIM / 32];
+    for (uint32_t h = 0; h < hg; h++) {
+        pkvi_quant_query(d, q + (size_t)h * d, qi, qs);
+        for (uint32_t c = 0; c < d; c++)
+            qd[(size_t)h * d + c] = qs[c / 32] * (float)qi[c];
+    }
+}
+
+static double quant_worst[2][N_SIMD_MAX];
+
+static void quant_shape(pkvt_rng *r, uint64_t seed, uint32_t d, uint32_t hg, uint32_t bt,
+                        uint32_t n, pkv_dtype dt, uint32_t qdot, bool *ran)
+{
+    const uint32_t g = 2, group = 1;
+    layer L;
+    layer_build(&L, r, g, hg, d, bt, dt, n, 1.0f);
+    L.kp.quant_dot = qdot;
+    float *q = pkvt_alloc((size_t)hg * d * sizeof(float));
+    float *qd = pkvt_alloc((size_t)hg * d * sizeof(float));
+    pkvt_fill(r, q, (size_t)hg * d, -2.0f, 2.0f);
+    if (pkvt_below(r, 3) == 0) /* outlier channels, as real q and K have */
+        for (uint32_t i = 0; i < hg * d; i += 1 + pkvt_below(r, 20))
+            q[i] *= 30.0f;
+    dequant_q(hg, d, q, qd);
+    float *ref = pkvt_alloc((size_t)hg * d * sizeof(float));
+    float *out = pkvt_alloc((size_t)hg * d * sizeof(float));
+    run_kernel(&pkvi_kernels_scalar, &L, group, q, ref);
+    const double tol = 2 * bound(&L, group, qdot ? qd : q);
+    for (size_t i = 0; i < N_SIMD; i++) {
+        const pkvi_kernels *k = pkvi_kernels_for_dtype(simd_tables[i], dt);
+        if (!pkvi_isa_supported(simd_tables[i]->isa))
+            continue;
+        ran[i] = true;
+        memset(out, 0, (size_t)hg * d * sizeof(float));
+        run_kernel(k, &L, group, q, out);
+        const double err = max_abs_diff(out, ref, (size_t)hg * d);
+        if (err / tol > quant_worst[qdot][i])
+            quant_worst[qdot][i] = err / tol;
+        ck_assert_msg(err <= tol,
+                      "%s vs scalar: d=%u hg=%u bt=%u n=%u %s quant_dot %u: max|diff| %g > "
+                      "bound %g (seed 0x%llx)",
+                      k->isa, d, hg, bt, n, pkv_dtype_name(dt), qdot, err, tol,
+                      (unsigned long long)seed);
+    }
+    free(q);
+    free(qd);
+    free(ref);
+    free(out);
+    layer_free(&L);
+}
+
+START_TEST(quant_vs_scalar)
+{
+    static const uint32_t ds[] = {1, 3, 17, 31, 32, 33, 64, 80, 128, 256};
+    static const uint32_t bts[] = {1, 2, 16, 64};
+    static const pkv_dtype qt[] = {PKV_Q8, PKV_Q4};
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed ^ 0x98);
+    bool ran[N_SIMD_MAX] = {false};
+    const bool quick = pkvt_quick();
+    for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++)
+        for (uint32_t hg = 1; hg <= 8; hg++)
+            for (size_t bi = 0; bi < sizeof bts / sizeof bts[0]; bi++) {
+                const uint32_t bt = bts[bi];
+                const uint32_t lens[] = {1, bt + 1, 3 * bt + bt / 2 + 1};
+                for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                    if (pkvt_below(&r, quick ? 16 : 3) != 0)
+                        continue;
+                    for (uint32_t qdot = 0; qdot < 2; qdot++)
+                        quant_shape(&r, seed, ds[di], hg, bt, lens[li], qt[(di + hg + li) % 2],
+                                    qdot, ran);
+                }
+            }
+    for (uint32_t i = 0; i < 9; i++) /* many heads, the tile blocking's odd counts */
+        quant_shape(&r, seed, 40 + 8 * i, (uint32_t[]){9, 13, 16, 17, 31, 64, 256, 5, 7}[i],
+                    16, 37, qt[i % 2], i % 2 ? 1 : (i / 2) % 2, ran);
+    for (size_t i = 0; i < N_SIMD; i++) {
+        ck_assert_msg(ran[i], "quant_vs_scalar: %s never ran", simd_tables[i]->isa);
+        printf("quant_vs_scalar: %s: largest |diff| / bound: exact %.3g, integer dot %.3g\n",
+               simd_tables[i]->isa, quant_worst[0][i], quant_worst[1][i]);
+    }
+}
+END_TEST
+
+/* The integer-dot walk quantizes a call's q on its stack (walk.h, 32 KiB) and walks a
+ * call too large for it in runs of groups, or of heads of one group: one call over
+ * all groups, with such sizes, against the scalar kernel group by group. A run
+ * indexing the wrong heads or states is far outside the bound. */
+START_TEST(quant_dot_scratch_runs)
+{
+    static const uint32_t cases[][3] = { /* d, hg, groups: runs of 2 groups; of heads */
+        {200, 64, 5}, {1000, 40, 2}, {4096, 9, 2},
+    };
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed ^ 0x77);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const uint32_t d = cases[ci][0], hg = cases[ci][1], g = cases[ci][2], bt = 4, n = 9;
+        const pkv_dtype dt = ci % 2 ? PKV_Q4 : PKV_Q8;
+        layer L;
+        layer_build(&L, &r, g, hg, d, bt, dt, n, 1.0f);
+        L.kp.quant_dot = 1;
+        const size_t sf = (size_t)hg * (d + 2);
+        float *q = pkvt_alloc((size_t)g * hg * d * sizeof(float));
+        float *qd = pkvt_alloc((size_t)hg * d * sizeof(float));
+        float *st = pkvt_alloc((size_t)g * sf * sizeof(float));
+        float *ref = pkvt_alloc((size_t)hg * d * sizeof(float));
+        pkvt_fill(&r, q, (size_t)g * hg * d, -2.0f, 2.0f);
+        for (size_t i = 0; i < N_SIMD; i++) {
+            const pkvi_kernels *k = simd_tables[i];
+            for (uint32_t gi = 0; gi < g; gi++) {
+                float *b = st + gi * sf;
+                for (uint32_t h = 0; h < hg; h++) {
+                    b[h] = -INFINITY;
+                    b[hg + h] = 0.0f;
+                }
+                memset(b + 2 * hg, 0, (size_t)hg * d * sizeof(float));
+            }
+            const pkvi_heads x = {.q = q, .m = st, .l = st + hg, .acc = st + 2 * hg,
+                                  .q_stride = (size_t)hg * d, .st_stride = sf};
+            k->attend(&L.kp, L.pages, L.n_pages, last_tokens(&L), 0, g, &x);
+            for (uint32_t gi = 0; gi < g; gi++) {
+                const float *qg = q + (size_t)gi * hg * d;
+                run_kernel(&pkvi_kernels_scalar, &L, gi, qg, ref);
+                dequant_q(hg, d, qg, qd);
+                const double tol = 2 * bound(&L, gi, qd);
+                const float *b = st + gi * sf;
+                double err = 0;
+                for (uint32_t h = 0; h < hg; h++)
+                    for (uint32_t c = 0; c < d; c++) {
+                        const double e = fabs((double)b[2 * hg + (size_t)h * d + c] / b[hg + h] -
+                                              ref[(size_t)h * d + c]);
+                        err = e > err || e != e ? e : err;
+                    }
+                ck_assert_msg(err <= tol, "%s quant_dot d=%u hg=%u group %u of %u: %g > %g "
+                              "(seed 0x%llx)", k->isa, d, hg, gi, g, err, tol,
+                              (unsigned long long)seed);
+            }
+        }
+        free(q);
+        free(qd);
+        free(st);
+        free(ref);
+        layer_free(&L);
+    }
 }
 END_TEST
 
@@ -983,6 +1143,8 @@ int main(void)
         tcase_add_test(tc, store_row_bitwise);
         tcase_add_test(tc, shapes_vs_scalar);
         tcase_add_test(tc, many_heads);
+        tcase_add_test(tc, quant_vs_scalar);
+        tcase_add_test(tc, quant_dot_scratch_runs);
     }
     suite_add_tcase(s, tc);
     /* "dispatch": which table an engine gets, checked against /proc/cpuinfo */

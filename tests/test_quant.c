@@ -203,15 +203,18 @@ START_TEST(decode_matches_reference_on_rounded_rows)
 }
 END_TEST
 
-/* Prefill, batch and threads give the bits of token-by-token decode on Q8/Q4 pages. */
+/* Prefill, batch and threads give the bits of token-by-token decode on Q8/Q4 pages,
+ * on both paths (quant_dot 0 and 1). */
 START_TEST(paths_agree_bitwise)
 {
     pkvt_rng r;
     pkvt_rng_init(&r, pkvt_seed() + 24);
     const uint32_t h = 8, g = 2, d = 40, bt = 8, T = 70;
-    for (size_t ti = 0; ti < 2; ti++) {
-        const pkv_dtype t = qtypes[ti];
-        pkv_engine *e1 = pkvt_engine(1, h, g, d, bt, t);
+    for (size_t ti = 0; ti < 4; ti++) {
+        const pkv_dtype t = qtypes[ti % 2];
+        pkv_config c1 = pkvt_config(1, h, g, d, bt, t);
+        c1.quant_dot = ti / 2;
+        pkv_engine *e1 = pkvt_engine_cfg(&c1);
         pkv_config c;
         ck_assert_int_eq(pkv_engine_config(e1, &c), PKV_OK);
         c.n_threads = 3;
@@ -264,11 +267,197 @@ START_TEST(paths_agree_bitwise)
 }
 END_TEST
 
+/* ---- the integer-dot path (quant_dot = 1) ------------------------------------------- */
+
+/* Engines of other storage types refuse quant_dot = 1, saying why; 2 is no path. */
+START_TEST(quant_dot_needs_block_pages)
+{
+    static const pkv_dtype others[] = {PKV_F32, PKV_F16, PKV_BF16};
+    for (size_t i = 0; i < 3; i++) {
+        pkv_config c = pkvt_config(1, 4, 2, 16, 4, others[i]);
+        c.quant_dot = 1;
+        char why[256] = "";
+        ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
+        ck_assert_msg(strstr(why, "PKV_Q8 or PKV_Q4") != NULL, "reason: %s", why);
+        pkv_engine *e = NULL;
+        ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL);
+        ck_assert_ptr_null(e);
+    }
+    for (size_t ti = 0; ti < 2; ti++) {
+        pkv_config c = pkvt_config(1, 4, 2, 16, 4, qtypes[ti]);
+        c.quant_dot = 2;
+        ck_assert_int_eq(pkv_config_explain(&c, NULL, 0), PKV_EINVAL);
+        c.quant_dot = 1;
+        ck_assert_int_eq(pkv_config_explain(&c, NULL, 0), PKV_OK);
+        pkv_engine *e = pkvt_engine_cfg(&c);
+        pkv_config back;
+        ck_assert_int_eq(pkv_engine_config(e, &back), PKV_OK);
+        ck_assert_uint_eq(back.quant_dot, 1);
+        pkv_engine_destroy(e);
+    }
+}
+END_TEST
+
+/* The documented bound of the integer-dot path (docs/numerics.md): q rounded per block
+ * of 32 to int8 with step dq_b = max|q_b| / 127 moves each score by at most
+ *     delta_t = scale * sum_b (dq_b / 2) * sum_{j in b} |k_tj|      (k: the rounded row)
+ * and the output by at most (exp(2 * max_t delta_t) - 1) * max|V|, plus the exact path's
+ * 1e-5 * max|V| for the f32 arithmetic. Held per position against the double
+ * reference on the rounded rows, on random data and on data with outlier channels. */
+static double score_shift(uint32_t h, uint32_t g, uint32_t d, float scale, uint32_t n,
+                          const float *q, const float *Kr)
+{
+    double worst = 0;
+    const uint32_t hg = h / g;
+    for (uint32_t hh = 0; hh < h; hh++) {
+        const float *qh = q + (size_t)hh * d;
+        for (uint32_t t = 0; t < n; t++) {
+            const float *k = Kr + ((size_t)t * g + hh / hg) * d;
+            double s = 0;
+            for (uint32_t b = 0; b < d; b += 32) {
+                double a = 0, l1 = 0;
+                for (uint32_t j = b; j < d && j < b + 32; j++) {
+                    a = fabs(qh[j]) > a ? fabs(qh[j]) : a;
+                    l1 += fabs(k[j]);
+                }
+                s += a / 127.0 * (1 + 0x1p-20) / 2 * l1;
+            }
+            s *= scale;
+            worst = s > worst ? s : worst;
+        }
+    }
+    return worst;
+}
+
+static void quant_dot_case(pkvt_rng *r, uint64_t seed, pkv_dtype t, uint32_t h, uint32_t g,
+                           uint32_t d, uint32_t bt, uint32_t T, bool outliers, double *worst,
+                           double *worst_of_bound)
+{
+    pkv_config c = pkvt_config(1, h, g, d, bt, t);
+    c.quant_dot = 1;
+    pkv_engine *e = pkvt_engine_cfg(&c);
+    pkv_session *s = pkvt_session(e);
+    const size_t kd = (size_t)g * d, qd = (size_t)h * d;
+    float *K = pkvt_alloc(T * kd * sizeof *K), *V = pkvt_alloc(T * kd * sizeof *V);
+    float *Kr = pkvt_alloc(T * kd * sizeof *K), *Vr = pkvt_alloc(T * kd * sizeof *V);
+    float *Q = pkvt_alloc(T * qd * sizeof *Q), *out = pkvt_alloc(qd * sizeof *out);
+    double *ref = pkvt_alloc(qd * sizeof *ref);
+    pkvt_fill(r, K, T * kd, -2, 2);
+    pkvt_fill(r, V, T * kd, -1, 1);
+    pkvt_fill(r, Q, T * qd, -1, 1);
+    if (outliers) { /* a few channels 10-30x the others, in K and in q (real K has them) */
+        for (uint32_t c0 = 0; c0 < d; c0 += 1 + pkvt_below(r, 24)) {
+            const float f = pkvt_uniform(r, 10, 30);
+            for (uint32_t i = 0; i < T * g; i++)
+                K[(size_t)i * d + c0] *= f;
+            for (uint32_t i = 0; i < T * h; i++)
+                Q[(size_t)i * d + c0] *= f / 10;
+        }
+    }
+    for (uint32_t i = 0; i < T * g; i++) {
+        pkv_dtype_round_row(t, d, K + (size_t)i * d, Kr + (size_t)i * d);
+        pkv_dtype_round_row(t, d, V + (size_t)i * d, Vr + (size_t)i * d);
+    }
+    const float vmax = pkvt_maxabs(Vr, T * kd);
+    const float scale = 1.0f / sqrtf((float)d);
+    for (uint32_t p = 0; p < T; p++) {
+        ck_assert_int_eq(pkv_append(s, 0, K + p * kd, V + p * kd), PKV_OK);
+        ck_assert_int_eq(pkv_decode(s, 0, Q + p * qd, out), PKV_OK);
+        pkvt_ref_decode(h, g, d, scale, PKV_F32, p + 1, Q + p * qd, Kr, Vr, ref);
+        const double diff = pkvt_maxdiff_fd(out, ref, qd);
+        const double delta = score_shift(h, g, d, scale, p + 1, Q + p * qd, Kr);
+        const double tol = (expm1(2 * delta) + 1e-5) * vmax;
+        *worst = diff / vmax > *worst ? diff / vmax : *worst;
+        *worst_of_bound = diff / tol > *worst_of_bound ? diff / tol : *worst_of_bound;
+        ck_assert_msg(diff <= tol, "%s h %u g %u d %u bt %u pos %u%s: %g > %g (seed %llu)",
+                      pkv_dtype_name(t), h, g, d, bt, p, outliers ? " outliers" : "", diff,
+                      tol, (unsigned long long)seed);
+    }
+    pkv_session_destroy(s);
+    free(K);
+    free(V);
+    free(Kr);
+    free(Vr);
+    free(Q);
+    free(out);
+    free(ref);
+    pkv_engine_destroy(e);
+}
+
+START_TEST(quant_dot_within_its_bound)
+{
+    static const uint32_t shapes[][4] = {
+        /* h, g, d, bt */
+        {2, 1, 1, 1}, {4, 2, 3, 4}, {6, 3, 17, 2}, {8, 2, 32, 16}, {4, 4, 33, 5},
+        {8, 8, 64, 16}, {32, 8, 128, 16}, {2, 2, 80, 3}, {3, 1, 130, 7},
+    };
+    pkvt_rng r;
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng_init(&r, seed + 26);
+    const uint32_t T = pkvt_quick() ? 20 : 60;
+    for (int o = 0; o < 2; o++)
+        for (size_t ti = 0; ti < 2; ti++) {
+            double worst = 0, of_bound = 0;
+            for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+                quant_dot_case(&r, seed, qtypes[ti], shapes[si][0], shapes[si][1],
+                               shapes[si][2], shapes[si][3], T, o, &worst, &of_bound);
+            fprintf(stderr, "quant_dot %s%s: largest |diff| / max|V| %.3g, of the bound %.3g\n",
+                    pkv_dtype_name(qtypes[ti]), o ? " (outlier channels)" : "", worst,
+                    of_bound);
+        }
+}
+END_TEST
+
+/* quant_dot on hostile q: zero heads give uniform weights (the mean of V), a NaN or an
+ * infinity in one head makes that head NaN and leaves every other head as it was. */
+START_TEST(quant_dot_zero_and_nan_queries)
+{
+    for (size_t ti = 0; ti < 2; ti++) {
+        pkv_config c = pkvt_config(1, 4, 2, 40, 4, qtypes[ti]);
+        c.quant_dot = 1;
+        pkv_engine *e = pkvt_engine_cfg(&c);
+        pkv_session *s = pkvt_session(e);
+        pkvt_rng r;
+        pkvt_rng_init(&r, pkvt_seed() + 27);
+        float k[80], v[80], vsum[80] = {0}, q[160], o1[160], o2[160];
+        for (int t = 0; t < 9; t++) {
+            pkvt_fill(&r, k, 80, -1, 1);
+            pkvt_fill(&r, v, 80, -1, 1);
+            ck_assert_int_eq(pkv_append(s, 0, k, v), PKV_OK);
+            float vr[80];
+            pkv_dtype_round_row(qtypes[ti], 40, v, vr);
+            pkv_dtype_round_row(qtypes[ti], 40, v + 40, vr + 40);
+            for (int i = 0; i < 80; i++)
+                vsum[i] += vr[i] / 9;
+        }
+        pkvt_fill(&r, q, 160, -1, 1);
+        for (int i = 0; i < 40; i++) /* head 0: zero */
+            q[i] = 0.0f;
+        ck_assert_int_eq(pkv_decode(s, 0, q, o1), PKV_OK);
+        for (int i = 0; i < 40; i++)
+            ck_assert(fabsf(o1[i] - vsum[i]) <= 1e-5f);
+        q[40 + 7] = NAN;      /* head 1 */
+        q[120 + 39] = -INFINITY; /* head 3 */
+        ck_assert_int_eq(pkv_decode(s, 0, q, o2), PKV_OK);
+        for (int i = 0; i < 160; i++) {
+            if ((i >= 40 && i < 80) || i >= 120)
+                ck_assert(isnan(o2[i]));
+            else
+                ck_assert(o2[i] == o1[i]);
+        }
+        pkv_session_destroy(s);
+        pkv_engine_destroy(e);
+    }
+}
+END_TEST
+
 /* A NaN appended to one row leaves every other row of the cache intact. */
 START_TEST(a_nan_row_poisons_no_other_row)
 {
-    for (size_t ti = 0; ti < 2; ti++) {
-        pkv_engine *e = pkvt_engine(2, 2, 2, 40, 4, qtypes[ti]);
+    for (size_t ti = 0; ti < 4; ti++) { /* both paths */
+        pkv_config c = pkvt_config(2, 2, 2, 40, 4, qtypes[ti % 2]);
+        c.quant_dot = ti / 2;
+        pkv_engine *e = pkvt_engine_cfg(&c);
         pkv_session *s;
         pkv_session_create(e, &s);
         float k[80], v[80], q[80], o1[80], o2[80];
@@ -306,6 +495,9 @@ int main(void)
     tcase_add_test(tc, decode_matches_reference_on_rounded_rows);
     tcase_add_test(tc, paths_agree_bitwise);
     tcase_add_test(tc, a_nan_row_poisons_no_other_row);
+    tcase_add_test(tc, quant_dot_needs_block_pages);
+    tcase_add_test(tc, quant_dot_within_its_bound);
+    tcase_add_test(tc, quant_dot_zero_and_nan_queries);
     suite_add_tcase(s, tc);
     return pkvt_run(s);
 }

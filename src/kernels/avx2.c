@@ -100,6 +100,26 @@ AI __m256 ldq(pkv_dtype dt, const char *row, uint32_t c)
     return _mm256_mul_ps(qscale8(blk), _mm256_cvtepi32_ps(v));
 }
 
+/* 16 values from element c (c % 16 == 0: one block) into v[0], v[1]: the block's
+ * scale read once, Q4's 8 bytes unpacked once; the same values as two ldq. */
+AI void ldq16(pkv_dtype dt, const char *row, uint32_t c, __m256 v[2])
+{
+    const char *blk = qblock(dt, row, c);
+    __m128i b;
+    if (dt == PKV_Q8) {
+        b = _mm_loadu_si128((const void *)(blk + 2 + c % 32));
+    } else {
+        const __m128i x = _mm_loadl_epi64((const void *)(blk + 2 + (c % 32) / 2));
+        const __m128i m = _mm_set1_epi8(15);
+        b = _mm_sub_epi8(_mm_unpacklo_epi8(_mm_and_si128(x, m),
+                                           _mm_and_si128(_mm_srli_epi16(x, 4), m)),
+                         _mm_set1_epi8(8));
+    }
+    const __m256 d = qscale8(blk);
+    v[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+    v[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b))));
+}
+
 /* The first rem (1..7) values from element c, the other lanes 0. */
 AI __m256 ldqt(pkv_dtype dt, const char *row, uint32_t c, uint32_t rem)
 {
@@ -301,13 +321,16 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
             for (size_t off = c0 * es; off < (c0 + 8u * CB) * es && off < d * es; off += 64)
                 _mm_prefetch(pf + t * d * es + off, PF_HINT);
         __m256 vv[2];
-        #pragma GCC unroll 16
-        for (int c = 0; c < CB; c++)
-            vv[c] = QTYPE(dt)
-                        ? (rem ? ldqt(dt, (const char *)vrow + t * vrb, c0, rem)
-                               : ldq(dt, (const char *)vrow + t * vrb, c0 + 8 * (uint32_t)c))
-                        : (rem ? ldt(dt, vrow, (size_t)t * d + c0, rem)
-                               : ld(dt, vrow, (size_t)t * d + c0 + 8 * c));
+        if (QTYPE(dt) && CB == 2) /* 16 values of one block, one scale */
+            ldq16(dt, (const char *)vrow + t * vrb, c0, vv);
+        else
+            #pragma GCC unroll 16
+            for (int c = 0; c < CB; c++)
+                vv[c] = QTYPE(dt)
+                            ? (rem ? ldqt(dt, (const char *)vrow + t * vrb, c0, rem)
+                                   : ldq(dt, (const char *)vrow + t * vrb, c0 + 8 * (uint32_t)c))
+                            : (rem ? ldt(dt, vrow, (size_t)t * d + c0, rem)
+                                   : ld(dt, vrow, (size_t)t * d + c0 + 8 * c));
         #pragma GCC unroll 16
         for (int h = 0; h < HB; h++) {
             const __m256 wb = _mm256_broadcast_ss(w + h * PKVI_TILE + t);
@@ -369,7 +392,10 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, 
     }
 }
 
+#include "qdot256.h" /* qk_heads_int: the integer-dot scores */
+
 #define PKVI_WALK_BLOCK_TYPES 1 /* the loads above read Q8 and Q4 */
+#define PKVI_WALK_QUANT_DOT 1   /* and qk_heads_int scores them in integers */
 #include "walk.h"
 
 /* ---- store ---------------------------------------------------------------------------

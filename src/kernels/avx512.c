@@ -26,7 +26,9 @@
  * loads and stores, so nothing past a row is read either.
  *
  * The walk over pages and groups, the one-tile software pipeline and the entry points
- * are kernels/walk.h's, written once for both SIMD files.
+ * are kernels/walk.h's, written once for both SIMD files. Q8/Q4 rows are dequantized by
+ * ldq/ldqm (exact path); the integer-dot path's scores are qdot256.h's, the AVX2 code
+ * compiled here (256-bit: a block of 32 int8 is one ymm; VNNI is not used).
  *
  * The micro-kernels are written with small arrays of vectors indexed by constant
  * loops; `#pragma GCC unroll` makes -O2 builds unroll them too, so the arrays live in
@@ -34,6 +36,7 @@
  */
 #include "kernels/kernels.h"
 #include "dtype.h"
+#include "quant.h"
 
 #include <immintrin.h>
 #include <stdbool.h>
@@ -81,6 +84,50 @@ AI __m512 ldm(pkv_dtype dt, const void *base, size_t i, __mmask16 k)
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
     return _mm512_maskz_loadu_ps(k, (const float *)base + i);
+}
+
+/* ---- loads of the block types (Q8, Q4; the format is quant.c's) ------------------
+ * 16 values from element c (c % 16 == 0) never straddle a block of 32. Dequantized as
+ * d * q in f32, exact: bitwise the values quant.c's loads (and avx2.c's) give. */
+#define QTYPE(dt) ((dt) == PKV_Q8 || (dt) == PKV_Q4)
+
+AI const char *qblock(pkv_dtype dt, const char *row, uint32_t c)
+{
+    return row + (size_t)(c / 32) * pkvi_quant_block_bytes(dt);
+}
+
+AI float qscale(const char *blk)
+{
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+AI __m512 ldq(pkv_dtype dt, const char *row, uint32_t c)
+{
+    const char *blk = qblock(dt, row, c);
+    __m512i v;
+    if (dt == PKV_Q8) {
+        v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 2 + c % 32)));
+    } else { /* 8 bytes, 16 nibbles: low then high of each byte, in order */
+        const __m128i x = _mm_loadl_epi64((const void *)(blk + 2 + (c % 32) / 2));
+        const __m128i m = _mm_set1_epi8(15);
+        const __m128i b = _mm_unpacklo_epi8(_mm_and_si128(x, m),
+                                            _mm_and_si128(_mm_srli_epi16(x, 4), m));
+        v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(8));
+    }
+    return _mm512_mul_ps(_mm512_set1_ps(qscale(blk)), _mm512_cvtepi32_ps(v));
+}
+
+/* The first rem (1..15) values from element c, the other lanes 0. */
+AI __m512 ldqm(pkv_dtype dt, const char *row, uint32_t c, uint32_t rem)
+{
+    const char *blk = qblock(dt, row, c);
+    const float d = qscale(blk);
+    _Alignas(64) float tmp[16] = {0};
+    for (uint32_t j = 0; j < rem; j++)
+        tmp[j] = d * (float)pkvi_quant_block_int(dt, (const unsigned char *)blk, c % 32 + j);
+    return _mm512_load_ps(tmp);
 }
 
 /* ---- exp ----------------------------------------------------------------------------
@@ -155,7 +202,8 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
             qv[h] = _mm512_loadu_ps(qh + (size_t)h * d + c);
         #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
-            const __m512 kv = ld(dt, krow, (size_t)t * d + c);
+            const __m512 kv = QTYPE(dt) ? ldq(dt, (const char *)krow + t * row_bytes, c)
+                                        : ld(dt, krow, (size_t)t * d + c);
             #pragma GCC unroll 16
             for (int h = 0; h < HB; h++)
                 a[h * TB + t] = _mm512_fmadd_ps(qv[h], kv, a[h * TB + t]);
@@ -169,7 +217,8 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
             qv[h] = _mm512_maskz_loadu_ps(k, qh + (size_t)h * d + c);
         #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
-            const __m512 kv = ldm(dt, krow, (size_t)t * d + c, k);
+            const __m512 kv = QTYPE(dt) ? ldqm(dt, (const char *)krow + t * row_bytes, c, d - c)
+                                        : ldm(dt, krow, (size_t)t * d + c, k);
             #pragma GCC unroll 16
             for (int h = 0; h < HB; h++)
                 a[h * TB + t] = _mm512_fmadd_ps(qv[h], kv, a[h * TB + t]);
@@ -206,6 +255,7 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
                  const __mmask16 k)
 {
     const size_t es = dt == PKV_F32 ? 4u : 2u;
+    const size_t vrb = QTYPE(dt) ? pkvi_quant_row_bytes(dt, d) : 0; /* a block row's bytes */
     __m512 a[4][4];
     #pragma GCC unroll 16
     for (int h = 0; h < HB; h++) {
@@ -222,14 +272,21 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
             for (uint32_t ln = ln0 + t * (ln1 - ln0) / n; ln < ln0 + (t + 1) * (ln1 - ln0) / n;
                  ln++)
                 _mm_prefetch(pf + (size_t)ln * 64, PF_HINT);
-        else if (pf) /* this block's bytes of row t, in the page `dist` ahead */
+        else if (pf && QTYPE(dt)) { /* the first block's call asks for row t ahead */
+            if (c0 == 0)
+                for (size_t off = 0; off < vrb; off += 64)
+                    _mm_prefetch(pf + t * vrb + off, PF_HINT);
+        } else if (pf) /* this block's bytes of row t, in the page `dist` ahead */
             for (size_t off = c0 * es; off < (c0 + 16u * CB) * es && off < d * es; off += 64)
                 _mm_prefetch(pf + t * d * es + off, PF_HINT);
         __m512 vv[4];
         #pragma GCC unroll 16
         for (int c = 0; c < CB; c++)
-            vv[c] = tail ? ldm(dt, vrow, (size_t)t * d + c0, k)
-                         : ld(dt, vrow, (size_t)t * d + c0 + 16 * c);
+            vv[c] = QTYPE(dt)
+                        ? (tail ? ldqm(dt, (const char *)vrow + t * vrb, c0, d - c0)
+                                : ldq(dt, (const char *)vrow + t * vrb, c0 + 16 * (uint32_t)c))
+                        : (tail ? ldm(dt, vrow, (size_t)t * d + c0, k)
+                                : ld(dt, vrow, (size_t)t * d + c0 + 16 * c));
         #pragma GCC unroll 16
         for (int h = 0; h < HB; h++) {
             const __m512 wb = _mm512_set1_ps(w[h * PKVI_TILE + t]);
@@ -372,6 +429,10 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, 
                  l + h, alpha + h);
 }
 
+#include "qdot256.h" /* qk_heads_int: the integer-dot scores (AVX2 instructions) */
+
+#define PKVI_WALK_BLOCK_TYPES 1 /* the loads above read Q8 and Q4 */
+#define PKVI_WALK_QUANT_DOT 1
 #include "walk.h"
 
 /* ---- store ---------------------------------------------------------------------------

@@ -113,14 +113,9 @@ bool pkvi_isa_supported(const char *isa)
 
 const pkvi_kernels *pkvi_kernels_for_dtype(const pkvi_kernels *k, pkv_dtype dt)
 {
-#if PKV_HAVE_X86_KERNELS
-    /* The block types (Q8, Q4) have scalar and AVX2 loads so far: an AVX-512 engine
-     * reads them with the AVX2 kernel (and pkv_engine_stats' isa says so). */
-    if ((dt == PKV_Q8 || dt == PKV_Q4) && k == &pkvi_kernels_avx512)
-        return &pkvi_kernels_avx2;
-#else
+    /* Every table reads every storage type (the block types since avx512.c gained
+     * their loads); kept as the one place a table without some dtype would say so. */
     (void)dt;
-#endif
     return k;
 }
 

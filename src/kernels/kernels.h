@@ -37,6 +37,9 @@ typedef struct {
     pkv_dtype dtype;        /* storage type of the page */
     float scale;            /* softmax scale applied to q.k */
     float softcap;          /* 0: none; else a scaled score s becomes softcap*tanh(s/softcap) */
+    uint32_t quant_dot;     /* 1 (Q8/Q4 pages only): scores from integer dot products of
+                             * the K rows' integers with q quantized per head into int8
+                             * blocks (pkvi_quant_query); 0: the exact f32 dot */
     size_t group_stride;    /* bytes between consecutive groups in a page: bt*(dk+dv)*size */
     size_t v_offset;        /* bytes from a group's K rows to its V rows: bt*dk*size, or
                              * (bt-r)*dk*size + r*dv*size for a walk starting at row r */
@@ -58,7 +61,9 @@ typedef struct {
  * `last_tokens` in 1..bt positions) of the KV groups group0 .. group0 + n_groups - 1
  * into the running softmax states of each group's hg query heads (x).
  *
- * Score of a position: s = (q . k) * scale, dot accumulated in f32, then, with a
+ * Score of a position: s = (q . k) * scale, dot accumulated in f32 (with quant_dot:
+ * q . k = sum over blocks b of (dk_b * dq_b) * isum_b, isum_b the exact int32 dot of
+ * the block's integers, ref.c has the order), then, with a
  * softcap c > 0, s = c * tanh(s / c) (tanh within a few ulp: docs/numerics.md). Positions are
  * folded in order in tiles of at most PKVI_TILE tokens (a tile never spans pages):
  * per tile, m' = max(m, max s); rescale l and acc by exp(m - m'); add exp(s - m').
@@ -91,7 +96,7 @@ PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512;  /* may be unavailabl
  * (scalar|avx2|avx512; a forced ISA the host lacks gives PKV_EINVAL). */
 PKVI_HIDDEN pkv_status pkvi_kernels_select(const pkvi_kernels **out);
 /* The table an engine of storage type dt uses, given the best one k for the host:
- * k, unless k lacks loads of dt (the block types on AVX-512: then AVX2's). */
+ * k: every table built reads every dtype (kept for a table that some day lacks one). */
 PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_for_dtype(const pkvi_kernels *k, pkv_dtype dt);
 /* PKV_EINVAL when PKV_FORCE_ISA names an ISA this host cannot run (or none at all);
  * *name is the variable's value (NULL when unset). */

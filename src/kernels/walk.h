@@ -12,6 +12,10 @@
  *                      acc = alpha * acc + weights w times n V rows, for HB heads
  *   softmax_tile(hg, n, scale, cap, s, m, l, alpha)
  *                      the per-tile softmax step of ref.c for hg heads (cap: softcap)
+ * and, with PKVI_WALK_QUANT_DOT 1 (the integer-dot path, quant_dot = 1):
+ *   qk_heads_int(dt, krow, row_bytes, d, n, qi, qs, dpad, nb, s, pf, HB)
+ *                      integer-dot scores of HB quantized heads (qi: [HB][dpad] int8,
+ *                      in the order qd_permute gives; qs: [HB][nb] block scales)
  * so each file is compiled with its own -m flags (STYLE.md) and the code is written
  * once. Defines `attend`, a pkvi_attend_fn.
  */
@@ -28,6 +32,8 @@
 typedef struct {
     const char *k, *v, *pfk, *pfv;
     const float *q;
+    const int8_t *qi;   /* quant_dot: the group's heads quantized, [hg][dpad] */
+    const float *qs;    /* quant_dot: their block scales, [hg][nb] */
     float *m, *l, *acc;
     uint32_t n;
 } tile;
@@ -41,12 +47,33 @@ AI size_t row_bytes_of(const pkv_dtype dt, uint32_t n)
 }
 
 /* Unscaled scores of the tile's rows for all hg heads into s [hg][TILE]. */
-AI void tile_qk(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, float *s)
+AI void tile_qk(const pkv_dtype dt, const bool qd, const pkvi_kparams *p, const tile *t,
+                float *s)
 {
     const uint32_t d = p->head_dim, hg = p->hg;
     const size_t row = row_bytes_of(dt, d);
     const char *pk = t->pfk; /* only the first head block prefetches: same rows for all */
     uint32_t h = 0;
+#if PKVI_WALK_QUANT_DOT
+    if (qd) {
+        const uint32_t nb = (d + 31) / 32, dp = nb * 32;
+        for (; h + 4 <= hg; h += 4, pk = NULL)
+            qk_heads_int(dt, t->k, row, d, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
+                         dp, nb, s + h * PKVI_TILE, pk, 4);
+        if (hg - h >= 2) {
+            qk_heads_int(dt, t->k, row, d, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
+                         dp, nb, s + h * PKVI_TILE, pk, 2);
+            h += 2;
+            pk = NULL;
+        }
+        if (h < hg)
+            qk_heads_int(dt, t->k, row, d, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
+                         dp, nb, s + h * PKVI_TILE, pk, 1);
+        return;
+    }
+#else
+    (void)qd;
+#endif
     for (; h + 4 <= hg; h += 4, pk = NULL)
         qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, 4);
     if (hg - h >= 2) {
@@ -151,10 +178,14 @@ AI const char *cursor_unit(const cursor *c, const void *const *pages, const pkvi
  * own operations in the order of ref.c (softmax(k) only reads m and l, and PV(k-1)
  * precedes PV(k)), so the results are those of the unpipelined order, bit for bit.
  */
-AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const *pages,
-                    uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
-                    uint32_t n_groups, const pkvi_heads *x)
+AI void attend_impl(const pkv_dtype dt, const bool qd, const pkvi_kparams *p,
+                    const void *const *pages, uint32_t n_pages, uint32_t last_tokens,
+                    uint32_t group0, uint32_t n_groups, const pkvi_heads *x,
+                    const int8_t *qi, const float *qs)
 {
+    /* quant_dot: group i's quantized heads at qi + i * qi_stride, qs + i * qs_stride */
+    const uint32_t nbq = (p->head_dim + 31) / 32;
+    const size_t qi_stride = (size_t)p->hg * nbq * 32, qs_stride = (size_t)p->hg * nbq;
     const size_t row = row_bytes_of(dt, p->head_dim), vrow = row_bytes_of(dt, PKVI_DV(p));
     /* prefetch distance in units: at least PF_AHEAD_BYTES of rows */
     const size_t region = (size_t)p->block_tokens * (row + vrow);
@@ -194,12 +225,14 @@ AI void attend_impl(const pkv_dtype dt, const pkvi_kparams *p, const void *const
                     .pfk = pfk ? pfk + t0 * row : NULL,
                     .pfv = pfk ? pfk + p->v_offset + t0 * vrow : NULL,
                     .q = x->q + i * x->q_stride,
+                    .qi = qd ? qi + i * qi_stride : NULL,
+                    .qs = qd ? qs + i * qs_stride : NULL,
                     .m = x->m + i * x->st_stride,
                     .l = x->l + i * x->st_stride,
                     .acc = x->acc + i * x->st_stride,
                     .n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE,
                 };
-                tile_qk(dt, p, &t, s[cur]);
+                tile_qk(dt, qd, p, &t, s[cur]);
                 if (pending) {
                     if (PF_IN_ADDRESS_ORDER(dt))
                         prev.pfv = t.pfv;
@@ -220,22 +253,100 @@ static void attend_f32(const pkvi_kparams *p, const void *const *pages, uint32_t
                        uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                        const pkvi_heads *x)
 {
-    attend_impl(PKV_F32, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    attend_impl(PKV_F32, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
+                NULL);
 }
 
 static void attend_f16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                        uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                        const pkvi_heads *x)
 {
-    attend_impl(PKV_F16, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    attend_impl(PKV_F16, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
+                NULL);
 }
 
 static void attend_bf16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                         uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                         const pkvi_heads *x)
 {
-    attend_impl(PKV_BF16, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    attend_impl(PKV_BF16, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
+                NULL);
 }
+
+#if PKVI_WALK_QUANT_DOT
+/* Bytes of quantized q a call holds on its stack (int8; the scales add 1/8 of it):
+ * every group of a decode of usual shapes (llama3-8b: 8 x 4 heads x 128 = 4 KiB) at
+ * once; a larger call (prefill tiles stack up to 256 heads) is walked in runs of groups,
+ * or of heads, that fit - the arithmetic is page-, group- and head-local (kernels.h),
+ * so the results are the bits of one walk. */
+#define QD_SCRATCH_BYTES (32u << 10)
+
+/* Q4 blocks are read as the low nibbles of their 16 bytes (values 0, 2, .., 30), then
+ * the high ones (1, 3, .., 31): q is stored in that order, so the integer dot (exact,
+ * any order) pairs each value with its own. Q8 keeps the row order. */
+AI void qd_permute(const pkv_dtype dt, int8_t *qi, uint32_t dpad)
+{
+    if (dt != PKV_Q4)
+        return;
+    for (uint32_t c = 0; c < dpad; c += 32) {
+        int8_t t[32];
+        for (uint32_t j = 0; j < 16; j++) {
+            t[j] = qi[c + 2 * j];
+            t[16 + j] = qi[c + 2 * j + 1];
+        }
+        memcpy(qi + c, t, sizeof t);
+    }
+}
+
+/* The integer-dot walk: quantize the call's heads (pkvi_quant_query, as ref.c), then
+ * walk in runs whose quantized q fits the scratch. */
+AI void attend_qd(const pkv_dtype dt, const pkvi_kparams *p, const void *const *pages,
+                  uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
+                  uint32_t n_groups, const pkvi_heads *x)
+{
+    const uint32_t d = p->head_dim, dv = PKVI_DV(p), H = p->hg, nb = (d + 31) / 32;
+    const uint32_t dpad = nb * 32, fit = QD_SCRATCH_BYTES / dpad; /* heads; >= 8 */
+    _Alignas(64) int8_t qi[QD_SCRATCH_BYTES];
+    _Alignas(64) float qs[QD_SCRATCH_BYTES / 32];
+    if (H <= fit) { /* runs of whole groups */
+        const uint32_t per = fit / H;
+        for (uint32_t g = 0; g < n_groups; g += per) {
+            const uint32_t ng = n_groups - g < per ? n_groups - g : per;
+            for (uint32_t i = 0; i < ng; i++)
+                for (uint32_t h = 0; h < H; h++) {
+                    int8_t *qh = qi + ((size_t)i * H + h) * dpad;
+                    pkvi_quant_query(d, x->q + (g + i) * x->q_stride + (size_t)h * d, qh,
+                                     qs + ((size_t)i * H + h) * nb);
+                    qd_permute(dt, qh, dpad);
+                }
+            const pkvi_heads xs = {
+                .q = x->q + g * x->q_stride, .m = x->m + g * x->st_stride,
+                .l = x->l + g * x->st_stride, .acc = x->acc + g * x->st_stride,
+                .q_stride = x->q_stride, .st_stride = x->st_stride,
+            };
+            attend_impl(dt, true, p, pages, n_pages, last_tokens, group0 + g, ng, &xs, qi, qs);
+        }
+        return;
+    }
+    pkvi_kparams ph = *p; /* runs of the heads of one group */
+    for (uint32_t g = 0; g < n_groups; g++)
+        for (uint32_t h0 = 0; h0 < H; h0 += fit) {
+            ph.hg = H - h0 < fit ? H - h0 : fit;
+            for (uint32_t h = 0; h < ph.hg; h++) {
+                pkvi_quant_query(d, x->q + g * x->q_stride + (size_t)(h0 + h) * d,
+                                 qi + (size_t)h * dpad, qs + (size_t)h * nb);
+                qd_permute(dt, qi + (size_t)h * dpad, dpad);
+            }
+            const pkvi_heads xs = {
+                .q = x->q + g * x->q_stride + (size_t)h0 * d,
+                .m = x->m + g * x->st_stride + h0, .l = x->l + g * x->st_stride + h0,
+                .acc = x->acc + g * x->st_stride + (size_t)h0 * dv,
+                .q_stride = x->q_stride, .st_stride = x->st_stride,
+            };
+            attend_impl(dt, true, &ph, pages, n_pages, last_tokens, group0 + g, 1, &xs, qi, qs);
+        }
+}
+#endif
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                    uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
@@ -254,10 +365,21 @@ static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_p
     case PKV_Q8:
     case PKV_Q4:
 #if PKVI_WALK_BLOCK_TYPES
+#if PKVI_WALK_QUANT_DOT
+        if (p->quant_dot) {
+            if (p->dtype == PKV_Q8)
+                attend_qd(PKV_Q8, p, pages, n_pages, last_tokens, group0, n_groups, x);
+            else
+                attend_qd(PKV_Q4, p, pages, n_pages, last_tokens, group0, n_groups, x);
+            break;
+        }
+#endif
         if (p->dtype == PKV_Q8)
-            attend_impl(PKV_Q8, p, pages, n_pages, last_tokens, group0, n_groups, x);
+            attend_impl(PKV_Q8, false, p, pages, n_pages, last_tokens, group0, n_groups, x,
+                        NULL, NULL);
         else
-            attend_impl(PKV_Q4, p, pages, n_pages, last_tokens, group0, n_groups, x);
+            attend_impl(PKV_Q4, false, p, pages, n_pages, last_tokens, group0, n_groups, x,
+                        NULL, NULL);
 #else   /* this ISA has no loads of the block types: the scalar kernel */
         pkvi_kernels_scalar.attend(p, pages, n_pages, last_tokens, group0, n_groups, x);
 #endif

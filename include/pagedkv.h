@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 #define PKV_VERSION_MAJOR 0
-#define PKV_VERSION_MINOR 2
+#define PKV_VERSION_MINOR 3
 #define PKV_VERSION_PATCH 0
 
 /* Status of every fallible call. */
@@ -103,7 +103,7 @@ typedef struct {
     uint32_t head_dim_v;       /* width of V rows and of out; 0 = head_dim */
     const pkv_layer_config *layer_cfg; /* NULL: every layer full causal; else
                                   [n_layers], copied by pkv_engine_create */
-    /* SPEC §9 */
+    /* SPEC §9 and §10 (appended in soname 2) */
     uint32_t quant_dot;        /* 0: exact; 1: integer dot products (PKV_Q8/PKV_Q4 pages
                                   only): each query head is rounded per block of 32 to
                                   int8 with its own scale and scored against the K rows'
@@ -112,7 +112,6 @@ typedef struct {
                                   batch and prefill as on the exact path. An f32, f16 or
                                   bf16 engine with quant_dot 1 is PKV_EINVAL
                                   (pkv_config_explain says why); > 1 is PKV_EINVAL. */
-    /* SPEC §10 */
     uint64_t prefix_cache_bytes; /* reusable pages that no live session holds are kept
                                   up to this many bytes, least recently used dropped
                                   first; 0 = only pages of live sessions are reusable.

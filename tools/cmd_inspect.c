@@ -69,6 +69,11 @@ static void print_text(const char *path, const pkv_file_info *in, const uint64_t
         printf("format      pagedkv session file, version %u\n", in->version);
         printf("geometry    %u layers, %u heads, %u kv heads, head dim %u\n", in->n_layers,
                in->n_heads, in->n_kv_heads, in->head_dim);
+        if (in->head_dim_v != in->head_dim)
+            printf("v width     %u (head_dim_v)\n", in->head_dim_v);
+        if (in->n_variant_layers)
+            printf("variants    %u layers with a window, soft-cap or sink logits\n",
+                   in->n_variant_layers);
         printf("dtype       %s\n", pkv_dtype_name(in->kv_dtype));
         printf("scale       %.9g (bits 0x%08x)\n", (double)in->scale, scale_bits(in->scale));
         printf("pages       %llu of %llu bytes, %u tokens each (%s of page data from offset "
@@ -80,6 +85,8 @@ static void print_text(const char *path, const pkv_file_info *in, const uint64_t
             printf("%s%llu", l % 16 == 0 ? "\n              " : " ",
                    (unsigned long long)len[l]);
         printf("\n");
+        printf("token ids   %llu recorded (the prefix cache's record; version 3)\n",
+               (unsigned long long)in->n_token_ids);
     }
     if (st == PKV_OK) {
         printf("checksums   header, page table and %llu pages verified; padding is zero\n",
@@ -115,7 +122,9 @@ static void print_json(const char *path, const pkv_file_info *in, const uint64_t
         fprintf(stdout, "%.9g", (double)in->scale);
         JSON_U64S(W, {"scale_bits", scale_bits(in->scale)}, {"page_bytes", in->page_bytes},
                   {"n_pages", in->n_pages}, {"data_offset", in->data_offset},
-                  {"tokens", in->tokens});
+                  {"tokens", in->tokens}, {"head_dim_v", in->head_dim_v},
+                  {"n_variant_layers", in->n_variant_layers},
+                  {"n_token_ids", in->n_token_ids});
         json_open(W, "layer_len", '[');
         for (uint32_t l = 0; l < in->n_layers; l++)
             JSON_U64S(W, {NULL, len[l]});

@@ -4,13 +4,13 @@ Where libpagedkv is looked for, first found wins:
   1. $PAGEDKV_LIBRARY: a path to libpagedkv.so (tests point it at a build directory);
   2. the library directory meson installed this package beside (_install.py, written at
      install time);
-  3. the dynamic linker's search path (libpagedkv.so.1, then ctypes.util.find_library).
+  3. the dynamic linker's search path (libpagedkv.so.2, then ctypes.util.find_library).
 """
 import ctypes
 import ctypes.util
 import os
 
-SONAME = "libpagedkv.so.1"
+SONAME = "libpagedkv.so.2"
 
 # pkv_status
 OK, EINVAL, ENOMEM, EIO, ECORRUPT, ERANGE, ESTATE = range(7)

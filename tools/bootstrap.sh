@@ -41,7 +41,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 
 # Debian packages the build and the tests need (pkg-config names checked below).
-PKGS="meson ninja-build pkg-config gcc libc6-dev libjemalloc-dev liburing-dev check"
+PKGS="meson ninja-build pkg-config gcc libc6-dev libjemalloc-dev liburing-dev check libopenmpi-dev openmpi-bin"
 
 missing=""
 for p in $PKGS; do

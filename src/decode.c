@@ -88,15 +88,21 @@ static void states_clear(float *st, uint32_t ng, size_t sf, uint32_t H, uint32_t
  * nothing; the sink logit sigma as a first state (sigma, 1, 0) leaves exactly
  * (sigma, 1, 0), which is how the pipeline starts a head that has one.
  */
-static inline void fold_state(float *m, float *l, float *o, float mc, float lc,
-                              const float *ac, uint32_t d)
+static inline void fold_state(float *m, float *l, float *restrict o, float mc, float lc,
+                              const float *restrict ac, uint32_t d)
 {
     if (mc == -INFINITY)
         return;
     const float nm = fmaxf(*m, mc);
     const float a = expf(*m - nm), w = expf(mc - nm);
     *l = *l * a + lc * w;
-    for (uint32_t x = 0; x < d; x++)
+    /* by eight: independent lanes the compiler packs into vector instructions at -O2
+     * (the same multiply and add per element, so the same bits as one at a time) */
+    uint32_t x = 0;
+    for (; x + 8 <= d; x += 8)
+        for (uint32_t u = 0; u < 8; u++)
+            o[x + u] = o[x + u] * a + ac[x + u] * w;
+    for (; x < d; x++)
         o[x] = o[x] * a + ac[x] * w;
     *m = nm;
 }

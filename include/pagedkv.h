@@ -389,6 +389,14 @@ PKV_API pkv_status pkv_partial_chunks(const pkv_session *s, uint32_t layer, uint
  * n_chunks == 0). */
 PKV_API pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks,
                                       const float *states, float *out);
+/* The fold of pkv_merge_partials without the final division: state_out [n_heads]
+ * [head_dim_v + 2] is one state (m, l, acc) that stands for the n_chunks states, in
+ * position order. Folding it first and then later states is, to the bit, the fold of
+ * all of them (a chain of shards passes one state along instead of every chunk's:
+ * docs/sharding.md). state_out may alias states. PKV_EINVAL (NULL, n_chunks == 0),
+ * PKV_ENOMEM. */
+PKV_API pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks,
+                                     const float *states, float *state_out);
 
 /* ---- Introspection (what `pagedkv inspect` and `pagedkv soak` are built on) ------- */
 

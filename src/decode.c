@@ -689,21 +689,50 @@ pkv_status pkv_partial_chunks(const pkv_session *s, uint32_t layer, uint64_t *ou
     return PKV_OK;
 }
 
+/* Fold head j of n states [n][h][dv + 2] in order from the empty state into (*m, *l,
+ * o[dv]). */
+static void fold_head(const pkv_engine *e, uint32_t n_chunks, const float *states, uint32_t j,
+                      float *m, float *l, float *o)
+{
+    const uint32_t h = e->cfg.n_heads, dv = e->cfg.head_dim_v;
+    const size_t hs = (size_t)dv + 2, ps = (size_t)h * hs;
+    *m = -INFINITY;
+    *l = 0.0f;
+    memset(o, 0, (size_t)dv * sizeof(float));
+    for (uint32_t c = 0; c < n_chunks; c++) {
+        const float *b = states + c * ps + j * hs;
+        fold_state(m, l, o, b[0], b[1], b + 2, dv);
+    }
+}
+
 pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
                               float *out)
 {
     if (!e || !states || !out || n_chunks == 0)
         return PKV_EINVAL;
     const uint32_t h = e->cfg.n_heads, dv = e->cfg.head_dim_v;
-    const size_t hs = (size_t)dv + 2, ps = (size_t)h * hs;
     for (uint32_t j = 0; j < h; j++) {
-        float m = -INFINITY, l = 0.0f, *o = out + (size_t)j * dv;
-        memset(o, 0, (size_t)dv * sizeof(float));
-        for (uint32_t c = 0; c < n_chunks; c++) {
-            const float *b = states + c * ps + j * hs;
-            fold_state(&m, &l, o, b[0], b[1], b + 2, dv);
-        }
+        float m, l, *o = out + (size_t)j * dv;
+        fold_head(e, n_chunks, states, j, &m, &l, o);
         finish_state(l, o, dv, o);
     }
+    return PKV_OK;
+}
+
+pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
+                             float *state_out)
+{
+    if (!e || !states || !state_out || n_chunks == 0)
+        return PKV_EINVAL;
+    const uint32_t h = e->cfg.n_heads;
+    const size_t hs = (size_t)e->cfg.head_dim_v + 2;
+    /* into a copy first: state_out may be one of the states */
+    float *tmp = malloc((size_t)h * hs * sizeof(float));
+    if (!tmp)
+        return PKV_ENOMEM;
+    for (uint32_t j = 0; j < h; j++)
+        fold_head(e, n_chunks, states, j, tmp + j * hs, tmp + j * hs + 1, tmp + j * hs + 2);
+    memcpy(state_out, tmp, (size_t)h * hs * sizeof(float));
+    free(tmp);
     return PKV_OK;
 }

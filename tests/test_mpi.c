@@ -12,7 +12,8 @@
  *     engine holding the context, the context split over R ranks (each rank's first
  *     position a multiple of the align, positions adding up to ctx), points owned by
  *     the last rank among the checked ones; on the plain layer and on one with every
- *     variant at once (window, sinks, sink logits, soft-cap, head_dim_v, q8).
+ *     variant at once (window, sinks, sink logits, soft-cap, head_dim_v, q8), and
+ *     with --exchange chain (one folded state passed rank to rank, q4, a window).
  *   - generate: the greedy text of stories260K over R ranks is the single-process text
  *     byte for byte.
  */
@@ -109,6 +110,15 @@ START_TEST(stress_variants)
 }
 END_TEST
 
+START_TEST(stress_chain)
+{
+    stress_case(ARGS("--exchange", "chain", "--heads", "4", "--kv-heads", "2", "--head-dim",
+                     "16", "--window", "1500", "--sinks", "5", "--sink-logits", "--dtype",
+                     "q4"),
+                5000);
+}
+END_TEST
+
 START_TEST(generate_text)
 {
     const char *dir = getenv("PKV_SHARED_DIR");
@@ -150,6 +160,7 @@ int main(void)
     tcase_set_timeout(ts, 240);
     tcase_add_test(ts, stress_plain);
     tcase_add_test(ts, stress_variants);
+    tcase_add_test(ts, stress_chain);
     suite_add_tcase(s, ts);
     TCase *tg = tcase_create("generate");
     tcase_set_timeout(tg, 240);

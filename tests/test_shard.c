@@ -150,6 +150,19 @@ static void shards_equal_whole(pkv_dtype dt, uint32_t dv_extra)
         ck_assert_int_eq(pkv_merge_partials(e, n, st, got), PKV_OK);
         ck_assert_msg(memcmp(got, want, od * sizeof(float)) == 0,
                       "dtype %d layer %u: partial + merge differs from pkv_decode", dt, l);
+        /* a chain: the first k states folded into one (in place), then the rest after
+         * it - the same bits at every k */
+        float *chainb = pkvt_alloc(pkvt_mul(n + 1, ps * sizeof(float)));
+        for (uint32_t k = 1; k <= n; k++) {
+            memcpy(chainb, st, (size_t)n * ps * sizeof(float));
+            ck_assert_int_eq(pkv_fold_partials(e, k, chainb, chainb), PKV_OK);
+            memmove(chainb + ps, st + (size_t)k * ps, (size_t)(n - k) * ps * sizeof(float));
+            ck_assert_int_eq(pkv_merge_partials(e, 1 + n - k, chainb, got), PKV_OK);
+            ck_assert_msg(memcmp(got, want, od * sizeof(float)) == 0,
+                          "dtype %d layer %u: a fold of %u states, then the rest, differs",
+                          dt, l, k);
+        }
+        free(chainb);
     }
 
     /* shards at every aligned cut c in (0, T), and the cut at every two of them */
@@ -385,6 +398,10 @@ START_TEST(bad_calls)
     ck_assert_int_eq(pkv_merge_partials(e, 0, st, out), PKV_EINVAL);
     ck_assert_int_eq(pkv_merge_partials(e, 1, NULL, out), PKV_EINVAL);
     ck_assert_int_eq(pkv_merge_partials(e, 1, st, NULL), PKV_EINVAL);
+    ck_assert_int_eq(pkv_fold_partials(NULL, 1, st, out), PKV_EINVAL);
+    ck_assert_int_eq(pkv_fold_partials(e, 0, st, out), PKV_EINVAL);
+    ck_assert_int_eq(pkv_fold_partials(e, 1, NULL, out), PKV_EINVAL);
+    ck_assert_int_eq(pkv_fold_partials(e, 1, st, NULL), PKV_EINVAL);
     /* a shard is not truncated below its first position */
     ck_assert_int_eq(pkv_session_truncate(s, 2 * A - 1), PKV_ERANGE);
     ck_assert_uint_eq(pkv_session_len(s, 0), 4 * A + 3);

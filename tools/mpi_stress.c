@@ -59,6 +59,11 @@ static void usage(FILE *f)
         "  --reps N             timed decodes per point (default 3)\n"
         "  --check N            bitwise check on positions [0, N) against one engine on\n"
         "                       rank 0 (default min(ctx, 16384); 0 = off)\n"
+        "  --exchange MODE      gather: every rank's chunk states go to the owner, which\n"
+        "                       folds them (default); chain: rank 0 folds its states\n"
+        "                       into one (pkv_fold_partials) and passes it on, each rank\n"
+        "                       folds its own after it, the owner finishes - one state\n"
+        "                       per hop instead of every chunk's, the same bits\n"
         "  --seed N             seed of the rows (default 1)\n"
         "  --json               one JSON object on stdout (rank 0)\n"
         "  --help               this text\n\n"
@@ -72,6 +77,7 @@ typedef struct {
     double softcap;
     pkv_dtype dtype;
     bool mpi, sink_logits, json, check_set;
+    const char *exchange;     /* "gather" or "chain" */
 } ms_opts;
 
 static uint64_t splitmix(uint64_t *s)
@@ -176,7 +182,8 @@ static int run(const ms_opts *o, int rank, int R)
     const size_t ps = (size_t)o->heads * (dv + 2);
     /* the owner receives at most every chunk of [0, ctx) plus a sink-logit state and a
      * window's split chunk per rank */
-    const uint64_t max_states = nc + 2 * (uint64_t)R + 2;
+    const uint64_t max_states = nc + 2 * (uint64_t)R + 3;
+    const bool chain = strcmp(o->exchange, "chain") == 0;
     float *k = calloc((size_t)o->kv_heads * o->head_dim, sizeof *k);
     float *v = calloc((size_t)o->kv_heads * dv, sizeof *v);
     float *q = calloc(qd * o->layers, sizeof *q);
@@ -260,11 +267,38 @@ static int run(const ms_opts *o, int rank, int R)
                 uint32_t got = 0;
                 if (held > lo[rank]) {
                     st = pkv_decode_partial_at(s, l, n - 1, q + l * qd,
-                                               (uint32_t)max_states, mine, &got);
+                                               (uint32_t)max_states - 1, mine, &got);
                     if (st != PKV_OK) {
                         fail = 1;
                         got = 0;
                     }
+                }
+                if (chain) {
+                    /* [the state folded so far, this rank's states]: folded again in
+                     * position order, passed to the next rank up to the owner */
+                    if (rank > owner)
+                        continue;
+                    memmove(mine + ps, mine, (size_t)got * ps * sizeof(float));
+                    for (uint32_t j = 0; j < o->heads; j++) { /* rank 0: the empty state */
+                        float *x = mine + j * (ps / o->heads);
+                        x[0] = -INFINITY;
+                        x[1] = 0.0f;
+                        memset(x + 2, 0, (size_t)dv * sizeof(float));
+                    }
+                    if (rank > 0)
+                        MPI_Recv(mine, (int)ps, MPI_FLOAT, rank - 1, 11, MPI_COMM_WORLD,
+                                 MPI_STATUS_IGNORE);
+                    if (rank < owner) {
+                        if (pkv_fold_partials(e, got + 1, mine, mine) != PKV_OK)
+                            fail = 1;
+                        MPI_Send(mine, (int)ps, MPI_FLOAT, rank + 1, 11, MPI_COMM_WORLD);
+                    } else {
+                        if (pkv_merge_partials(e, got + 1, mine, out + l * od) != PKV_OK)
+                            fail = 1;
+                        sent += (uint64_t)owner * ps * sizeof(float);
+                        merged = got + 1;
+                    }
+                    continue;
                 }
                 int cnt = (int)(got * ps);
                 MPI_Gather(&cnt, 1, MPI_INT, counts, 1, MPI_INT, owner, MPI_COMM_WORLD);
@@ -339,10 +373,11 @@ static int run(const ms_opts *o, int rank, int R)
         if (o->json) {
             printf("{\"ranks\": %d, \"ctx\": %llu, \"align\": %llu, \"layers\": %u, "
                    "\"heads\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"head_dim_v\": %u, "
-                   "\"dtype\": \"%s\", \"isa\": \"%s\", \"threads_per_rank\": %u,\n"
+                   "\"dtype\": \"%s\", \"isa\": \"%s\", \"threads_per_rank\": %u, "
+                   "\"exchange\": \"%s\",\n"
                    " \"rank_memory\": [", R, (unsigned long long)o->ctx,
                    (unsigned long long)A, o->layers, o->heads, o->kv_heads, o->head_dim, dv,
-                   pkv_dtype_name(o->dtype), es.isa, o->threads);
+                   pkv_dtype_name(o->dtype), es.isa, o->threads, o->exchange);
             for (int r = 0; r < R; r++)
                 printf("%s{\"rank\": %d, \"first\": %llu, \"positions\": %llu, "
                        "\"bytes_resident\": %llu, \"bytes_overhead\": %llu}",
@@ -361,10 +396,10 @@ static int run(const ms_opts *o, int rank, int R)
                    (unsigned long long)check, checks, mismatches);
         } else {
             printf("pagedkv stress --mpi: %d ranks, ctx %llu, %u layer(s) h=%u g=%u d=%u "
-                   "dv=%u %s, kernels %s, shard "
+                   "dv=%u %s, kernels %s, exchange %s, shard "
                    "align %llu positions\n", R, (unsigned long long)o->ctx, o->layers,
                    o->heads, o->kv_heads, o->head_dim, dv, pkv_dtype_name(o->dtype), es.isa,
-                   (unsigned long long)A);
+                   o->exchange, (unsigned long long)A);
             for (int r = 0; r < R; r++)
                 printf("  rank %d: positions [%llu, %llu)  %llu bytes resident  %llu bytes "
                        "bookkeeping\n", r, (unsigned long long)lo[r],
@@ -422,7 +457,9 @@ int mpi_stress(int argc, char **argv)
     o.points = 12;
     o.reps = 3;
     o.seed = 1;
+    o.exchange = "gather";
     const cli_opt opts[] = {
+        {.name = "exchange", .kind = OPT_STRING, .dst = &o.exchange},
         {.name = "mpi", .kind = OPT_FLAG, .dst = &o.mpi},
         {.name = "ctx", .kind = OPT_U64, .dst = &o.ctx, .lo = 1, .hi = UINT64_MAX / 4},
         {.name = "layers", .kind = OPT_U32, .dst = &o.layers, .lo = 1, .hi = 4096},
@@ -454,6 +491,8 @@ int mpi_stress(int argc, char **argv)
     if (o.heads % o.kv_heads)
         return cli_usage_error(CMD, "--heads (%u) must be a multiple of --kv-heads (%u)",
                                o.heads, o.kv_heads);
+    if (strcmp(o.exchange, "gather") && strcmp(o.exchange, "chain"))
+        return cli_usage_error(CMD, "--exchange: '%s' is not gather or chain", o.exchange);
     if ((o.sinks) && !o.window)
         return cli_usage_error(CMD, "--sinks needs --window");
     if (MPI_Init(&argc, &argv) != MPI_SUCCESS)

@@ -96,7 +96,9 @@ static void shards_equal_whole(pkv_dtype dt, uint32_t dv_extra)
     pkvt_rng r;
     const uint64_t seed = pkvt_seed() ^ dt ^ ((uint64_t)dv_extra << 8);
     pkvt_rng_init(&r, seed);
-    geom G = {.h = 4, .g = 2, .d = 8, .bt = 16, .dt = dt, .window = 700};
+    /* quick (sanitizers, whose poison builds check every invariant at every call, over
+     * every page): fewer, larger pages */
+    geom G = {.h = 4, .g = 2, .d = 8, .bt = pkvt_quick() ? 64 : 16, .dt = dt, .window = 700};
     G.dv = G.d + dv_extra;
     pkv_engine *e = make_engine(&G, 1);
     const uint64_t A = pkv_shard_align(e);
@@ -231,7 +233,8 @@ START_TEST(many_chunks)
     pkvt_rng r;
     const uint64_t seed = pkvt_seed();
     pkvt_rng_init(&r, seed);
-    geom G = {.h = 4, .g = 1, .d = 4, .dv = 4, .bt = 32, .dt = PKV_F32, .window = 40000};
+    geom G = {.h = 4, .g = 1, .d = 4, .dv = 4, .bt = pkvt_quick() ? 256 : 32, .dt = PKV_F32,
+              .window = 40000};
     pkv_engine *e1 = make_engine(&G, 1);
     pkv_engine *e2 = make_engine(&G, 2);
     const uint64_t A = pkv_shard_align(e1);
@@ -434,15 +437,20 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("shard");
-    TCase *tc = tcase_create("shard");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, shards_f32);
-    tcase_add_test(tc, shards_f16);
-    tcase_add_test(tc, shards_bf16);
-    tcase_add_test(tc, shards_q8);
-    tcase_add_test(tc, shards_q4);
-    tcase_add_test(tc, many_chunks);
-    tcase_add_test(tc, window_far_behind);
+    TCase *td = tcase_create("dtypes");
+    tcase_set_timeout(td, 300);
+    tcase_add_test(td, shards_f32);
+    tcase_add_test(td, shards_f16);
+    tcase_add_test(td, shards_bf16);
+    tcase_add_test(td, shards_q8);
+    tcase_add_test(td, shards_q4);
+    suite_add_tcase(s, td);
+    TCase *tw = tcase_create("waves");
+    tcase_set_timeout(tw, 300);
+    tcase_add_test(tw, many_chunks);
+    tcase_add_test(tw, window_far_behind);
+    suite_add_tcase(s, tw);
+    TCase *tc = tcase_create("calls");
     tcase_add_test(tc, bad_calls);
     suite_add_tcase(s, tc);
     return pkvt_run(s);

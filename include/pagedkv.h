@@ -370,6 +370,80 @@ PKV_API pkv_status pkv_session_set_tokens(pkv_session *s, uint64_t n, const int3
 PKV_API pkv_status pkv_session_from_prefix(pkv_engine *e, uint64_t n, const int32_t *tokens,
                                            pkv_session **out, uint64_t *n_cached);
 
+/* ---- Several machines (SPEC §11) --------------------------------------------------- */
+/* The library has no MPI in it: these calls let a program (the tools use MPI, see
+ * docs/sharding.md) cut one context into shards held by different engines - one per
+ * machine - and still get, bitwise, what one engine holding the whole gives.
+ *
+ * Split-K chunks are absolute: chunk c holds positions [c * A0, (c + 1) * A0) of a
+ * layer, A0 = block_tokens * the engine's chunk size (512 tokens rounded up to whole
+ * pages), whatever the length. A shard starts at a multiple of pkv_shard_align, so
+ * every chunk lies in one shard; a decode folds its chunk states in position order,
+ * and the states of all shards, concatenated in position order and folded by
+ * pkv_merge_partials, are the same fold. Engines of the shards must have the same
+ * configuration (geometry, dtype, block_tokens, layer_cfg); n_threads may differ.
+ *
+ * A shard's positions are absolute: after pkv_session_set_first(s, F) and n appends,
+ * pkv_session_len is F + n, and pkv_session_truncate below F is PKV_ERANGE. Variants
+ * (SPEC §8): positions below sink_tokens and the sink-logit state live on the shard
+ * that starts at 0 (pkv_shard_align is at least every windowed layer's sink_tokens):
+ * only its partial states begin with the sink-logit state, so it is folded exactly
+ * once. A windowed layer's window is counted from the query's position: a shard that
+ * holds earlier positions than the query is asked with pkv_decode_partial_at. A
+ * shard's pkv_decode is the attention over its own positions (its sink logits only
+ * when it starts at 0). Saving a shard (pkv_session_save) is not supported yet.
+ *
+ * One state is m, l, acc[head_dim_v] per query head: softmax over the chunk's scores
+ * s_j is m = max s_j, l = sum e^(s_j - m), acc = sum e^(s_j - m) v_j; an empty state
+ * (nothing attended) is m = -inf, l = 0, acc = 0. */
+
+/* Positions a shard's first position must be a multiple of: block_tokens times the
+ * split-K chunk in pages, times enough to cover every windowed layer's sink_tokens.
+ * Fixed by the engine's configuration, never by any session's length. 0 for NULL. */
+PKV_API uint64_t pkv_shard_align(const pkv_engine *e);
+/* Make s, still empty (no layer holds a position), a shard whose first cached position
+ * is `first`, a multiple of pkv_shard_align(e); first = 0 is a whole session (no-op).
+ * The positions below `first` cost no page (the block table names none of them; its
+ * entries cost 16 bytes per page of them). PKV_EINVAL (NULL, first not aligned),
+ * PKV_ESTATE (s not empty), PKV_ENOMEM; nothing changes on failure. */
+PKV_API pkv_status pkv_session_set_first(pkv_session *s, uint64_t first);
+/* Partial states of q ([n_heads][head_dim]) over this session's cached positions of
+ * `layer` that a decode at its last position attends, one per split-K chunk, in
+ * position order: states [n_chunks][n_heads][head_dim_v + 2] (m, l, acc). A session
+ * that starts at 0 on a layer with sink logits puts the sink-logit state (sigma_i, 1,
+ * 0) first; it counts as a chunk. PKV_EINVAL (NULL, bad layer), PKV_ESTATE (layer
+ * empty), PKV_ERANGE when more than max_chunks states would be written (then
+ * *n_chunks is the number needed and states is untouched), PKV_EIO / PKV_ENOMEM
+ * (spilled pages could not be brought back). Never allocates for a resident session. */
+PKV_API pkv_status pkv_decode_partial(pkv_session *s, uint32_t layer, const float *q,
+                                      uint32_t max_chunks, float *states,
+                                      uint32_t *n_chunks);
+/* pkv_decode_partial for a query at absolute position pos >= the layer's last one
+ * (a shard holding earlier positions than the query's shard): on a windowed layer the
+ * window is pos + 1 - window .. pos, so a shard far behind gives only its sinks (or no
+ * state: *n_chunks = 0). Without a window the same as pkv_decode_partial. Statuses
+ * as there; PKV_EINVAL also for pos before the layer's last position. */
+PKV_API pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
+                                         const float *q, uint32_t max_chunks,
+                                         float *states, uint32_t *n_chunks);
+/* How many states pkv_decode_partial of `layer` writes now (0 for an empty layer):
+ * the max_chunks a caller sizes states by. PKV_EINVAL (NULL, bad layer). */
+PKV_API pkv_status pkv_partial_chunks(const pkv_session *s, uint32_t layer, uint64_t *out);
+/* Fold n_chunks partial states (in position order) into out [n_heads][head_dim_v],
+ * in the order pkv_decode merges its own: from the empty state, each state folded in
+ * turn, then acc / l (0 for a head whose states are all empty). PKV_EINVAL (NULL,
+ * n_chunks == 0). */
+PKV_API pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks,
+                                      const float *states, float *out);
+/* The fold of pkv_merge_partials without the final division: state_out [n_heads]
+ * [head_dim_v + 2] is one state (m, l, acc) that stands for the n_chunks states, in
+ * position order. Folding it first and then later states is, to the bit, the fold of
+ * all of them (a chain of shards passes one state along instead of every chunk's:
+ * docs/sharding.md). state_out may alias states. PKV_EINVAL (NULL, n_chunks == 0),
+ * PKV_ENOMEM. */
+PKV_API pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks,
+                                     const float *states, float *state_out);
+
 /* ---- Introspection (what `pagedkv inspect` and `pagedkv soak` are built on) ------- */
 
 /* What a session file says about itself, as far as it could be read and checked. */

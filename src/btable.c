@@ -85,6 +85,8 @@ void pkvi_btable_truncate(pkvi_btable *t, pkvi_pages ps, uint64_t bt, uint64_t n
         t->hole_hi = keep;
     if (t->hole_hi <= t->hole_lo)
         t->hole_lo = t->hole_hi = 0;
+    if (n < t->first) /* only a destroy goes below a shard's first position */
+        t->first = 0;
     t->len = n;
 }
 
@@ -106,6 +108,22 @@ void pkvi_btable_release(pkvi_btable *t, pkvi_pages ps, uint64_t keep_lo, uint64
     t->hole_hi = keep_hi;
 }
 
+pkv_status pkvi_btable_set_first(pkvi_btable *t, uint64_t bt, uint64_t first)
+{
+    const uint64_t n = first / bt;
+    const pkv_status st = pkvi_btable_reserve(t, n);
+    if (st != PKV_OK)
+        return st;
+    for (uint64_t i = 0; i < n; i++) {
+        t->pages[i] = NULL;
+        t->data[i] = NULL;
+    }
+    t->hole_lo = 0;
+    t->hole_hi = t->n_pages = n;
+    t->len = t->first = first;
+    return PKV_OK;
+}
+
 void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src)
 {
     for (uint64_t i = 0; i < src->n_pages; i++) {
@@ -120,6 +138,7 @@ void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src)
     dst->n_pages = src->n_pages;
     dst->n_spilled = src->n_spilled;
     dst->len = src->len;
+    dst->first = src->first;
 }
 
 void pkvi_page_index(pkvi_page *pg)
@@ -169,7 +188,7 @@ void pkvi_btable_free(pkvi_btable *t)
     free(t->data);
     t->pages = NULL;
     t->data = NULL;
-    t->cap = t->n_pages = t->len = t->n_spilled = t->hole_lo = t->hole_hi = 0;
+    t->cap = t->n_pages = t->len = t->n_spilled = t->hole_lo = t->hole_hi = t->first = 0;
 }
 
 bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
@@ -180,6 +199,10 @@ bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
     if (quiescent && t->n_pages != (t->len + bt - 1) / bt)
         return false;
     if (t->hole_lo > t->hole_hi || t->hole_hi > t->n_pages)
+        return false;
+    /* a shard: its first first / bt entries are the hole */
+    if (t->first && (t->first % bt || t->len < t->first || t->hole_lo != 0 ||
+                     t->hole_hi < t->first / bt))
         return false;
     uint64_t out = 0;
     for (uint64_t i = 0; i < t->n_pages; i++) {

@@ -17,6 +17,10 @@
  * [hole_lo, hole_hi) are then NULL (hole_lo = the layer's sink pages), and positions
  * keep their indices, so position p still lives in pages[p / bt].
  *
+ * A shard (SPEC §11) that starts at position `first` (a multiple of bt) holds no
+ * page below it: entries [0, first / bt) are a hole from the start, len counts from
+ * 0 (absolute positions), and a window's release later extends that same hole.
+ *
  * Invariants (pkvi_btable_check; B1 between calls, the rest always, under the lock):
  *   B1  n_pages == ceil(len / bt)            (a reservation may push pages ahead of
  *                                             the rows it writes: then n_pages > that)
@@ -45,6 +49,8 @@ typedef struct {
     const void **data;       /* [cap] pages[i]->data (B2): what decode walks */
     uint64_t n_spilled;      /* entries whose page is in the spill file (B3) */
     uint64_t hole_lo, hole_hi; /* released entries [hole_lo, hole_hi); empty: equal */
+    uint64_t first;          /* a shard's first position (pkv_session_set_first): its
+                                first first / bt entries are a hole; 0 otherwise */
     uint32_t pins;           /* calls reading or writing this table's pages right now
                                 (spill engines only): the spiller leaves them alone */
 } pkvi_btable;
@@ -80,6 +86,9 @@ PKVI_HIDDEN void pkvi_btable_truncate(pkvi_btable *t, pkvi_pages ps, uint64_t bt
  * nothing reads again; keep_lo = its sink pages): the hole grows to end at keep_hi. */
 PKVI_HIDDEN void pkvi_btable_release(pkvi_btable *t, pkvi_pages ps, uint64_t keep_lo,
                                      uint64_t keep_hi);
+/* Make an empty table a shard whose first position is `first` (a multiple of bt):
+ * entries [0, first / bt) become the hole, len = first. PKV_ENOMEM (unchanged). */
+PKVI_HIDDEN pkv_status pkvi_btable_set_first(pkvi_btable *t, uint64_t bt, uint64_t first);
 /* Entries that name a page: n_pages less the hole. */
 static inline uint64_t pkvi_btable_held(const pkvi_btable *t)
 {

@@ -1,7 +1,8 @@
 /*
- * decode.c - the attention pipeline: pkv_decode, pkv_decode_batch and pkv_prefill as
- * one pipeline of split-K tasks over fixed page chunks, run on the engine's threads
- * and merged in a fixed order.
+ * decode.c - the attention pipeline: pkv_decode, pkv_decode_batch, pkv_prefill and
+ * the shard calls pkv_decode_partial / pkv_merge_partials (SPEC §11) as one pipeline
+ * of split-K tasks over fixed page chunks, run on the engine's threads and merged in a
+ * fixed order.
  *
  * Owns the work decomposition and the merge. The per-page arithmetic is the kernel's
  * (kernels/); residency and the reservation a prefill writes through are session.c's.
@@ -15,25 +16,35 @@
  * decode of one query: single, batched and prefill results are the same bits by
  * construction, not by a second implementation kept in step.
  *
- * Determinism (SPEC §2): a layer of P pages is split into
- *     C = min(PKVI_MAX_CHUNKS, ceil(P / chunk_pages))
- * chunks, chunk k holding pages [floor(k*P/C), floor((k+1)*P/C)). C and the ranges
- * depend only on P and the engine's fixed chunk_pages - never on the thread count or on
- * the batch - and the partial states of a head are merged in chunk order 0..C-1 by one
- * thread. The kernels are page-local and head-local (kernels.h), so how a chunk's
- * groups are cut into tasks, how many heads share a kernel call and where calls split
- * the pages do not change a bit. So results are bitwise identical for any n_threads.
+ * Determinism (SPEC §2, §11): the chunks are absolute. Chunk c holds the pages
+ * [c * chunk_pages, (c + 1) * chunk_pages) of the layer - by position alone, never by
+ * the length, the thread count, the batch or where a shard starts. What a query
+ * attends is one or two runs of positions (a window's sinks and its window); a run's
+ * chunks are the absolute chunks it meets, clipped to the run. The states of a head
+ * are folded one by one in position order into a running state (m, l, acc) that
+ * starts empty - or at (sigma, 1, 0), the learned sink logit, which is the fold of
+ * that state into the empty one - by one thread, and out = acc / l at the end. The
+ * kernels are page-local and head-local (kernels.h), so how a chunk's groups are cut
+ * into tasks, how many heads share a kernel call and where calls split the pages do
+ * not change a bit. So results are bitwise identical for any n_threads; and since a
+ * shard boundary (pkv_shard_align) is a chunk boundary, the chunk states of several
+ * shards, folded in position order, are the chunk states of the whole.
+ *
+ * Waves: a decode of any length needs only PKVI_MAX_CHUNKS chunk states of scratch.
+ * The chunks are computed PKVI_MAX_CHUNKS at a time (a wave, in parallel), then each
+ * (query, group) folds that wave's states into its running state. Folding is
+ * sequential, so where a wave ends changes nothing either.
  *
  * Work: a task is (set, chunk, block of groups). One block holds every group unless
  * there are too few chunks to keep the threads busy; a task then walks each of its
  * pages front to back across the groups (pages are group-major), which is the stream
  * the hardware prefetcher follows (docs/numerics.md, "Performance"). Which chunk a
  * task index names is pkvi_chunk_order's: with T threads, consecutive tasks rotate over
- * T regions of the layer, so each thread streams one region of its own.
+ * T regions of the wave, so each thread streams one region of its own.
  *
- * Merge of two states (m, l, acc) and (m', l', acc'):
+ * Fold of a state (m', l', acc') into (m, l, acc):
  *     M = max(m, m');  a = exp(m - M);  b = exp(m' - M)
- *     l = l*a + l'*b;  acc = acc*a + acc'*b;   finally out = acc / l.
+ *     l = l*a + l'*b;  acc = acc*a + acc'*b;  m = M;   finally out = acc / l.
  */
 #include "decode.h"
 #include "session.h"
@@ -71,46 +82,49 @@ static void states_clear(float *st, uint32_t ng, size_t sf, uint32_t H, uint32_t
 }
 
 /*
- * out[j][d] for heads j0 .. j0 + nh of a group: merge chunk states 0..C-1 in order.
- * The group's state of chunk c is at st + c * chunk_stride, holding H heads. Decode
- * and prefill both merge through here, so their results agree to the bit. A learned
- * sink logit sigma[j - j0] (SPEC §8; sigma NULL: none) is the state (sigma, 1, 0)
- * folded first: it joins the denominator and adds nothing to the sum.
+ * Fold the state (mc, lc, ac[d]) into the running state (*m, *l, o[d]): the one
+ * definition of the merge, for pkv_decode, prefill and pkv_merge_partials alike, so
+ * their results agree to the bit. An empty state (mc = -inf: nothing attended) adds
+ * nothing; the sink logit sigma as a first state (sigma, 1, 0) leaves exactly
+ * (sigma, 1, 0), which is how the pipeline starts a head that has one.
  */
-static void merge_heads(const float *st, size_t chunk_stride, uint32_t C, uint32_t H,
-                        uint32_t j0, uint32_t nh, uint32_t d, const float *sigma,
-                        float *out)
+static inline void fold_state(float *m, float *l, float *restrict o, float mc, float lc,
+                              const float *restrict ac, uint32_t d)
 {
-    for (uint32_t j = j0; j < j0 + nh; j++) {
-        float M = sigma ? sigma[j - j0] : -INFINITY, Lsum = sigma ? 1.0f : 0.0f;
-        float *o = out + (size_t)(j - j0) * d;
-        memset(o, 0, (size_t)d * sizeof(float));
-        for (uint32_t c = 0; c < C; c++) {
-            const float *b = st + c * chunk_stride;
-            const float mc = b[j], lc = b[H + j];
-            const float *ac = b + 2 * (size_t)H + (size_t)j * d;
-            const float nm = fmaxf(M, mc);
-            const float a = expf(M - nm), w = expf(mc - nm);
-            Lsum = Lsum * a + lc * w;
-            for (uint32_t x = 0; x < d; x++)
-                o[x] = o[x] * a + ac[x] * w;
-            M = nm;
-        }
-        for (uint32_t x = 0; x < d; x++)
-            o[x] /= Lsum;
-    }
+    if (mc == -INFINITY)
+        return;
+    const float nm = fmaxf(*m, mc);
+    const float a = expf(*m - nm), w = expf(mc - nm);
+    *l = *l * a + lc * w;
+    /* by eight: independent lanes the compiler packs into vector instructions at -O2
+     * (the same multiply and add per element, so the same bits as one at a time) */
+    uint32_t x = 0;
+    for (; x + 8 <= d; x += 8)
+        for (uint32_t u = 0; u < 8; u++)
+            o[x + u] = o[x + u] * a + ac[x + u] * w;
+    for (; x < d; x++)
+        o[x] = o[x] * a + ac[x] * w;
+    *m = nm;
+}
+
+/* out[d] = o / l (zeros where nothing was attended: l == 0, only pkv_merge_partials
+ * of empty states gets there). */
+static void finish_state(float l, const float *o, uint32_t d, float *out)
+{
+    for (uint32_t x = 0; x < d; x++)
+        out[x] = l != 0.0f ? o[x] / l : 0.0f;
 }
 
 /*
- * The chunk that a session's t-th chunk task walks when R threads share its C chunks.
- * The chunks are cut into R contiguous regions and consecutive tasks rotate over them:
- * threads that take tasks in turn from the pool's counter each walk one region front
- * to back, far from the others, instead of all walking neighbouring chunks side by
- * side. Measured on the Zen 5 dev VM (128k tokens of a llama3-8b f16 layer, 2 threads,
- * in-process A/B against chunks in order): 35-37 -> 57-59 GB/s, 0.68-0.71 -> 1.01-1.05
- * of the same rounds' DRAM sum; one thread walking the rotated order lost nothing
- * (docs/numerics.md, "What moved the figures"). Any order gives the same bits: each
- * chunk's arithmetic is its own and the merge runs in chunk order.
+ * The chunk that a set's t-th chunk task walks when R threads share its C chunks of
+ * one wave. The chunks are cut into R contiguous regions and consecutive tasks rotate
+ * over them: threads that take tasks in turn from the pool's counter each walk one
+ * region front to back, far from the others, instead of all walking neighbouring
+ * chunks side by side. Measured on the Zen 5 dev VM (128k tokens of a llama3-8b f16
+ * layer, 2 threads, in-process A/B against chunks in order): 35-37 -> 57-59 GB/s,
+ * 0.68-0.71 -> 1.01-1.05 of the same rounds' DRAM sum; one thread walking the rotated
+ * order lost nothing (docs/numerics.md, "What moved the figures"). Any order gives the
+ * same bits: each chunk's arithmetic is its own and the fold runs in chunk order.
  */
 uint32_t pkvi_chunk_order(uint32_t t, uint32_t C, uint32_t R)
 {
@@ -133,13 +147,6 @@ uint32_t pkvi_chunk_order(uint32_t t, uint32_t C, uint32_t R)
     return r * q + k;
 }
 
-/* Pages [first, end) of chunk k of C over P pages. */
-static void chunk_range(uint64_t P, uint32_t C, uint32_t k, uint64_t *first, uint64_t *end)
-{
-    *first = k * P / C;
-    *end = (k + 1) * P / C;
-}
-
 /* Group blocks per chunk: 1 when `tasks` chunks already give every thread enough to
  * do, else enough blocks for TASKS_PER_THREAD tasks a thread (at most g). */
 static uint32_t group_blocks(const pkv_engine *e, bool parallel, uint64_t tasks)
@@ -160,36 +167,51 @@ static void block_groups(uint32_t g, uint32_t b, uint32_t nb, uint32_t *g0, uint
 
 /* ---- the pipeline ------------------------------------------------------------------ */
 
-/* Attended positions [p0, p1), split into C chunks over its pages. */
+/* Attended positions [p0, p1); the absolute chunks it meets are [c0, c0 + C). */
 typedef struct {
     uint64_t p0, p1;
-    uint32_t C;
+    uint64_t c0, C;
 } run;
 
-/* nq queries of one session at the layer's last nq positions, all in its last page.
- * What they attend is one run [0, len) - or, on a windowed layer (then nq == 1), the
- * sink run [0, min(sinks, lo)) and the window run [lo, len), lo = len - window. */
+/* nq queries of one session at the layer's last nq positions, all in its last page
+ * (or, for pkv_decode_partial_at, one query at a later position). What they attend is
+ * one run [first, len) - or, on a windowed layer (then nq == 1), the sink run
+ * [first, min(sinks, lo)) and the window run [max(lo, first), len), lo = pos + 1 -
+ * window; first is a shard's first position (0 for a whole session). */
 typedef struct {
     const pkvi_btable *t;             /* the layer (pinned on spill engines) */
     const pkv_layer_config *lc;       /* its variant */
     uint64_t len;                     /* positions the last query sees */
-    uint64_t P;                       /* pages: ceil(len / bt) */
-    uint32_t nq, H, C;                /* queries, heads per group (nq * hg), chunks */
-    run runs[2];                      /* in position order; their C add up to C */
+    uint64_t P;                       /* pages of the layer: ceil(len / bt) */
+    uint32_t nq, H;                   /* queries; heads per group, nq * hg */
+    run runs[2];                      /* in position order */
     uint32_t n_runs;
+    uint64_t C;                       /* chunks of all runs */
+    bool sigma;                       /* starts from the layer's sink logits */
     const float *qg;                  /* [g][H][dk] the queries, by group */
-    float *st;                        /* [C][g] state blocks of H heads */
-    float *out;                       /* [nq][h][dv] */
+    float *st;                        /* [1 + a wave's chunks][g] state blocks of H
+                                         heads: the running states, then the wave's */
+    float *out;                       /* [nq][h][dv]; NULL: copy states to `part` */
+    float *part;                      /* pkv_decode_partial: [C][h][dv + 2] */
 } qset;
 
 typedef struct {
     const pkv_engine *e;
     uint32_t n, blocks;               /* sets; group blocks per chunk */
     uint32_t regions;                 /* pkvi_chunk_order's R: threads sharing the run */
+    uint64_t w0;                      /* first chunk of the wave, in every set */
     const qset *sets;                 /* [n] */
     uint32_t base[BATCH_MAX + 1];     /* first chunk task of each set */
     uint32_t mbase[BATCH_MAX + 1];    /* first merge task of each set */
 } pipeline;
+
+/* Chunks of set Q in the wave from chunk w0 on. */
+static uint32_t wave_chunks(const qset *Q, uint64_t w0)
+{
+    if (Q->C <= w0)
+        return 0;
+    return Q->C - w0 < PKVI_MAX_CHUNKS ? (uint32_t)(Q->C - w0) : PKVI_MAX_CHUNKS;
+}
 
 /* Which set a task index belongs to (n <= BATCH_MAX: a linear scan). */
 static uint32_t set_of(const uint32_t *base, uint32_t task)
@@ -209,28 +231,32 @@ static void chunk_task(void *ctx, uint32_t task)
     const qset *Q = &j->sets[i];
     const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, dv = e->cfg.head_dim_v;
     const uint32_t hg = e->hg, H = Q->H;
-    const uint64_t bt = e->cfg.block_tokens;
+    const uint64_t bt = e->cfg.block_tokens, cp = e->chunk_pages;
     /* task layout inside a set: chunk-major, group-block-minor */
     const uint32_t t = task - j->base[i];
-    const uint32_t chunk = pkvi_chunk_order(t / j->blocks, Q->C, j->regions);
+    const uint32_t slot = pkvi_chunk_order(t / j->blocks, wave_chunks(Q, j->w0), j->regions);
     uint32_t g0, ng;
     block_groups(g, t % j->blocks, j->blocks, &g0, &ng);
-    /* the run the chunk belongs to, and its pages [first, end) */
-    uint32_t r = 0, k = chunk;
+    /* the run the chunk belongs to, and its pages [first, end): the absolute chunk
+     * clipped to the run */
+    uint32_t r = 0;
+    uint64_t k = j->w0 + slot;
     while (k >= Q->runs[r].C)
         k -= Q->runs[r++].C;
     const run *R = &Q->runs[r];
     const uint64_t r_first = R->p0 / bt, r_end = (R->p1 + bt - 1) / bt;
-    uint64_t first, end;
-    chunk_range(r_end - r_first, R->C, k, &first, &end);
-    first += r_first;
-    end += r_first;
+    const uint64_t c = R->c0 + k;
+    uint64_t first = c * cp, end = (c + 1) * cp;
+    if (first < r_first)
+        first = r_first;
+    if (end > r_end)
+        end = r_end;
     const uint32_t row0 = first == r_first ? (uint32_t)(R->p0 % bt) : 0;
     const uint32_t last = end == r_end ? (uint32_t)(R->p1 - (r_end - 1) * bt) : (uint32_t)bt;
     const void *const *data = pkvi_btable_data(Q->t);
 
     const size_t sf = state_floats(H, dv);
-    float *st = Q->st + ((size_t)chunk * g + g0) * sf;
+    float *st = Q->st + ((size_t)(1 + slot) * g + g0) * sf;
     states_clear(st, ng, sf, H, dv);
     pkvi_kparams kp = e->kp;
     kp.hg = H;
@@ -275,7 +301,10 @@ static void chunk_task(void *ctx, uint32_t task)
     }
 }
 
-/* Merge the chunk states of one (set, query, group) in chunk order into out. */
+
+/* Fold this wave's chunk states of one (set, query, group) in chunk order into its
+ * running states; after the set's last wave, write out = acc / l. pkv_decode_partial
+ * (out NULL) copies the wave's states to the caller's [chunk][head][dv + 2] instead. */
 static void merge_task(void *ctx, uint32_t task)
 {
     const pipeline *j = ctx;
@@ -284,13 +313,46 @@ static void merge_task(void *ctx, uint32_t task)
     const uint32_t i = set_of(j->mbase, task);
     const qset *Q = &j->sets[i];
     const uint32_t t = task - j->mbase[i], q = t / g, group = t % g;
-    const size_t sf = state_floats(Q->H, dv);
-    const float *sigma = Q->lc->sink_logits ? Q->lc->sink_logits + (size_t)group * hg : NULL;
-    merge_heads(Q->st + (size_t)group * sf, g * sf, Q->C, Q->H, q * hg, hg, dv, sigma,
-                Q->out + (size_t)q * e->cfg.n_heads * dv + (size_t)group * hg * dv);
+    const uint32_t H = Q->H, nc = wave_chunks(Q, j->w0);
+    const size_t sf = state_floats(H, dv), cs = (size_t)g * sf;
+    const float *wave = Q->st + cs + (size_t)group * sf;
+    if (!Q->out) {
+        const size_t hs = (size_t)dv + 2, ps = (size_t)e->cfg.n_heads * hs;
+        float *dst = Q->part + (j->w0 + Q->sigma) * ps + (size_t)group * hg * hs;
+        for (uint32_t c = 0; c < nc; c++, dst += ps) {
+            const float *b = wave + c * cs;
+            for (uint32_t h = 0; h < hg; h++) {
+                float *o = dst + h * hs;
+                o[0] = b[h];
+                o[1] = b[H + h];
+                memcpy(o + 2, b + 2 * (size_t)H + (size_t)h * dv, (size_t)dv * sizeof(float));
+            }
+        }
+        return;
+    }
+    float *run_st = Q->st + (size_t)group * sf;
+    const float *sigma = Q->sigma ? Q->lc->sink_logits + (size_t)group * hg : NULL;
+    for (uint32_t jh = q * hg; jh < (q + 1) * hg; jh++) {
+        float *m = run_st + jh, *l = run_st + H + jh;
+        float *o = run_st + 2 * (size_t)H + (size_t)jh * dv;
+        if (j->w0 == 0) { /* the first wave: the empty state, or the sink logit's */
+            *m = sigma ? sigma[jh - q * hg] : -INFINITY;
+            *l = sigma ? 1.0f : 0.0f;
+            memset(o, 0, (size_t)dv * sizeof(float));
+        }
+        for (uint32_t c = 0; c < nc; c++) {
+            const float *b = wave + c * cs;
+            fold_state(m, l, o, b[jh], b[H + jh], b + 2 * (size_t)H + (size_t)jh * dv, dv);
+        }
+        if (j->w0 + nc == Q->C)
+            finish_state(*l, o, dv,
+                         Q->out + (size_t)q * e->cfg.n_heads * dv +
+                             ((size_t)group * hg + (jh - q * hg)) * dv);
+    }
 }
 
-/* Run n <= BATCH_MAX query sets (their layers resident and pinned) to their outputs. */
+/* Run n <= BATCH_MAX query sets (their layers resident and pinned) to their outputs,
+ * a wave of chunks at a time. */
 static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
 {
     pipeline j;
@@ -299,9 +361,10 @@ static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
     j.sets = sets;
     /* work ~ K/V bytes x queries; in double: only a threshold, and it cannot wrap */
     double bytes = 0;
-    uint64_t chunks = 0;
+    uint64_t waves_end = 0;
     for (uint32_t i = 0; i < n; i++) {
-        chunks += sets[i].C;
+        if (sets[i].C > waves_end)
+            waves_end = sets[i].C;
         uint64_t attended = 0;
         for (uint32_t r = 0; r < sets[i].n_runs; r++)
             attended += sets[i].runs[r].p1 - sets[i].runs[r].p0;
@@ -309,43 +372,58 @@ static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
                  (double)(e->row_bytes + e->row_bytes_v) * sets[i].nq;
     }
     const bool parallel = go_parallel(e, bytes);
-    j.blocks = group_blocks(e, parallel, chunks);
-    j.regions = parallel ? e->cfg.n_threads : 1;
-    j.base[0] = j.mbase[0] = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        j.base[i + 1] = j.base[i] + sets[i].C * j.blocks;
-        j.mbase[i + 1] = j.mbase[i] + sets[i].nq * e->cfg.n_kv_heads;
-    }
     pkvi_threads *pool = parallel ? e->threads : NULL;
-    pkvi_threads_run(pool, j.base[n], chunk_task, &j);
-    pkvi_threads_run(pool, j.mbase[n], merge_task, &j);
+    j.regions = parallel ? e->cfg.n_threads : 1;
+    for (j.w0 = 0; j.w0 < waves_end; j.w0 += PKVI_MAX_CHUNKS) {
+        uint64_t chunks = 0;
+        for (uint32_t i = 0; i < n; i++)
+            chunks += wave_chunks(&sets[i], j.w0);
+        j.blocks = group_blocks(e, parallel, chunks);
+        j.base[0] = j.mbase[0] = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            const uint32_t nc = wave_chunks(&sets[i], j.w0);
+            j.base[i + 1] = j.base[i] + nc * j.blocks;
+            j.mbase[i + 1] = j.mbase[i] + (nc ? sets[i].nq * e->cfg.n_kv_heads : 0);
+        }
+        pkvi_threads_run(pool, j.base[n], chunk_task, &j);
+        pkvi_threads_run(pool, j.mbase[n], merge_task, &j);
+    }
     pkvi_threads_call_done(e->threads);
 }
 
-/* Chunks of a run of positions [p0, p1): by its page count alone. */
+/* A run of positions [p0, p1) and the absolute chunks it meets. */
 static run make_run(const pkv_engine *e, uint64_t p0, uint64_t p1)
 {
-    const uint64_t bt = e->cfg.block_tokens;
-    return (run){p0, p1, pkvi_split_chunks(e, (p1 + bt - 1) / bt - p0 / bt)};
+    const uint64_t bt = e->cfg.block_tokens, cp = e->chunk_pages;
+    run r = {p0, p1, 0, 0};
+    if (p1 > p0) {
+        r.c0 = p0 / bt / cp;
+        r.C = (p1 - 1) / bt / cp - r.c0 + 1;
+    }
+    return r;
 }
 
 /* The set of the last nq positions of `layer` (all in its last page; nq == 1 on a
- * windowed layer). */
+ * windowed layer), for a query at position pos (len - 1, or later for a shard that
+ * holds earlier positions: pkv_decode_partial_at). */
 static qset last_queries(const pkv_engine *e, const pkvi_btable *t, uint32_t layer,
-                         uint32_t nq, const float *qg, float *st, float *out)
+                         uint32_t nq, uint64_t pos, const float *qg, float *st, float *out)
 {
     const uint64_t bt = e->cfg.block_tokens, len = t->len, P = (len + bt - 1) / bt;
+    const uint64_t first = t->first;
     const pkv_layer_config *lc = &e->layers[layer];
     qset Q = {.t = t, .lc = lc, .len = len, .P = P, .nq = nq, .H = nq * e->hg,
-              .qg = qg, .st = st, .out = out};
+              .sigma = lc->sink_logits && first == 0, .qg = qg, .st = st, .out = out};
     if (lc->window) {
-        const uint64_t lo = len > lc->window ? len - lc->window : 0;
+        const uint64_t lo = pos + 1 > lc->window ? pos + 1 - lc->window : 0;
         const uint64_t sink_end = lc->sink_tokens < lo ? lc->sink_tokens : lo;
-        if (sink_end)
-            Q.runs[Q.n_runs++] = make_run(e, 0, sink_end);
-        Q.runs[Q.n_runs++] = make_run(e, lo, len);
+        const uint64_t w_lo = lo > first ? lo : first;
+        if (sink_end > first)
+            Q.runs[Q.n_runs++] = make_run(e, first, sink_end);
+        if (len > w_lo)
+            Q.runs[Q.n_runs++] = make_run(e, w_lo, len);
     } else {
-        Q.runs[Q.n_runs++] = make_run(e, 0, len);
+        Q.runs[Q.n_runs++] = make_run(e, first, len);
     }
     for (uint32_t r = 0; r < Q.n_runs; r++)
         Q.C += Q.runs[r].C;
@@ -402,7 +480,7 @@ static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
         return pkvi_fail(e, dup, dup == PKV_EINVAL ? "pkv_decode_batch: a session is in the "
                                                      "batch twice" : "out of memory");
     for (uint32_t i = 0; i < n; i++)
-        if (sessions[i]->layers[layer].len == 0)
+        if (sessions[i]->layers[layer].len == sessions[i]->layers[layer].first)
             return pkvi_fail(e, PKV_ESTATE, "decode: layer %u of session %u is empty", layer,
                              i);
 
@@ -421,7 +499,8 @@ static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
         if (st == PKV_OK) {
             for (uint32_t i = 0; i < nb; i++) {
                 pkv_session *s = sessions[i0 + i];
-                sets[i] = last_queries(e, &s->layers[layer], layer, 1, q + (i0 + i) * qd,
+                const pkvi_btable *t = &s->layers[layer];
+                sets[i] = last_queries(e, t, layer, 1, t->len - 1, q + (i0 + i) * qd,
                                        s->partials, out + (i0 + i) * od);
             }
             run_sets(e, nb, sets);
@@ -525,12 +604,135 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
                 memcpy(qg + ((size_t)gr * nq * hg + (size_t)j * hg) * d,
                        q + (size_t)(i + j) * qd + (size_t)gr * hg * d,
                        (size_t)hg * d * sizeof(float));
-        const qset set = last_queries(e, t, layer, nq, qg, states, out + i * od);
+        const qset set = last_queries(e, t, layer, nq, t->len - 1, qg, states,
+                                      out + i * od);
         run_sets(e, 1, &set);
         i += nq;
     }
     pkvi_session_finish(s, &r);
     pkvi_session_release(s, layer);
     free(qg);
+    return PKV_OK;
+}
+
+/* ---- shards: partial states and their merge (SPEC §11) ------------------------------- */
+
+pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
+                                 const float *q, uint32_t max_chunks, float *states,
+                                 uint32_t *n_chunks)
+{
+    if (!s)
+        return PKV_EINVAL;
+    pkv_engine *e = s->e;
+    if (!q || !states || !n_chunks || layer >= e->cfg.n_layers)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_decode_partial: %s",
+                         layer >= e->cfg.n_layers ? "layer out of range"
+                                                  : "q, states or n_chunks is NULL");
+    PKVI_BOUNDARY_CHECK(e);
+    const pkvi_btable *t = &s->layers[layer];
+    if (t->len == t->first)
+        return pkvi_fail(e, PKV_ESTATE, "pkv_decode_partial: layer %u is empty", layer);
+    if (pos < t->len - 1)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_decode_partial_at: position %llu is before the "
+                         "layer's last (%llu)", (unsigned long long)pos,
+                         (unsigned long long)(t->len - 1));
+    qset Q = last_queries(e, t, layer, 1, pos, q, s->partials, NULL);
+    Q.part = states;
+    const uint64_t need = Q.C + Q.sigma;
+    if (need > max_chunks) {
+        *n_chunks = need > UINT32_MAX ? UINT32_MAX : (uint32_t)need;
+        return pkvi_fail(e, PKV_ERANGE, "pkv_decode_partial: %llu states do not fit "
+                         "max_chunks = %u", (unsigned long long)need, max_chunks);
+    }
+    const pkv_status st = pkvi_session_acquire(s, layer);
+    if (st != PKV_OK)
+        return st;
+    /* the pages may have been brought back: the set reads the table afresh */
+    run_sets(e, 1, &Q);
+    pkvi_session_release(s, layer);
+    if (Q.sigma) { /* the shard holding position 0 starts with the sink logits */
+        const uint32_t h = e->cfg.n_heads, dv = e->cfg.head_dim_v;
+        for (uint32_t j = 0; j < h; j++) {
+            float *o = states + (size_t)j * (dv + 2);
+            o[0] = Q.lc->sink_logits[j];
+            o[1] = 1.0f;
+            memset(o + 2, 0, (size_t)dv * sizeof(float));
+        }
+    }
+    *n_chunks = (uint32_t)need;
+    return PKV_OK;
+}
+
+pkv_status pkv_decode_partial(pkv_session *s, uint32_t layer, const float *q,
+                              uint32_t max_chunks, float *states, uint32_t *n_chunks)
+{
+    if (!s || layer >= s->e->cfg.n_layers)
+        return s ? pkvi_fail(s->e, PKV_EINVAL, "pkv_decode_partial: layer out of range")
+                 : PKV_EINVAL;
+    const uint64_t len = s->layers[layer].len;
+    return pkv_decode_partial_at(s, layer, len ? len - 1 : 0, q, max_chunks, states,
+                                 n_chunks);
+}
+
+pkv_status pkv_partial_chunks(const pkv_session *s, uint32_t layer, uint64_t *out)
+{
+    if (!s || !out || layer >= s->e->cfg.n_layers)
+        return PKV_EINVAL;
+    const pkv_engine *e = s->e;
+    const pkvi_btable *t = &s->layers[layer];
+    if (t->len == t->first) {
+        *out = 0;
+        return PKV_OK;
+    }
+    const qset Q = last_queries(e, t, layer, 1, t->len - 1, NULL, NULL, NULL);
+    *out = Q.C + Q.sigma;
+    return PKV_OK;
+}
+
+/* Fold head j of n states [n][h][dv + 2] in order from the empty state into (*m, *l,
+ * o[dv]). */
+static void fold_head(const pkv_engine *e, uint32_t n_chunks, const float *states, uint32_t j,
+                      float *m, float *l, float *o)
+{
+    const uint32_t h = e->cfg.n_heads, dv = e->cfg.head_dim_v;
+    const size_t hs = (size_t)dv + 2, ps = (size_t)h * hs;
+    *m = -INFINITY;
+    *l = 0.0f;
+    memset(o, 0, (size_t)dv * sizeof(float));
+    for (uint32_t c = 0; c < n_chunks; c++) {
+        const float *b = states + c * ps + j * hs;
+        fold_state(m, l, o, b[0], b[1], b + 2, dv);
+    }
+}
+
+pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
+                              float *out)
+{
+    if (!e || !states || !out || n_chunks == 0)
+        return PKV_EINVAL;
+    const uint32_t h = e->cfg.n_heads, dv = e->cfg.head_dim_v;
+    for (uint32_t j = 0; j < h; j++) {
+        float m, l, *o = out + (size_t)j * dv;
+        fold_head(e, n_chunks, states, j, &m, &l, o);
+        finish_state(l, o, dv, o);
+    }
+    return PKV_OK;
+}
+
+pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
+                             float *state_out)
+{
+    if (!e || !states || !state_out || n_chunks == 0)
+        return PKV_EINVAL;
+    const uint32_t h = e->cfg.n_heads;
+    const size_t hs = (size_t)e->cfg.head_dim_v + 2;
+    /* into a copy first: state_out may be one of the states */
+    float *tmp = malloc((size_t)h * hs * sizeof(float));
+    if (!tmp)
+        return PKV_ENOMEM;
+    for (uint32_t j = 0; j < h; j++)
+        fold_head(e, n_chunks, states, j, tmp + j * hs, tmp + j * hs + 1, tmp + j * hs + 2);
+    memcpy(state_out, tmp, (size_t)h * hs * sizeof(float));
+    free(tmp);
     return PKV_OK;
 }

@@ -36,8 +36,10 @@
 /* Largest n_kv_heads: keeps the thread pool's task counts (a batch's sessions or a
  * prefill tile's queries, times groups: at most 256 * 65536 = 2^24) within 32 bits. */
 #define PKVI_MAX_KV_HEADS 65536u
-/* At most this many split-K chunks per group and decode: bounds the partial-state
- * scratch (PKVI_MAX_CHUNKS * h * (d + 2) floats per session) and the merge work. */
+/* Split-K chunks computed at once (a wave, decode.c): bounds the partial-state
+ * scratch at (PKVI_MAX_CHUNKS + 1) * h * (dv + 2) floats per session, however long
+ * the context - the number of chunks of a decode is not bounded (chunk c holds the
+ * absolute pages [c * chunk_pages, (c + 1) * chunk_pages)). */
 #define PKVI_MAX_CHUNKS 64u
 /* Below this many K/V bytes in a whole decode call (times queries for prefill) the
  * calling thread works alone (decode.c, through the engine's split_awake and
@@ -97,12 +99,12 @@ PKVI_HIDDEN pkv_status pkvi_fail(pkv_engine *e, pkv_status st, const char *fmt, 
 /* Validate cfg (SPEC §2 rules); on success *out is cfg with defaults resolved. */
 PKVI_HIDDEN pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out);
 
-/* Split-K chunks of a layer of n_pages pages: min(PKVI_MAX_CHUNKS, ceil(n_pages /
- * chunk_pages)). decode.c splits by it and session.c sizes the partial states by it. */
-static inline uint32_t pkvi_split_chunks(const pkv_engine *e, uint64_t n_pages)
+/* Split-K chunks of pages [0, n_pages) of a layer: ceil(n_pages / chunk_pages). The
+ * chunks are absolute (decode.c): chunk c holds pages [c * chunk_pages, (c + 1) *
+ * chunk_pages), whatever the length - what lets shards merge bitwise (SPEC §11). */
+static inline uint64_t pkvi_split_chunks(const pkv_engine *e, uint64_t n_pages)
 {
-    uint64_t c = (n_pages + e->chunk_pages - 1) / e->chunk_pages;
-    return (uint32_t)(c > PKVI_MAX_CHUNKS ? PKVI_MAX_CHUNKS : c);
+    return (n_pages + e->chunk_pages - 1) / e->chunk_pages;
 }
 
 /* Pages holding a windowed layer's sink positions (kept for ever); 0 without a window. */
@@ -111,12 +113,24 @@ static inline uint64_t pkvi_sink_pages(const pkv_engine *e, const pkv_layer_conf
     return pkvi_window_sink_pages(lc, e->cfg.block_tokens);
 }
 
-/* Split-K chunks a layer of up to n_pages pages may need in one decode: its runs'
- * chunks, a windowed layer's sink pages included (decode.c's runs, session.c's and
- * pkv_prefill's scratch). */
+/* State blocks per group a decode of a layer of up to n_pages pages needs: the
+ * running state and one wave of chunks (its runs' chunks, a windowed layer's sink
+ * pages included, at most PKVI_MAX_CHUNKS). decode.c's runs, session.c's and
+ * pkv_prefill's scratch. */
 static inline uint64_t pkvi_max_chunks(const pkv_engine *e, uint64_t n_pages)
 {
-    return (uint64_t)pkvi_split_chunks(e, n_pages) + e->sink_chunks_max;
+    const uint64_t c = pkvi_split_chunks(e, n_pages) + e->sink_chunks_max;
+    return (c < PKVI_MAX_CHUNKS ? c : PKVI_MAX_CHUNKS) + 1;
+}
+
+/* Positions a shard's first position is a multiple of (pkv_shard_align): whole chunks
+ * of whole pages, and at least a windowed layer's sink positions, so that every sink
+ * lives on the shard that starts at 0. By the geometry alone. */
+static inline uint64_t pkvi_shard_align(const pkv_engine *e, uint64_t max_sinks)
+{
+    const uint64_t chunk = (uint64_t)e->chunk_pages * e->cfg.block_tokens;
+    const uint64_t n = (max_sinks + chunk - 1) / chunk;
+    return chunk * (n ? n : 1);
 }
 
 /* Where released pages go (btable.h). */

@@ -235,8 +235,8 @@ static pkv_status reserve_partials(pkv_session *s, uint64_t n_pages)
     uint64_t want = s->partials_chunks ? s->partials_chunks * 2 : 1;
     if (want < chunks)
         want = chunks;
-    if (want > PKVI_MAX_CHUNKS + e->sink_chunks_max)
-        want = PKVI_MAX_CHUNKS + e->sink_chunks_max;
+    if (want > PKVI_MAX_CHUNKS + 1) /* the running states and one wave */
+        want = PKVI_MAX_CHUNKS + 1;
     uint64_t floats, bytes;
     if (!pkvi_mul(want, e->cfg.n_heads, &floats) ||
         !pkvi_mul(floats, (uint64_t)e->cfg.head_dim_v + 2, &floats) ||
@@ -546,15 +546,21 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
         return pkvi_fail(e, PKV_ERANGE, "pkv_session_truncate: %llu is past every layer's "
                          "length (the longest holds %llu)", (unsigned long long)n_tokens,
                          (unsigned long long)max_len);
-    /* a windowed layer goes back only as far as what a decode at n - 1 reads is held */
+    /* a windowed layer goes back only as far as what a decode at n - 1 reads is held;
+     * a shard (SPEC §11) never below its first position (the hole below it holds
+     * other shards' positions, not released ones) */
     const uint64_t bt = e->cfg.block_tokens;
     for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
         const pkvi_btable *t = &s->layers[l];
+        if (n_tokens < t->first)
+            return pkvi_fail(e, PKV_ERANGE, "pkv_session_truncate: layer %u is a shard "
+                             "that starts at %llu", l, (unsigned long long)t->first);
         const uint32_t w = e->layers[l].window;
-        if (!w || n_tokens >= t->len || n_tokens == 0 || t->hole_hi == t->hole_lo)
+        const uint64_t base = t->first > t->hole_lo * bt ? t->first : t->hole_lo * bt;
+        if (!w || n_tokens >= t->len || n_tokens == 0 || t->hole_hi * bt <= base)
             continue;
         const uint64_t lo = n_tokens > w ? n_tokens - w : 0;
-        if (lo < t->hole_hi * bt && n_tokens > t->hole_lo * bt)
+        if (lo < t->hole_hi * bt && n_tokens > base)
             return pkvi_fail(e, PKV_ERANGE, "pkv_session_truncate: layer %u's window released "
                              "positions below %llu, which a decode at %llu would read",
                              l, (unsigned long long)(t->hole_hi * bt),
@@ -627,6 +633,55 @@ pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer, uint64_t page
     }
     pthread_mutex_unlock(&e->lock);
     return st;
+}
+
+/* ---- shards (SPEC §11) ------------------------------------------------------------------ */
+
+uint64_t pkv_shard_align(const pkv_engine *e)
+{
+    if (!e)
+        return 0;
+    uint64_t sinks = 0;
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
+        if (e->layers[l].window && e->layers[l].sink_tokens > sinks)
+            sinks = e->layers[l].sink_tokens;
+    return pkvi_shard_align(e, sinks);
+}
+
+/* Every layer of an empty session starts at `first`: its first first / bt entries
+ * are a hole (btable.c), so positions keep their absolute indices and decode's
+ * absolute chunks (decode.c) are the whole context's. All or nothing. */
+pkv_status pkv_session_set_first(pkv_session *s, uint64_t first)
+{
+    if (!s)
+        return PKV_EINVAL;
+    pkv_engine *e = s->e;
+    PKVI_BOUNDARY_CHECK(e);
+    const uint64_t align = pkv_shard_align(e), bt = e->cfg.block_tokens;
+    if (first % align || first > UINT64_MAX / 2)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_session_set_first: %llu is not a multiple of "
+                         "pkv_shard_align (%llu), or too far", (unsigned long long)first,
+                         (unsigned long long)align);
+    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
+        if (s->layers[l].len || s->layers[l].n_pages)
+            return pkvi_fail(e, PKV_ESTATE, "pkv_session_set_first: layer %u is not empty",
+                             l);
+    if (first == 0)
+        return PKV_OK;
+    pthread_mutex_lock(&e->lock);
+    pkv_status st = PKV_OK;
+    /* capacity first, so that setting the holes below cannot fail half-way */
+    for (uint32_t l = 0; l < e->cfg.n_layers && st == PKV_OK; l++)
+        st = pkvi_btable_reserve(&s->layers[l], first / bt + 1);
+    if (st == PKV_OK)
+        st = reserve_partials(s, first / bt + 1);
+    if (st == PKV_OK)
+        for (uint32_t l = 0; l < e->cfg.n_layers; l++)
+            (void)pkvi_btable_set_first(&s->layers[l], bt, first);
+    pthread_mutex_unlock(&e->lock);
+    if (st != PKV_OK)
+        return pkvi_fail(e, st, "pkv_session_set_first: out of memory");
+    return PKV_OK;
 }
 
 /* ---- accounting --------------------------------------------------------------------------- */

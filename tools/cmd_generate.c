@@ -30,6 +30,7 @@
 #include "generate.h"
 #include "llama.h"
 #include "llama_kv.h"
+#include "mpi_tools.h"
 #include "tokenizer.h"
 
 #define CMD "generate"
@@ -93,6 +94,8 @@ static void usage(FILE *f)
         "                      token differs beyond\n"
         "                      a near-tie\n"
         "  --json              one JSON object on stdout instead of text and figures\n"
+        "  --mpi               sharded by heads over MPI ranks (mpirun -np R ...): the\n"
+        "                      same text; its options: pagedkv generate --mpi --help\n"
         "  -h, --help          this help\n\n"
         "Generation stops after -n positions or when a --model emits BOS (token 1).\n"
         "Text goes to stdout; tokens/s and per-session cache memory to stderr.\n");
@@ -675,6 +678,8 @@ static int gen_e2e(gen *g)
 
 int cmd_generate(int argc, char **argv)
 {
+    if (mpi_tools_requested(argc, argv)) /* sharded by heads over MPI: mpi_generate.c */
+        return mpi_generate(argc, argv);
     gen_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc != CLI_OK)

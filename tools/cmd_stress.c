@@ -36,6 +36,7 @@
 #include "cli.h"
 #include "opt.h"
 #include "stress.h"
+#include "mpi_tools.h"
 
 #define CMD "stress"
 
@@ -88,6 +89,8 @@ static void usage(FILE *f)
         "                       written)\n"
         "  --svg-logx           logarithmic context axis in the plot\n"
         "  --quiet              no progress on stderr\n"
+        "  --mpi                one context sharded over MPI ranks (mpirun -np R ...;\n"
+        "                       its own options: pagedkv stress --mpi --help)\n"
         "  --help               this text\n\n"
         "Progress goes to stderr (a bar on a terminal). Ctrl-C stops and prints the\n"
         "summary so far (exit 130). Exit 1 on a library error or a memory mismatch,\n"
@@ -671,6 +674,8 @@ static void cleanup(stress_run *r)
 
 int cmd_stress(int argc, char **argv)
 {
+    if (mpi_tools_requested(argc, argv)) /* the context over MPI ranks: mpi_stress.c */
+        return mpi_stress(argc, argv);
     stress_run r;
     memset(&r, 0, sizeof r);
     int rc = parse_opts(argc, argv, &r.o);

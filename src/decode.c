@@ -84,14 +84,15 @@ static void states_clear(float *st, uint32_t ng, size_t sf, uint32_t H, uint32_t
 /*
  * Fold the state (mc, lc, ac[d]) into the running state (*m, *l, o[d]): the one
  * definition of the merge, for pkv_decode, prefill and pkv_merge_partials alike, so
- * their results agree to the bit. An empty state (mc = -inf: nothing attended) adds
+ * their results agree to the bit. An empty state (mc = -inf, lc = 0: nothing attended) adds
  * nothing; the sink logit sigma as a first state (sigma, 1, 0) leaves exactly
  * (sigma, 1, 0), which is how the pipeline starts a head that has one.
  */
 static inline void fold_state(float *m, float *l, float *restrict o, float mc, float lc,
                               const float *restrict ac, uint32_t d)
 {
-    if (mc == -INFINITY)
+    if (mc == -INFINITY && lc == 0.0f) /* empty; a NaN l (NaN or inf in q) must not be
+                                          taken for empty: it poisons its head only */
         return;
     const float nm = fmaxf(*m, mc);
     const float a = expf(*m - nm), w = expf(mc - nm);

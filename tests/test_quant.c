@@ -408,13 +408,15 @@ START_TEST(quant_dot_within_its_bound)
 }
 END_TEST
 
-/* quant_dot on hostile q: zero heads give uniform weights (the mean of V), a NaN or an
- * infinity in one head makes that head NaN and leaves every other head as it was. */
+/* Hostile q, on both paths: zero heads give uniform weights (the mean of V), a NaN or
+ * an infinity in one head makes that head NaN (never a silent 0: the merge must not
+ * take its NaN state for an empty one) and leaves every other head as it was. */
 START_TEST(quant_dot_zero_and_nan_queries)
 {
-    for (size_t ti = 0; ti < 2; ti++) {
+    for (size_t run = 0; run < 4; run++) { /* q8, q4; exact path, then integer path */
+        const size_t ti = run % 2;
         pkv_config c = pkvt_config(1, 4, 2, 40, 4, qtypes[ti]);
-        c.quant_dot = 1;
+        c.quant_dot = (uint32_t)(run / 2);
         pkv_engine *e = pkvt_engine_cfg(&c);
         pkv_session *s = pkvt_session(e);
         pkvt_rng r;

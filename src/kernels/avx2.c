@@ -120,6 +120,25 @@ AI void ldq16(pkv_dtype dt, const char *row, uint32_t c, __m256 v[2])
     v[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b))));
 }
 
+/* The integers of ldq16, unscaled (exact in f32): for PV with the block's scale
+ * folded into the weights. */
+AI void ldq16_raw(pkv_dtype dt, const char *row, uint32_t c, __m256 v[2])
+{
+    const char *blk = qblock(dt, row, c);
+    __m128i b;
+    if (dt == PKV_Q8) {
+        b = _mm_loadu_si128((const void *)(blk + 2 + c % 32));
+    } else {
+        const __m128i x = _mm_loadl_epi64((const void *)(blk + 2 + (c % 32) / 2));
+        const __m128i m = _mm_set1_epi8(15);
+        b = _mm_sub_epi8(_mm_unpacklo_epi8(_mm_and_si128(x, m),
+                                           _mm_and_si128(_mm_srli_epi16(x, 4), m)),
+                         _mm_set1_epi8(8));
+    }
+    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
+}
+
 /* The first rem (1..7) values from element c, the other lanes 0. */
 AI __m256 ldqt(pkv_dtype dt, const char *row, uint32_t c, uint32_t rem)
 {
@@ -300,7 +319,7 @@ AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
  * rem (1..7, CB == 1) only the first rem lanes exist. */
 AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32_t n,
                  const float *w, const float *alpha, float *acc, const char *pf,
-                 const int HB, const int CB, const uint32_t rem)
+                 const int HB, const int CB, const uint32_t rem, const bool raw)
 {
     const size_t es = dt == PKV_F32 ? 4u : 2u;
     const size_t vrb = QTYPE(dt) ? pkvi_quant_row_bytes(dt, d) : 0; /* a block row's bytes */
@@ -321,7 +340,9 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
             for (size_t off = c0 * es; off < (c0 + 8u * CB) * es && off < d * es; off += 64)
                 _mm_prefetch(pf + t * d * es + off, PF_HINT);
         __m256 vv[2];
-        if (QTYPE(dt) && CB == 2) /* 16 values of one block, one scale */
+        if (QTYPE(dt) && CB == 2 && raw) /* w carries the block's scale */
+            ldq16_raw(dt, (const char *)vrow + t * vrb, c0, vv);
+        else if (QTYPE(dt) && CB == 2) /* 16 values of one block, one scale */
             ldq16(dt, (const char *)vrow + t * vrb, c0, vv);
         else
             #pragma GCC unroll 16
@@ -357,12 +378,36 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
                  const float *alpha, float *acc, const char *pf, const int HB)
 {
     uint32_t c = 0;
+    if (QTYPE(dt)) {
+        /* Whole blocks: each token's block scale folded into the weights once,
+         * ws[h][t] = w[h][t] * dv_t (one multiply per block per head per 8 tokens),
+         * so the values are the block's integers: acc += ws * q. The 16 scales of the
+         * tile's rows are converted in two vcvtph2ps. */
+        const size_t vrb = pkvi_quant_row_bytes(dt, d), bb = pkvi_quant_block_bytes(dt);
+        _Alignas(32) float ws[4 * PKVI_TILE];
+        for (; c + 32 <= d; c += 32) {
+            _Alignas(16) uint16_t sb[PKVI_TILE] = {0};
+            for (uint32_t t = 0; t < n; t++)
+                memcpy(&sb[t], (const char *)vrow + t * vrb + (c / 32) * bb, 2);
+            const __m256 s0 = _mm256_cvtph_ps(_mm_load_si128((const void *)sb));
+            const __m256 s1 = _mm256_cvtph_ps(_mm_load_si128((const void *)(sb + 8)));
+            #pragma GCC unroll 16
+            for (int h = 0; h < HB; h++) {
+                _mm256_store_ps(ws + h * PKVI_TILE,
+                                _mm256_mul_ps(_mm256_load_ps(w + h * PKVI_TILE), s0));
+                _mm256_store_ps(ws + h * PKVI_TILE + 8,
+                                _mm256_mul_ps(_mm256_load_ps(w + h * PKVI_TILE + 8), s1));
+            }
+            pv_block(dt, vrow, d, c, n, ws, alpha, acc, pf, HB, 2, 0, true);
+            pv_block(dt, vrow, d, c + 16, n, ws, alpha, acc, pf, HB, 2, 0, true);
+        }
+    }
     for (; c + 16 <= d; c += 16)
-        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 2, 0);
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 2, 0, false);
     for (; c + 8 <= d; c += 8)
-        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, 0);
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, 0, false);
     if (c < d)
-        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, d - c);
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, d - c, false);
 }
 
 /* ---- softmax of one tile (as ref.c; l uses a fused multiply-add) ------------------- */

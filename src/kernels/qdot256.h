@@ -55,8 +55,31 @@ AI float kblock_scale(const char *blk)
     return _cvtsh_ss(h);
 }
 
+/* lane i of the result = sum of the 8 int32 lanes of v[i], exact (|isum| < 2^20) */
+AI __m256i qd_hsum8i(const __m256i v[8])
+{
+    const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]),
+                                         _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]),
+                                         _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                            _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* The f16 scale of K row t's block blk, as 16 bits */
+AI uint32_t kblock_scale_bits(const char *blk)
+{
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    return h;
+}
+
 /* Integer-dot scores of HB heads (qi rows dpad apart, qs rows nb apart) with TB
- * consecutive K rows; writes s[h * PKVI_TILE + t]. HB * TB <= 8. */
+ * consecutive K rows; writes s[h * PKVI_TILE + t]. HB * TB == 8 or (TB == 1, any HB).
+ * The transposed reduction: per block, the 8 pairs' (head h, token t; lane h * TB + t)
+ * int32 partial dots are summed across lanes in one exact integer tree, so one vector
+ * holds the 8 exact isum_b; it is converted, times the 8 scales dk_b * dq_b, and added
+ * to the 8 scores in block order: ref.c's arithmetic, bit for bit. */
 AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
                      const float *qs, size_t dpad, uint32_t nb, float *s, const char *pf,
                      size_t row_bytes, const int HB, const int TB)
@@ -66,32 +89,58 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
             _mm_prefetch(pf + off, PF_HINT);
     const size_t bb = pkvi_quant_block_bytes(dt);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 a[8];
-    #pragma GCC unroll 16
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         const bool full = (b + 1) * 32 <= d;
+        __m256i pr[8];
+        #pragma GCC unroll 16
+        for (int i = HB * TB; i < 8; i++)
+            pr[i] = _mm256_setzero_si256();
+        uint32_t sb[8];
         #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
             const char *blk = krow + t * row_bytes + b * bb;
+            sb[t] = kblock_scale_bits(blk);
             const __m256i k = full ? kblock_i8(dt, blk) : kblock_i8_tail(dt, blk, d - b * 32);
             const __m256i ka = _mm256_abs_epi8(k);
-            const __m256 dk = _mm256_set1_ps(kblock_scale(blk));
             #pragma GCC unroll 16
             for (int h = 0; h < HB; h++) {
                 const __m256i qv = _mm256_load_si256((const void *)(qi + h * dpad + b * 32));
-                const __m256i pr = _mm256_madd_epi16(
+                pr[h * TB + t] = _mm256_madd_epi16(
                     _mm256_maddubs_epi16(ka, _mm256_sign_epi8(qv, k)), ones);
-                a[h * TB + t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pr),
-                                                _mm256_mul_ps(dk, _mm256_broadcast_ss(
-                                                                      qs + h * nb + b)),
-                                                a[h * TB + t]);
             }
         }
+        /* lane i = h * TB + t: dk of token t, dq of head h */
+        __m128i kh;
+        if (TB == 8)
+            kh = _mm_setr_epi16((short)sb[0], (short)sb[1], (short)sb[2], (short)sb[3],
+                                (short)sb[4], (short)sb[5], (short)sb[6], (short)sb[7]);
+        else if (TB == 4)
+            kh = _mm_set1_epi64x((long long)(sb[0] | sb[1] << 16 |
+                                             (uint64_t)(sb[2] | sb[3] << 16) << 32));
+        else if (TB == 2)
+            kh = _mm_set1_epi32((int)(sb[0] | sb[1] << 16));
+        else
+            kh = _mm_set1_epi16((short)sb[0]);
+        const __m256 dk = _mm256_cvtph_ps(kh);
+        __m256 dq;
+        {
+            _Alignas(32) float qb[8];
+            #pragma GCC unroll 16
+            for (int h = 0; h < HB; h++)
+                #pragma GCC unroll 16
+                for (int t = 0; t < TB; t++)
+                    qb[h * TB + t] = qs[h * nb + b];
+            #pragma GCC unroll 16
+            for (int i = HB * TB; i < 8; i++)
+                qb[i] = 0.0f;
+            dq = _mm256_load_ps(qb);
+        }
+        const __m256 isum = _mm256_cvtepi32_ps(qd_hsum8i(pr));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dk, dq), isum));
     }
     _Alignas(32) float r[8];
-    _mm256_store_ps(r, qd_hsum8(a));
+    _mm256_store_ps(r, acc);
     #pragma GCC unroll 16
     for (int h = 0; h < HB; h++)
         #pragma GCC unroll 16

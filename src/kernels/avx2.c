@@ -100,28 +100,9 @@ AI __m256 ldq(pkv_dtype dt, const char *row, uint32_t c)
     return _mm256_mul_ps(qscale8(blk), _mm256_cvtepi32_ps(v));
 }
 
-/* 16 values from element c (c % 16 == 0: one block) into v[0], v[1]: the block's
- * scale read once, Q4's 8 bytes unpacked once; the same values as two ldq. */
-AI void ldq16(pkv_dtype dt, const char *row, uint32_t c, __m256 v[2])
-{
-    const char *blk = qblock(dt, row, c);
-    __m128i b;
-    if (dt == PKV_Q8) {
-        b = _mm_loadu_si128((const void *)(blk + 2 + c % 32));
-    } else {
-        const __m128i x = _mm_loadl_epi64((const void *)(blk + 2 + (c % 32) / 2));
-        const __m128i m = _mm_set1_epi8(15);
-        b = _mm_sub_epi8(_mm_unpacklo_epi8(_mm_and_si128(x, m),
-                                           _mm_and_si128(_mm_srli_epi16(x, 4), m)),
-                         _mm_set1_epi8(8));
-    }
-    const __m256 d = qscale8(blk);
-    v[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
-    v[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b))));
-}
-
-/* The integers of ldq16, unscaled (exact in f32): for PV with the block's scale
- * folded into the weights. */
+/* 16 integers of a block from element c (c % 16 == 0) into v[0], v[1], unscaled (exact
+ * in f32): Q4's 8 bytes unpacked once; for PV with the block's scale folded into the
+ * weights. */
 AI void ldq16_raw(pkv_dtype dt, const char *row, uint32_t c, __m256 v[2])
 {
     const char *blk = qblock(dt, row, c);
@@ -137,6 +118,16 @@ AI void ldq16_raw(pkv_dtype dt, const char *row, uint32_t c, __m256 v[2])
     }
     v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
     v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
+}
+
+/* 16 values from element c (c % 16 == 0: one block) into v[0], v[1]: ldq16_raw times
+ * the block's scale, read once; the same values as two ldq. */
+AI void ldq16(pkv_dtype dt, const char *row, uint32_t c, __m256 v[2])
+{
+    ldq16_raw(dt, row, c, v);
+    const __m256 d = qscale8(qblock(dt, row, c));
+    v[0] = _mm256_mul_ps(d, v[0]);
+    v[1] = _mm256_mul_ps(d, v[1]);
 }
 
 /* The first rem (1..7) values from element c, the other lanes 0. */

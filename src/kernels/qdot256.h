@@ -12,22 +12,13 @@
 #include <immintrin.h>
 #include <string.h>
 
-/* lane i of the result = sum of the 8 lanes of v[i]; fixed order (avx2.c's hsum8) */
-AI __m256 qd_hsum8(const __m256 v[8])
-{
-    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                         _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 /* ---- QK of the integer-dot path (quant_dot = 1; ref.c is its definition) -----------
  * A K block's 32 integers as int8 (Q8 as stored; Q4 as nibble - 8, low nibbles then
  * high, the order walk.h's qd_permute gives q), and q's block: vpmaddubsw(|k|,
  * sign(q, k)) multiplies the pairs exactly (|k| <= 128, |q| <= 127: a pair sums to at
  * most 32512, no saturation), vpmaddwd by ones adds them into 8 int32 lanes, exact.
  * Each lane, converted (exactly: < 2^24) and times dk * dq, is summed with fused
- * multiply-adds across blocks; the 8 lanes in a fixed tree (qd_hsum8). So a score differs
+ * multiply-adds across blocks. So a score differs
  * from ref.c's only by the order of the f32 additions of its block terms. */
 AI __m256i kblock_i8(pkv_dtype dt, const char *blk)
 {
@@ -56,14 +47,18 @@ AI float kblock_scale(const char *blk)
 }
 
 /* lane i of the result = sum of the 8 int32 lanes of v[i], exact (|isum| < 2^20) */
+/* lane i of the result = sum of the 8 lanes of v[i] (exact: int32, any order). The
+ * two 128-bit halves are added after vextracti128 rather than combined with two
+ * vperm2i128 (8 micro-ops each on cores with 128-bit vector units, Zen 1). */
 AI __m256i qd_hsum8i(const __m256i v[8])
 {
     const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]),
                                          _mm256_hadd_epi32(v[2], v[3]));
     const __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]),
                                          _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
-                            _mm256_permute2x128_si256(u0, u1, 0x31));
+    const __m128i lo = _mm_add_epi32(_mm256_castsi256_si128(u0), _mm256_extracti128_si256(u0, 1));
+    const __m128i hi = _mm_add_epi32(_mm256_castsi256_si128(u1), _mm256_extracti128_si256(u1, 1));
+    return _mm256_set_m128i(hi, lo);
 }
 
 /* The f16 scale of K row t's block blk, as 16 bits */
@@ -79,9 +74,11 @@ AI uint32_t kblock_scale_bits(const char *blk)
  * The transposed reduction: per block, the 8 pairs' (head h, token t; lane h * TB + t)
  * int32 partial dots are summed across lanes in one exact integer tree, so one vector
  * holds the 8 exact isum_b; it is converted, times the 8 scales dk_b * dq_b, and added
- * to the 8 scores in block order: ref.c's arithmetic, bit for bit. */
+ * to the 8 scores in block order: ref.c's arithmetic, bit for bit. dqv holds, per
+ * block b, the 8 lanes' dq_b (0 in lanes past HB * TB): qk_heads_int lays them out once
+ * per tile, not once per block of every token pair. */
 AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
-                     const float *qs, size_t dpad, uint32_t nb, float *s, const char *pf,
+                     const float *dqv, size_t dpad, uint32_t nb, float *s, const char *pf,
                      size_t row_bytes, const int HB, const int TB)
 {
     if (pf)
@@ -123,19 +120,7 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
         else
             kh = _mm_set1_epi16((short)sb[0]);
         const __m256 dk = _mm256_cvtph_ps(kh);
-        __m256 dq;
-        {
-            _Alignas(32) float qb[8];
-            #pragma GCC unroll 16
-            for (int h = 0; h < HB; h++)
-                #pragma GCC unroll 16
-                for (int t = 0; t < TB; t++)
-                    qb[h * TB + t] = qs[h * nb + b];
-            #pragma GCC unroll 16
-            for (int i = HB * TB; i < 8; i++)
-                qb[i] = 0.0f;
-            dq = _mm256_load_ps(qb);
-        }
+        const __m256 dq = _mm256_load_ps(dqv + 8 * b);
         const __m256 isum = _mm256_cvtepi32_ps(qd_hsum8i(pr));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dk, dq), isum));
     }
@@ -148,18 +133,41 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
             s[h * PKVI_TILE + t] = r[h * TB + t];
 }
 
+/* dqv[8 * b + h * TB + t] = qs[h * nb + b] for the HB x TB lanes of qk_block_int, 0
+ * in the others. */
+AI void qd_lanes(const float *qs, uint32_t nb, float *dqv, const int HB, const int TB)
+{
+    for (uint32_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 16
+        for (int h = 0; h < HB; h++)
+            #pragma GCC unroll 16
+            for (int t = 0; t < TB; t++)
+                dqv[8 * b + (uint32_t)(h * TB + t)] = qs[h * nb + b];
+        #pragma GCC unroll 16
+        for (int i = HB * TB; i < 8; i++)
+            dqv[8 * b + (uint32_t)i] = 0.0f;
+    }
+}
+
 AI void qk_heads_int(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
                      uint32_t n, const int8_t *qi, const float *qs, size_t dpad, uint32_t nb,
                      float *s, const char *pf, const int HB)
 {
     const int TB = 8 / HB;
+    _Alignas(32) float dqv[8 * (PKVI_MAX_HEAD_DIM / 32)];
     uint32_t t = 0;
-    for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
-        qk_block_int(dt, krow + t * row_bytes, d, qi, qs, dpad, nb, s + t,
-                     pf ? pf + t * row_bytes : NULL, row_bytes, HB, TB);
-    for (; t < n; t++)
-        qk_block_int(dt, krow + t * row_bytes, d, qi, qs, dpad, nb, s + t,
-                     pf ? pf + t * row_bytes : NULL, row_bytes, HB, 1);
+    if (n >= (uint32_t)TB) {
+        qd_lanes(qs, nb, dqv, HB, TB);
+        for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
+            qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, dpad, nb, s + t,
+                         pf ? pf + t * row_bytes : NULL, row_bytes, HB, TB);
+    }
+    if (t < n) {
+        qd_lanes(qs, nb, dqv, HB, 1);
+        for (; t < n; t++)
+            qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, dpad, nb, s + t,
+                         pf ? pf + t * row_bytes : NULL, row_bytes, HB, 1);
+    }
 }
 
 #endif

@@ -97,6 +97,14 @@ static void check_model_json(const char *json, uint64_t positions)
             ck_assert_msg(mean >= 0 && mean <= p99 * (1 + 1e-9) + 1e-300 && p99 <= mx,
                           "%s: KL mean %g, p99 %g, max %g", pkv_dtype_name(dt), mean, p99, mx);
             ck_assert(top1 >= 0 && top1 <= 1);
+            /* the flips are the positions top-1 misses; a margin exists only with a flip */
+            const double flips = row_num(json, r, "top1_flips"),
+                         margin = row_num(json, r, "top1_flip_margin_max"),
+                         npos = (double)pkvt_json_u64(json, "positions");
+            ck_assert_msg(flips == (double)(uint64_t)flips && flips == round((1 - top1) * npos),
+                          "%s: %g flips, top-1 %g of %g", pkv_dtype_name(dt), flips, top1, npos);
+            ck_assert_msg(margin >= 0 && (margin > 0) == (flips > 0) && margin < 100,
+                          "%s: %g flips, margin %g", pkv_dtype_name(dt), flips, margin);
             ck_assert(row_num(json, r, "attn_max_abs") >= 0);
         }
     }

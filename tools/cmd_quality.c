@@ -77,6 +77,8 @@ typedef struct {
     uint64_t bytes_per_token;     /* every layer's K and V rows of one position */
     /* model mode */
     double kl_mean, kl_p99, kl_max, top1;
+    uint32_t flips;               /* positions whose argmax differs from f32's */
+    double flip_margin;           /* largest f32 log-probability margin of a flip (0: none) */
     double attn_max_abs, attn_ref_max;
     /* synthetic mode (relative to max |reference output| on unrounded rows) */
     double k_rms, v_rms, err_k_only, err_v_only, err_ref_both, err_raw, err_rounded;
@@ -145,7 +147,7 @@ static void usage(FILE *f)
 "  tokenizer); synthetic mode: heads, kv_heads, head_dim, ctx, seed, outlier_channels,\n"
 "  outlier_scale, q_scale, max_abs_out; rows (list of {dtype, path, available, reason,\n"
 "  bytes_per_token, then model mode: kl_mean, kl_p99, kl_max, top1 (0..1),\n"
-"  attn_max_abs, attn_rel; synthetic mode: k_rms_rel, v_rms_rel, err_k_only,\n"
+"  top1_flips, top1_flip_margin_max, attn_max_abs, attn_rel; synthetic mode: k_rms_rel, v_rms_rel, err_k_only,\n"
 "  err_v_only, err_ref_rounded, err_vs_unrounded, err_vs_rounded}); figures of an\n"
 "  unavailable row are null.\n"
 "\n"
@@ -307,12 +309,17 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* KL, top-1 of logits [T][V] against ref [T][V]; kl: [T] scratch, lp, lq: [V]. */
+/* KL, top-1 of logits [T][V] against ref [T][V]; kl: [T] scratch, lp, lq: [V].
+ * A flip is a position where the argmaxes differ; its margin is how far f32 preferred
+ * its own token, ln p(f32's top) - ln p(dtype's top) under f32 (the logit difference):
+ * near 0 a flip is a near-tie the slightest error decides, large it is a real loss. */
 static void compare_logits(q_row *r, const float *ref, const float *lg, uint32_t T, uint32_t V,
                            double *kl, double *lp, double *lq)
 {
     double sum = 0;
     uint32_t agree = 0;
+    r->flips = 0;
+    r->flip_margin = 0;
     for (uint32_t p = 0; p < T; p++) {
         const float *a = ref + (size_t)p * V, *b = lg + (size_t)p * V;
         log_softmax(a, V, lp);
@@ -322,7 +329,13 @@ static void compare_logits(q_row *r, const float *ref, const float *lg, uint32_t
             d += exp(lp[i]) * (lp[i] - lq[i]);
         kl[p] = d > 0 ? d : 0; /* >= 0 exactly; rounding can leave -1e-17 */
         sum += kl[p];
-        agree += argmax(a, V) == argmax(b, V);
+        const uint32_t ta = argmax(a, V), tb = argmax(b, V);
+        if (ta == tb) {
+            agree++;
+        } else {
+            r->flips++;
+            r->flip_margin = fmax(r->flip_margin, lp[ta] - lp[tb]);
+        }
     }
     qsort(kl, T, sizeof *kl, cmp_double);
     r->kl_mean = sum / T;
@@ -708,8 +721,9 @@ static void print_model(const q_result *R)
            R->stopped_at_bos ? ", stopped where the model emitted BOS" : "");
     if (R->text)
         printf("f32 text: %s\n", R->text);
-    printf("\n%-5s %-8s %9s %7s | %10s %10s %10s | %7s | %10s %9s\n", "dtype", "path",
-           "B/token", "vs f32", "KL mean", "KL p99", "KL max", "top-1", "attn err", "rel");
+    printf("\n%-5s %-8s %9s %7s | %10s %10s %10s | %7s %5s %7s | %10s %9s\n", "dtype", "path",
+           "B/token", "vs f32", "KL mean", "KL p99", "KL max", "top-1", "flips", "margin",
+           "attn err", "rel");
     const double f32b = (double)R->rows[0].bytes_per_token;
     for (uint32_t i = 0; i < R->n_rows; i++) {
         const q_row *r = &R->rows[i];
@@ -719,13 +733,15 @@ static void print_model(const q_result *R)
             printf("unavailable: %s\n", r->why);
             continue;
         }
-        printf("%10.3g %10.3g %10.3g | %6.2f%% | %10.3g %9.3g\n", r->kl_mean, r->kl_p99,
-               r->kl_max, 100.0 * r->top1, r->attn_max_abs,
+        printf("%10.3g %10.3g %10.3g | %6.2f%% %5u %7.3f | %10.3g %9.3g\n", r->kl_mean,
+               r->kl_p99, r->kl_max, 100.0 * r->top1, r->flips, r->flip_margin, r->attn_max_abs,
                r->attn_ref_max > 0 ? r->attn_max_abs / r->attn_ref_max : 0.0);
     }
     printf("\nattn err: max |cache - pkv_attention_reference| over every layer, position and\n"
            "head on the same unrounded q/K/V (rel: over max |reference|); top-1: argmax\n"
-           "agreement with f32. f32 is the self-check (0 and 100%%: prefill and decode are\n"
+           "agreement with f32; flips: the positions where it differs; margin: the largest\n"
+           "ln p(f32's token) - ln p(dtype's token) under f32 among them (near 0: every flip\n"
+           "was a near-tie). f32 is the self-check (0 and 100%%: prefill and decode are\n"
            "bitwise identical).\n");
 }
 
@@ -820,6 +836,8 @@ static void print_json(const q_result *R)
                       {"kl_p99", r->available ? r->kl_p99 : na},
                       {"kl_max", r->available ? r->kl_max : na},
                       {"top1", r->available ? r->top1 : na},
+                      {"top1_flips", r->available ? (double)r->flips : na},
+                      {"top1_flip_margin_max", r->available ? r->flip_margin : na},
                       {"attn_max_abs", r->available ? r->attn_max_abs : na},
                       {"attn_rel", r->available && r->attn_ref_max > 0
                                        ? r->attn_max_abs / r->attn_ref_max

@@ -15,7 +15,7 @@
  * into a zeroed 8-element buffer first; f32 rows use vmaskmovps. Rows past
  * `last_tokens` and elements past d are never read. The walk across groups and the
  * one-tile software pipeline are walk.h's (shared with avx512.c); software prefetch
- * and `#pragma GCC unroll` as in avx512.c.
+ * and the unrolling (PKVI_UNROLL) as in avx512.c.
  */
 #include "kernels/kernels.h"
 #include "dtype.h"
@@ -250,20 +250,20 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
         for (size_t off = 0; off < TB * row_bytes; off += 64)
             _mm_prefetch(pf + off, PF_HINT);
     __m256 a[8];
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int i = 0; i < 8; i++)
         a[i] = _mm256_setzero_ps();
     uint32_t c = 0;
     for (; c + 8 <= d; c += 8) {
         __m256 qv[4];
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int h = 0; h < HB; h++)
             qv[h] = _mm256_loadu_ps(qh + (size_t)h * d + c);
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int t = 0; t < TB; t++) {
             const __m256 kv = QTYPE(dt) ? ldq(dt, (const char *)krow + t * row_bytes, c)
                                         : ld(dt, krow, (size_t)t * d + c);
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int h = 0; h < HB; h++)
                 a[h * TB + t] = _mm256_fmadd_ps(qv[h], kv, a[h * TB + t]);
         }
@@ -271,23 +271,23 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
     if (c < d) {
         const uint32_t rem = d - c;
         __m256 qv[4];
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int h = 0; h < HB; h++)
             qv[h] = _mm256_maskload_ps(qh + (size_t)h * d + c, tail_mask(rem));
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int t = 0; t < TB; t++) {
             const __m256 kv = QTYPE(dt) ? ldqt(dt, (const char *)krow + t * row_bytes, c, rem)
                                         : ldt(dt, krow, (size_t)t * d + c, rem);
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int h = 0; h < HB; h++)
                 a[h * TB + t] = _mm256_fmadd_ps(qv[h], kv, a[h * TB + t]);
         }
     }
     _Alignas(32) float r[8];
     _mm256_store_ps(r, hsum8(a));
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int h = 0; h < HB; h++)
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int t = 0; t < TB; t++)
             s[h * PKVI_TILE + t] = r[h * TB + t];
 }
@@ -315,10 +315,10 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
     const size_t es = dt == PKV_F32 ? 4u : 2u;
     const size_t vrb = QTYPE(dt) ? pkvi_quant_row_bytes(dt, d) : 0; /* a block row's bytes */
     __m256 a[4][2];
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int h = 0; h < HB; h++) {
         const __m256 al = _mm256_set1_ps(alpha[h]);
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int c = 0; c < CB; c++) {
             const float *p = acc + (size_t)h * d + c0 + 8 * c;
             a[h][c] = _mm256_mul_ps(rem ? _mm256_maskload_ps(p, tail_mask(rem))
@@ -336,26 +336,26 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
         else if (QTYPE(dt) && CB == 2) /* 16 values of one block, one scale */
             ldq16(dt, (const char *)vrow + t * vrb, c0, vv);
         else
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int c = 0; c < CB; c++)
                 vv[c] = QTYPE(dt)
                             ? (rem ? ldqt(dt, (const char *)vrow + t * vrb, c0, rem)
                                    : ldq(dt, (const char *)vrow + t * vrb, c0 + 8 * (uint32_t)c))
                             : (rem ? ldt(dt, vrow, (size_t)t * d + c0, rem)
                                    : ld(dt, vrow, (size_t)t * d + c0 + 8 * c));
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int h = 0; h < HB; h++) {
             const __m256 wb = _mm256_broadcast_ss(w + h * PKVI_TILE + t);
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int c = 0; c < CB; c++)
                 a[h][c] = _mm256_fmadd_ps(wb, vv[c], a[h][c]);
         }
     }
     /* recompute addresses rather than keep HB*CB pointers live (see avx512.c) */
     __asm__("" : "+r"(acc));
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int h = 0; h < HB; h++)
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int c = 0; c < CB; c++) {
             float *p = acc + (size_t)h * d + c0 + 8 * c;
             if (rem)
@@ -382,7 +382,7 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
                 memcpy(&sb[t], (const char *)vrow + t * vrb + (c / 32) * bb, 2);
             const __m256 s0 = _mm256_cvtph_ps(_mm_load_si128((const void *)sb));
             const __m256 s1 = _mm256_cvtph_ps(_mm_load_si128((const void *)(sb + 8)));
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int h = 0; h < HB; h++) {
                 _mm256_store_ps(ws + h * PKVI_TILE,
                                 _mm256_mul_ps(_mm256_load_ps(w + h * PKVI_TILE), s0));

@@ -31,7 +31,7 @@
  * compiled here (256-bit: a block of 32 int8 is one ymm; VNNI is not used).
  *
  * The micro-kernels are written with small arrays of vectors indexed by constant
- * loops; `#pragma GCC unroll` makes -O2 builds unroll them too, so the arrays live in
+ * loops; PKVI_UNROLL (kernels.h) makes -O2 builds unroll them too, so the arrays live in
  * registers (without it gcc -O2 runs this file 3.5x slower than -O3).
  */
 #include "kernels/kernels.h"
@@ -163,17 +163,17 @@ AI __m512 exp16(__m512 x)
 AI __m512 hsum16(const __m512 v[16])
 {
     __m512 t[8], u[4], w[2];
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int i = 0; i < 8; i++) /* lanes of v[2i] and v[2i+1], interleaved, 2 summed */
         t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
                              _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int i = 0; i < 4; i++) { /* per 128-bit lane: one sum of 4 for v[4i..4i+3] */
         __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
         u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
                              _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
     }
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int i = 0; i < 2; i++) /* fold 128-bit lanes 0+1 and 2+3 */
         w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
                              _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
@@ -191,20 +191,20 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
         for (size_t off = 0; off < TB * row_bytes; off += 64)
             _mm_prefetch(pf + off, PF_HINT);
     __m512 a[16];
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int i = 0; i < 16; i++)
         a[i] = _mm512_setzero_ps();
     uint32_t c = 0;
     for (; c + 16 <= d; c += 16) {
         __m512 qv[4];
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int h = 0; h < HB; h++)
             qv[h] = _mm512_loadu_ps(qh + (size_t)h * d + c);
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int t = 0; t < TB; t++) {
             const __m512 kv = QTYPE(dt) ? ldq(dt, (const char *)krow + t * row_bytes, c)
                                         : ld(dt, krow, (size_t)t * d + c);
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int h = 0; h < HB; h++)
                 a[h * TB + t] = _mm512_fmadd_ps(qv[h], kv, a[h * TB + t]);
         }
@@ -212,21 +212,21 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
     if (c < d) {
         const __mmask16 k = (__mmask16)((1u << (d - c)) - 1u);
         __m512 qv[4];
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int h = 0; h < HB; h++)
             qv[h] = _mm512_maskz_loadu_ps(k, qh + (size_t)h * d + c);
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int t = 0; t < TB; t++) {
             const __m512 kv = QTYPE(dt) ? ldqm(dt, (const char *)krow + t * row_bytes, c, d - c)
                                         : ldm(dt, krow, (size_t)t * d + c, k);
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int h = 0; h < HB; h++)
                 a[h * TB + t] = _mm512_fmadd_ps(qv[h], kv, a[h * TB + t]);
         }
     }
     const __m512 r = hsum16(a);
     /* lanes [h*TB, h*TB + TB) belong to head h: a masked store at an offset base */
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int h = 0; h < HB; h++)
         _mm512_mask_storeu_ps(s + h * (PKVI_TILE - TB),
                               (__mmask16)(((1u << TB) - 1u) << (h * TB)), r);
@@ -257,10 +257,10 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
     const size_t es = dt == PKV_F32 ? 4u : 2u;
     const size_t vrb = QTYPE(dt) ? pkvi_quant_row_bytes(dt, d) : 0; /* a block row's bytes */
     __m512 a[4][4];
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int h = 0; h < HB; h++) {
         const __m512 al = _mm512_set1_ps(alpha[h]);
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int c = 0; c < CB; c++) {
             float *p = acc + (size_t)h * d + c0 + 16 * c;
             a[h][c] = _mm512_mul_ps(tail ? _mm512_maskz_loadu_ps(k, p) : _mm512_loadu_ps(p),
@@ -280,17 +280,17 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
             for (size_t off = c0 * es; off < (c0 + 16u * CB) * es && off < d * es; off += 64)
                 _mm_prefetch(pf + t * d * es + off, PF_HINT);
         __m512 vv[4];
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int c = 0; c < CB; c++)
             vv[c] = QTYPE(dt)
                         ? (tail ? ldqm(dt, (const char *)vrow + t * vrb, c0, d - c0)
                                 : ldq(dt, (const char *)vrow + t * vrb, c0 + 16 * (uint32_t)c))
                         : (tail ? ldm(dt, vrow, (size_t)t * d + c0, k)
                                 : ld(dt, vrow, (size_t)t * d + c0 + 16 * c));
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int h = 0; h < HB; h++) {
             const __m512 wb = _mm512_set1_ps(w[h * PKVI_TILE + t]);
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int c = 0; c < CB; c++)
                 a[h][c] = _mm512_fmadd_ps(wb, vv[c], a[h][c]);
         }
@@ -298,9 +298,9 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
     /* Make the compiler recompute the row addresses here instead of keeping HB*CB
      * pointers live across the token loop (they spilled, and V chunks with them). */
     __asm__("" : "+r"(acc));
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int h = 0; h < HB; h++)
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int c = 0; c < CB; c++) {
             float *p = acc + (size_t)h * d + c0 + 16 * c;
             if (tail)
@@ -391,7 +391,7 @@ AI void softmax4(uint32_t nh, uint32_t n, float scale, float cap, float *s, floa
     const __mmask16 nk = (__mmask16)((1u << n) - 1u);
     const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-__builtin_inff());
     __m512 sv[4];
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (uint32_t i = 0; i < 4; i++) /* missing heads and tokens score -inf */
         sv[i] = i >= nh ? ninf
                 : cap > 0.0f
@@ -406,7 +406,7 @@ AI void softmax4(uint32_t nh, uint32_t n, float scale, float cap, float *s, floa
     /* fmaxf(m, mt): a NaN tile max keeps m, as in ref.c */
     const __m512 mn = _mm512_max_ps(mt, mo);
     __m512 e[4];
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (uint32_t i = 0; i < 4; i++) {
         const __m512 mi = _mm512_permutexvar_ps(_mm512_set1_epi32((int)i), mn);
         e[i] = exp16(_mm512_sub_ps(sv[i], mi));

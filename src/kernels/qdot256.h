@@ -90,17 +90,17 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
     for (uint32_t b = 0; b < nb; b++) {
         const bool full = (b + 1) * 32 <= d;
         __m256i pr[8];
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int i = HB * TB; i < 8; i++)
             pr[i] = _mm256_setzero_si256();
         uint32_t sb[8];
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int t = 0; t < TB; t++) {
             const char *blk = krow + t * row_bytes + b * bb;
             sb[t] = kblock_scale_bits(blk);
             const __m256i k = full ? kblock_i8(dt, blk) : kblock_i8_tail(dt, blk, d - b * 32);
             const __m256i ka = _mm256_abs_epi8(k);
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int h = 0; h < HB; h++) {
                 const __m256i qv = _mm256_load_si256((const void *)(qi + h * dpad + b * 32));
                 pr[h * TB + t] = _mm256_madd_epi16(
@@ -126,9 +126,9 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
     }
     _Alignas(32) float r[8];
     _mm256_store_ps(r, acc);
-    #pragma GCC unroll 16
+    PKVI_UNROLL
     for (int h = 0; h < HB; h++)
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int t = 0; t < TB; t++)
             s[h * PKVI_TILE + t] = r[h * TB + t];
 }
@@ -138,12 +138,12 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
 AI void qd_lanes(const float *qs, uint32_t nb, float *dqv, const int HB, const int TB)
 {
     for (uint32_t b = 0; b < nb; b++) {
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int h = 0; h < HB; h++)
-            #pragma GCC unroll 16
+            PKVI_UNROLL
             for (int t = 0; t < TB; t++)
                 dqv[8 * b + (uint32_t)(h * TB + t)] = qs[h * nb + b];
-        #pragma GCC unroll 16
+        PKVI_UNROLL
         for (int i = HB * TB; i < 8; i++)
             dqv[8 * b + (uint32_t)i] = 0.0f;
     }

@@ -15,6 +15,14 @@
 
 static const pkv_dtype qtypes[] = {PKV_Q8, PKV_Q4};
 
+/* The decode shapes both paths are held to: head_dim 1..130 (every tail of a 32-value
+ * block), page sizes 1..16, groups 1..8 wide. */
+static const uint32_t shapes[][4] = {
+    /* h, g, d, bt */
+    {2, 1, 1, 1}, {4, 2, 3, 4}, {6, 3, 17, 2}, {8, 2, 32, 16}, {4, 4, 33, 5},
+    {8, 8, 64, 16}, {32, 8, 128, 16}, {2, 2, 80, 3}, {3, 1, 130, 7},
+};
+
 static float qmax_of(pkv_dtype t)
 {
     return t == PKV_Q8 ? 127.0f : 7.0f;
@@ -143,11 +151,6 @@ END_TEST
  * rounded rows, over head_dim 1..130 (tails), page sizes and group shapes. */
 START_TEST(decode_matches_reference_on_rounded_rows)
 {
-    static const uint32_t shapes[][4] = {
-        /* h, g, d, bt */
-        {2, 1, 1, 1}, {4, 2, 3, 4}, {6, 3, 17, 2}, {8, 2, 32, 16}, {4, 4, 33, 5},
-        {8, 8, 64, 16}, {32, 8, 128, 16}, {2, 2, 80, 3}, {3, 1, 130, 7},
-    };
     pkvt_rng r;
     const uint64_t seed = pkvt_seed();
     pkvt_rng_init(&r, seed + 23);
@@ -218,9 +221,7 @@ START_TEST(paths_agree_bitwise)
         pkv_config c;
         ck_assert_int_eq(pkv_engine_config(e1, &c), PKV_OK);
         c.n_threads = 3;
-        pkv_engine *e3;
-        ck_assert_int_eq(pkv_engine_create(&c, &e3), PKV_OK);
-        e3->split_awake = e3->split_asleep = 0;
+        pkv_engine *e3 = pkvt_engine_workers(&c);
         const size_t kd = (size_t)g * d, qd = (size_t)h * d;
         float *K = pkvt_alloc(T * kd * sizeof *K), *V = pkvt_alloc(T * kd * sizeof *V);
         float *Q = pkvt_alloc(T * qd * sizeof *Q);
@@ -386,11 +387,6 @@ static void quant_dot_case(pkvt_rng *r, uint64_t seed, pkv_dtype t, uint32_t h, 
 
 START_TEST(quant_dot_within_its_bound)
 {
-    static const uint32_t shapes[][4] = {
-        /* h, g, d, bt */
-        {2, 1, 1, 1}, {4, 2, 3, 4}, {6, 3, 17, 2}, {8, 2, 32, 16}, {4, 4, 33, 5},
-        {8, 8, 64, 16}, {32, 8, 128, 16}, {2, 2, 80, 3}, {3, 1, 130, 7},
-    };
     pkvt_rng r;
     const uint64_t seed = pkvt_seed();
     pkvt_rng_init(&r, seed + 26);

@@ -63,10 +63,7 @@ static pkv_engine *make_engine(geom *G, uint32_t threads)
     for (uint32_t l = 0; l < N_VARIANTS; l++)
         variant(l, G->window, &G->lc[l]);
     G->c.layer_cfg = G->lc;
-    pkv_engine *e = pkvt_engine_cfg(&G->c);
-    if (threads > 1)
-        e->split_awake = e->split_asleep = 0; /* always on the workers */
-    return e;
+    return threads > 1 ? pkvt_engine_workers(&G->c) : pkvt_engine_cfg(&G->c);
 }
 
 /* Positions [p0, p1) of K [T][g][d], V [T][g][dv] appended to every layer of s. */

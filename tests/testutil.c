@@ -215,6 +215,13 @@ pkv_engine *pkvt_engine_cfg(const pkv_config *c)
     return e;
 }
 
+pkv_engine *pkvt_engine_workers(const pkv_config *c)
+{
+    pkv_engine *e = pkvt_engine_cfg(c);
+    e->split_awake = e->split_asleep = 0;
+    return e;
+}
+
 pkv_engine *pkvt_engine(uint32_t layers, uint32_t h, uint32_t g, uint32_t d, uint32_t bt,
                         pkv_dtype dt)
 {

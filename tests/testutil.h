@@ -117,6 +117,10 @@ pkv_config pkvt_config(uint32_t layers, uint32_t h, uint32_t g, uint32_t d, uint
                        pkv_dtype dt);
 /* An engine for c; fails the test (naming the geometry) on error. */
 pkv_engine *pkvt_engine_cfg(const pkv_config *c);
+/* pkvt_engine_cfg, with every call that can split handed to the workers whatever its
+ * size and timing (decode.c's split_awake and split_asleep at 0): the engine of a
+ * thread-count identity test, which must exercise the split paths. */
+pkv_engine *pkvt_engine_workers(const pkv_config *c);
 /* An engine with this geometry (other fields default); fails the test on error. */
 pkv_engine *pkvt_engine(uint32_t layers, uint32_t h, uint32_t g, uint32_t d, uint32_t bt,
                         pkv_dtype dt);

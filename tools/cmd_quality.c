@@ -4,12 +4,13 @@
  * divergence of the next-token distributions against an f32 cache, position by
  * position on the same tokens.
  *
- * Owns: the options, the two runs of the model mode (the f32 greedy run that decides
- * the tokens, then one teacher-forced run per dtype and path), the synthetic
- * attention-only mode, the figures, the table, the JSON and the bar chart. Does not
- * own: the model math (llama/llama.c), the attention through the cache
- * (llama/llama_kv.c), the rounding (pkv_dtype_round_row), the reference
- * (pkv_attention_reference). Uses only the public API.
+ * Owns: the options, the rows of both modes (quality.h), the two runs of the model mode
+ * (the f32 greedy run that decides the tokens, then one teacher-forced run per dtype
+ * and path), its figures and table, and the JSON and bar chart of both modes. Does
+ * not own: the synthetic attention-only mode (quality_synthetic.c), the model math
+ * (llama/llama.c), the attention through the cache (llama/llama_kv.c), the rounding
+ * (pkv_dtype_round_row), the reference (pkv_attention_reference). Uses only the
+ * public API.
  *
  * Model mode, for a run of T positions (-n, prompt included, as `generate` counts):
  *   1. f32 cache, greedy: the prompt through pkv_prefill, then one token a step
@@ -25,17 +26,7 @@
  *   ties), and the attention-output error of the cache alone: at every layer, the
  *   output of the cache next to pkv_attention_reference on the same q/K/V unrounded,
  *   max |diff| and that over max |reference|.
- * Synthetic mode (--synthetic): one llama3-8b layer (h 32, g 8, d 128) of --ctx
- *   positions, one causal prefill per dtype and path. q ~ q_scale * N(0, 1); V ~ N(0,
- *   1); K ~ N(0, 1) except --outliers channels per group (the same channels in every
- *   group and position, drawn from the seed), which hold sign_c * scale * (1 + 0.25 N(0,
- *   1)): a few large channels of near-constant sign, as real keys have (KIVI, KVQuant).
- *   They set their 32-value block's scale, so the other 31 values of that block lose
- *   precision. Per dtype: the relative RMS rounding error of K and V, the reference
- *   output with rounded K alone, rounded V alone and both, and the engine's output
- *   against the reference on unrounded rows (everything) and on rounded rows (the
- *   kernel alone: 0 to ~1e-7 on the exact path; the integer path's own rounding);
- *   all relative to max |reference output| on unrounded rows.
+ * Synthetic mode (--synthetic): quality_synthetic.c, on the rows planned here.
  */
 #include <math.h>
 #include <stdio.h>
@@ -47,6 +38,7 @@
 #include "llama.h"
 #include "llama_kv.h"
 #include "opt.h"
+#include "quality.h"
 #include "svg.h"
 #include "tokenizer.h"
 
@@ -54,52 +46,8 @@
 /* The built-in model is the one `pagedkv generate` runs without --model (its
  * SYNTHETIC_SEED in cmd_generate.c). */
 #define BUILTIN_SEED 0x5eedull
-#define MAX_ROWS 12
-#define MAX_OUTLIERS 32
 
-typedef struct {
-    const char *model_path, *tok_path, *prompt, *svg;
-    uint32_t steps, block_tokens, threads;
-    pkv_dtype dtypes[8];
-    uint32_t n_dtypes;
-    bool json, synthetic;
-    uint32_t ctx, outliers;
-    double outlier_scale, q_scale;
-    uint64_t seed;
-} q_opts;
-
-/* One dtype on one path. */
-typedef struct {
-    pkv_dtype dt;
-    uint32_t path;                /* 0 exact, 1 integer (quant_dot) */
-    bool available;
-    char why[256];
-    uint64_t bytes_per_token;     /* every layer's K and V rows of one position */
-    /* model mode */
-    double kl_mean, kl_p99, kl_max, top1;
-    uint32_t flips;               /* positions whose argmax differs from f32's */
-    double flip_margin;           /* largest f32 log-probability margin of a flip (0: none) */
-    double attn_max_abs, attn_ref_max;
-    /* synthetic mode (relative to max |reference output| on unrounded rows) */
-    double k_rms, v_rms, err_k_only, err_v_only, err_ref_both, err_raw, err_rounded;
-} q_row;
-
-typedef struct {
-    const q_opts *o;
-    const char *isa;
-    q_row rows[MAX_ROWS];
-    uint32_t n_rows;
-    /* model mode */
-    llama_config cfg;
-    uint32_t positions, prompt_positions;
-    bool stopped_at_bos;
-    char *text;                   /* the f32 greedy text (with a tokenizer), or NULL */
-    /* synthetic mode */
-    uint32_t outlier_ch[MAX_OUTLIERS];
-    double max_out;
-} q_result;
-
-static const char *path_name(uint32_t path)
+const char *quality_path_name(uint32_t path)
 {
     return path ? "integer" : "exact";
 }
@@ -222,8 +170,8 @@ static int parse(int argc, char **argv, q_opts *o)
 /* The rows: f32 (the self-check), then each dtype on the exact path and, for Q8/Q4,
  * on the integer path; an integer row pkv_config_explain refuses is kept as
  * unavailable with its reason. cfg is the engine config without the dtype. */
-static void plan_rows(q_result *R, const pkv_config *cfg, uint32_t kv_heads,
-                      uint32_t layers, uint32_t d)
+void quality_plan_rows(q_result *R, const pkv_config *cfg, uint32_t kv_heads,
+                       uint32_t layers, uint32_t d)
 {
     const q_opts *o = R->o;
     pkv_dtype list[9] = {PKV_F32};
@@ -345,8 +293,8 @@ static void compare_logits(q_row *r, const float *ref, const float *lg, uint32_t
 }
 
 /* An engine and session of config c; its kernels into R->isa. */
-static pkv_status open_engine(q_result *R, const pkv_config *c, pkv_engine **e,
-                              pkv_session **s)
+pkv_status quality_open_engine(q_result *R, const pkv_config *c, pkv_engine **e,
+                               pkv_session **s)
 {
     *e = NULL;
     *s = NULL;
@@ -443,7 +391,7 @@ static int run_model(q_result *R)
     }
 
     /* 1. the f32 greedy run: it decides the tokens */
-    if ((ps = open_engine(R, &cfg, &e, &s)) != PKV_OK) {
+    if ((ps = quality_open_engine(R, &cfg, &e, &s)) != PKV_OK) {
         rc = cli_fail(CMD, "f32 engine: %s", pkv_status_str(ps));
         goto done;
     }
@@ -497,7 +445,7 @@ static int run_model(q_result *R)
     }
 
     /* 2. every dtype and path, teacher-forced on those tokens in one prefill */
-    plan_rows(R, &cfg, c->n_kv_heads, c->n_layers, c->head_size);
+    quality_plan_rows(R, &cfg, c->n_kv_heads, c->n_layers, c->head_size);
     for (uint32_t i = 0; i < R->n_rows; i++) {
         q_row *r = &R->rows[i];
         if (!r->available)
@@ -505,7 +453,7 @@ static int run_model(q_result *R)
         pkv_config rc_cfg = cfg;
         rc_cfg.kv_dtype = r->dt;
         rc_cfg.quant_dot = r->path;
-        if ((ps = open_engine(R, &rc_cfg, &e, &s)) != PKV_OK) {
+        if ((ps = quality_open_engine(R, &rc_cfg, &e, &s)) != PKV_OK) {
             rc = cli_fail(CMD, "%s engine: %s", pkv_dtype_name(r->dt), pkv_status_str(ps));
             goto done;
         }
@@ -517,7 +465,8 @@ static int run_model(q_result *R)
         s = NULL;
         e = NULL;
         if (ps != PKV_OK) {
-            rc = cli_fail(CMD, "%s %s run: %s: %s", pkv_dtype_name(r->dt), path_name(r->path),
+            rc = cli_fail(CMD, "%s %s run: %s: %s", pkv_dtype_name(r->dt),
+                          quality_path_name(r->path),
                           b.ref_st != PKV_OK ? "pkv_attention_reference"
                           : b.kv.failed      ? b.kv.failed
                                              : "forward",
@@ -546,165 +495,6 @@ done:
     return rc;
 }
 
-/* ---- synthetic mode -------------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * 0x2545f4914f6cdd1dull;
-}
-
-static double rng_unit(uint64_t *s) /* (0, 1) */
-{
-    return ((double)(rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static double rng_normal(uint64_t *s) /* Box-Muller */
-{
-    return sqrt(-2.0 * log(rng_unit(s))) * cos(6.283185307179586 * rng_unit(s));
-}
-
-static double max_diff(const float *a, const float *b, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++)
-        m = fmax(m, fabs((double)a[i] - (double)b[i]));
-    return m;
-}
-
-static double rms_rel(const float *x, const float *y, size_t n)
-{
-    double e = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        e += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
-        s += (double)x[i] * x[i];
-    }
-    return s > 0 ? sqrt(e / s) : 0;
-}
-
-static void round_rows(pkv_dtype dt, uint32_t d, size_t rows, const float *src, float *dst)
-{
-    for (size_t r = 0; r < rows; r++)
-        pkv_dtype_round_row(dt, d, src + r * d, dst + r * d);
-}
-
-static int run_synthetic(q_result *R)
-{
-    const q_opts *o = R->o;
-    const uint32_t h = 32, g = 8, d = 128, T = o->ctx;
-    const size_t nq = (size_t)T * h * d, nk = (size_t)T * g * d;
-    float *q = malloc(nq * sizeof *q), *K = malloc(nk * sizeof *K), *V = malloc(nk * sizeof *V);
-    float *Kr = malloc(nk * sizeof *Kr), *Vr = malloc(nk * sizeof *Vr);
-    float *raw = malloc(nq * sizeof *raw), *ref = malloc(nq * sizeof *ref);
-    float *out = malloc(nq * sizeof *out);
-    pkv_engine *e = NULL;
-    pkv_session *s = NULL;
-    int rc = CLI_OK;
-    if (!q || !K || !V || !Kr || !Vr || !raw || !ref || !out) {
-        rc = cli_fail(CMD, "out of memory for %u positions", T);
-        goto done;
-    }
-    uint64_t seed = o->seed * 0x9e3779b97f4a7c15ull + 0x5157ull;
-    /* the outlier channels: distinct, drawn from the seed, each with its sign */
-    double sign[MAX_OUTLIERS];
-    for (uint32_t i = 0; i < o->outliers; i++) {
-        uint32_t ch;
-        bool dup;
-        do {
-            ch = (uint32_t)(rng_next(&seed) % d);
-            dup = false;
-            for (uint32_t j = 0; j < i; j++)
-                dup |= R->outlier_ch[j] == ch;
-        } while (dup);
-        R->outlier_ch[i] = ch;
-        sign[i] = rng_next(&seed) & 1 ? 1.0 : -1.0;
-    }
-    for (size_t i = 0; i < nq; i++)
-        q[i] = (float)(o->q_scale * rng_normal(&seed));
-    for (size_t i = 0; i < nk; i++) {
-        V[i] = (float)rng_normal(&seed);
-        K[i] = (float)rng_normal(&seed);
-    }
-    for (size_t row = 0; row < (size_t)T * g; row++)
-        for (uint32_t i = 0; i < o->outliers; i++)
-            K[row * d + R->outlier_ch[i]] =
-                (float)(sign[i] * o->outlier_scale * (1.0 + 0.25 * rng_normal(&seed)));
-    pkv_status ps = pkv_attention_reference(T, h, g, d, 0, 0.0f, NULL, q, K, V, raw);
-    if (ps != PKV_OK) {
-        rc = cli_fail(CMD, "pkv_attention_reference: %s", pkv_status_str(ps));
-        goto done;
-    }
-    R->max_out = 0;
-    for (size_t i = 0; i < nq; i++)
-        R->max_out = fmax(R->max_out, fabs((double)raw[i]));
-    const double mo = R->max_out > 0 ? R->max_out : 1.0;
-    const pkv_config cfg = cli_config(1, h, g, d, o->block_tokens, PKV_F32, o->threads);
-    if (cli_check_limits(CMD, &cfg, NULL) != CLI_OK) {
-        rc = CLI_USAGE;
-        goto done;
-    }
-    plan_rows(R, &cfg, g, 1, d);
-    for (uint32_t i = 0; i < R->n_rows; i++) {
-        q_row *r = &R->rows[i];
-        if (!r->available)
-            continue;
-        round_rows(r->dt, d, (size_t)T * g, K, Kr);
-        round_rows(r->dt, d, (size_t)T * g, V, Vr);
-        r->k_rms = rms_rel(K, Kr, nk);
-        r->v_rms = rms_rel(V, Vr, nk);
-        const q_row *exact = i > 0 && r->path ? &R->rows[i - 1] : NULL;
-        if (exact && exact->dt == r->dt && exact->available) {
-            /* the references do not depend on the path */
-            r->err_k_only = exact->err_k_only;
-            r->err_v_only = exact->err_v_only;
-        } else if (r->dt != PKV_F32) {
-            ps = pkv_attention_reference(T, h, g, d, 0, 0.0f, NULL, q, Kr, V, ref);
-            r->err_k_only = max_diff(ref, raw, nq) / mo;
-            if (ps == PKV_OK)
-                ps = pkv_attention_reference(T, h, g, d, 0, 0.0f, NULL, q, K, Vr, ref);
-            r->err_v_only = max_diff(ref, raw, nq) / mo;
-        }
-        if (ps == PKV_OK)
-            ps = pkv_attention_reference(T, h, g, d, 0, 0.0f, NULL, q, Kr, Vr, ref);
-        if (ps != PKV_OK) {
-            rc = cli_fail(CMD, "pkv_attention_reference: %s", pkv_status_str(ps));
-            goto done;
-        }
-        r->err_ref_both = max_diff(ref, raw, nq) / mo;
-        pkv_config c = cfg;
-        c.kv_dtype = r->dt;
-        c.quant_dot = r->path;
-        ps = open_engine(R, &c, &e, &s);
-        if (ps == PKV_OK)
-            ps = pkv_prefill(s, 0, T, q, K, V, out);
-        pkv_session_destroy(s);
-        pkv_engine_destroy(e);
-        s = NULL;
-        e = NULL;
-        if (ps != PKV_OK) {
-            rc = cli_fail(CMD, "%s %s prefill: %s", pkv_dtype_name(r->dt), path_name(r->path),
-                          pkv_status_str(ps));
-            goto done;
-        }
-        r->err_raw = max_diff(out, raw, nq) / mo;
-        r->err_rounded = max_diff(out, ref, nq) / mo;
-    }
-done:
-    pkv_session_destroy(s);
-    pkv_engine_destroy(e);
-    free(q);
-    free(K);
-    free(V);
-    free(Kr);
-    free(Vr);
-    free(raw);
-    free(ref);
-    free(out);
-    return rc;
-}
-
 /* ---- output --------------------------------------------------------------------- */
 
 static void print_model(const q_result *R)
@@ -727,7 +517,7 @@ static void print_model(const q_result *R)
     const double f32b = (double)R->rows[0].bytes_per_token;
     for (uint32_t i = 0; i < R->n_rows; i++) {
         const q_row *r = &R->rows[i];
-        printf("%-5s %-8s %9llu %7.3f | ", pkv_dtype_name(r->dt), path_name(r->path),
+        printf("%-5s %-8s %9llu %7.3f | ", pkv_dtype_name(r->dt), quality_path_name(r->path),
                (unsigned long long)r->bytes_per_token, (double)r->bytes_per_token / f32b);
         if (!r->available) {
             printf("unavailable: %s\n", r->why);
@@ -745,44 +535,10 @@ static void print_model(const q_result *R)
            "bitwise identical).\n");
 }
 
-static void print_synthetic(const q_result *R)
-{
-    const q_opts *o = R->o;
-    printf("pagedkv quality %s --synthetic: one llama3-8b layer (h 32, g 8, d 128), %u "
-           "positions, causal prefill; kernels %s\n", pkv_version(), o->ctx,
-           R->isa ? R->isa : "?");
-    printf("q ~ %g N(0,1); V ~ N(0,1); K ~ N(0,1) except %u channel%s (", o->q_scale,
-           o->outliers, o->outliers == 1 ? "" : "s");
-    for (uint32_t i = 0; i < o->outliers; i++)
-        printf("%s%u", i ? " " : "", R->outlier_ch[i]);
-    printf(") of every group and position: +-%g x (1 + 0.25 N(0,1)); seed %llu\n",
-           o->outlier_scale, (unsigned long long)o->seed);
-    printf("errors: max |diff| over max |reference on unrounded rows| = %.4g\n\n", R->max_out);
-    printf("%-5s %-8s %7s | %9s %9s | %10s %10s %10s | %11s %11s\n", "dtype", "path",
-           "B/token", "K rms", "V rms", "K rounded", "V rounded", "both", "engine/raw",
-           "engine/rnd");
-    for (uint32_t i = 0; i < R->n_rows; i++) {
-        const q_row *r = &R->rows[i];
-        printf("%-5s %-8s %7llu | ", pkv_dtype_name(r->dt), path_name(r->path),
-               (unsigned long long)r->bytes_per_token);
-        if (!r->available) {
-            printf("unavailable: %s\n", r->why);
-            continue;
-        }
-        printf("%9.3g %9.3g | %10.3g %10.3g %10.3g | %11.3g %11.3g\n", r->k_rms, r->v_rms,
-               r->err_k_only, r->err_v_only, r->err_ref_both, r->err_raw, r->err_rounded);
-    }
-    printf("\nK rms, V rms: ||round_row(x) - x|| / ||x|| of the cached rows. K/V rounded, both:\n"
-           "the reference output with only K, only V, or both rounded (what the format\n"
-           "alone costs). engine/raw: the cache's output against the reference on unrounded\n"
-           "rows (everything); engine/rnd: against the reference on the rounded rows (the\n"
-           "kernel alone: ~1e-7 on the exact path; the integer path's own rounding).\n");
-}
-
 static void json_row_common(json_writer *W, const q_row *r)
 {
     json_str(W, "dtype", pkv_dtype_name(r->dt));
-    json_str(W, "path", path_name(r->path));
+    json_str(W, "path", quality_path_name(r->path));
     json_bool(W, "available", r->available);
     json_str(W, "reason", r->available ? NULL : r->why);
     json_u64(W, "bytes_per_token", r->bytes_per_token);
@@ -907,12 +663,12 @@ int cmd_quality(int argc, char **argv)
     if (!R)
         return cli_fail(CMD, "out of memory");
     R->o = &o;
-    rc = o.synthetic ? run_synthetic(R) : run_model(R);
+    rc = o.synthetic ? quality_run_synthetic(R) : run_model(R);
     if (rc == CLI_OK) {
         if (o.json)
             print_json(R);
         else if (o.synthetic)
-            print_synthetic(R);
+            quality_print_synthetic(R);
         else
             print_model(R);
         if (o.svg)

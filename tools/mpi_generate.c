@@ -28,6 +28,7 @@
 #include "cli.h"
 #include "llama.h"
 #include "llama_kv.h"
+#include "mpi_common.h"
 #include "mpi_tools.h"
 #include "opt.h"
 #include "tokenizer.h"
@@ -122,8 +123,7 @@ static pkv_status attn(void *ctx, uint32_t layer, uint32_t n, const float *q,
     if (st != PKV_OK)
         snprintf(a->err, sizeof a->err, "%s (layer %u): %s", a->kv.failed, layer,
                  pkv_status_str((pkv_status)st));
-    int worst = 0;
-    MPI_Allreduce(&st, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    const int worst = mpi_common_max(st);
     if (worst != PKV_OK) {
         if (!a->err[0])
             snprintf(a->err, sizeof a->err, "another rank failed (layer %u)", layer);
@@ -161,8 +161,9 @@ static void emit(const tokenizer *tk, bool have_tok, const uint32_t *t, uint32_t
     fwrite(p, 1, n, stdout);
 }
 
-static int run(const mg_opts *o, int rank, int R)
+static int run(const void *opts, int rank, int R)
 {
+    const mg_opts *o = opts;
     llama_model m;
     memset(&m, 0, sizeof m);
     tokenizer tk;
@@ -386,15 +387,5 @@ int mpi_generate(int argc, char **argv)
                        NULL);
     if (rc != CLI_OK)
         return rc == CLI_HELP ? CLI_OK : rc;
-    if (MPI_Init(&argc, &argv) != MPI_SUCCESS)
-        return cli_fail(CMD, "MPI_Init failed");
-    int rank = 0, R = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &R);
-    rc = run(&o, rank, R);
-    /* every rank returns the worst exit code, so mpirun's status is the run's */
-    int worst = rc;
-    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Finalize();
-    return worst;
+    return mpi_common_main(CMD, argc, argv, run, &o);
 }

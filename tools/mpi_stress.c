@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "mpi_common.h"
 #include "mpi_tools.h"
 #include "opt.h"
 
@@ -141,8 +142,9 @@ static pkv_status append_rows(pkv_session *s, const ms_opts *o, uint32_t dv, flo
     return PKV_OK;
 }
 
-static int run(const ms_opts *o, int rank, int R)
+static int run(const void *opts, int rank, int R)
 {
+    const ms_opts *o = opts;
     const uint32_t dv = o->head_dim_v ? o->head_dim_v : o->head_dim;
     pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim, o->block_tokens,
                               o->dtype, o->threads);
@@ -346,9 +348,7 @@ static int run(const ms_opts *o, int rank, int R)
                 mismatches += !p.equal;
             }
         }
-        int any = 0;
-        MPI_Allreduce(&fail, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (any) {
+        if (mpi_common_max(fail)) {
             rc = cli_fail(CMD, "a decode failed at context %llu", (unsigned long long)n);
             break;
         }
@@ -495,14 +495,5 @@ int mpi_stress(int argc, char **argv)
         return cli_usage_error(CMD, "--exchange: '%s' is not gather or chain", o.exchange);
     if ((o.sinks) && !o.window)
         return cli_usage_error(CMD, "--sinks needs --window");
-    if (MPI_Init(&argc, &argv) != MPI_SUCCESS)
-        return cli_fail(CMD, "MPI_Init failed");
-    int rank = 0, R = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &R);
-    rc = run(&o, rank, R);
-    int worst = rc;
-    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Finalize();
-    return worst;
+    return mpi_common_main(CMD, argc, argv, run, &o);
 }

@@ -58,7 +58,41 @@ def _layer_get(entry, name):
     return getattr(entry, name, None)
 
 
-class Engine:
+def _tokens_array(tokens):
+    """Token ids as the int32 C-contiguous flat array the prefix calls read."""
+    return np.ascontiguousarray(np.asarray(tokens, dtype=np.int32).reshape(-1))
+
+
+class _Handle:
+    """What Engine and Session share of a library handle's lifetime: `with` closes it,
+    garbage collection closes it, `closed` tells, and _handle() refuses a closed one.
+    A subclass sets _h (None when closed), _what (its name in the error) and close()."""
+
+    _what = "handle"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+    @property
+    def closed(self):
+        return self._h is None
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError(f"the {self._what} is closed")
+        return self._h
+
+
+class Engine(_Handle):
     """One engine per model geometry: the page pool, kernels, threads, spill file.
 
     Keyword arguments are pkv_config's fields: n_layers, n_heads, n_kv_heads, head_dim
@@ -67,6 +101,8 @@ class Engine:
     dicts or objects with window, sink_tokens, rollback_tokens, softcap, sink_logits),
     quant_dot, prefix_cache_bytes. Unset fields keep pkv_config_default()'s values.
     """
+
+    _what = "engine"
 
     def __init__(self, *, n_layers, n_heads, n_kv_heads, head_dim, block_tokens=0,
                  kv_dtype="f32", scale=0.0, mem_budget=0, spill_dir=None, n_threads=0,
@@ -133,27 +169,6 @@ class Engine:
         L.pkv_engine_destroy(self._h)
         self._h = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
-            pass
-
-    @property
-    def closed(self):
-        return self._h is None
-
-    def _handle(self):
-        if self._h is None:
-            raise ValueError("the engine is closed")
-        return self._h
-
     def last_error(self):
         """The reason of the most recent failed call on this engine or its sessions."""
         buf = ctypes.create_string_buffer(256)
@@ -182,7 +197,7 @@ class Engine:
         def from_prefix(self, tokens):
             """(session, n_cached): a session sharing the longest cached prefix of the
             token ids (SPEC §10)."""
-            t = np.ascontiguousarray(np.asarray(tokens, dtype=np.int32).reshape(-1))
+            t = _tokens_array(tokens)
             h, n = ctypes.c_void_p(), ctypes.c_uint64()
             self._check(L.pkv_session_from_prefix(self._handle(), t.size, t.ctypes.data,
                                                   ctypes.byref(h), ctypes.byref(n)),
@@ -227,10 +242,12 @@ class Engine:
                 f"{self.n_kv_heads} head_dim={self.head_dim} {self.kv_dtype}>")
 
 
-class Session:
+class Session(_Handle):
     """One sequence: every layer's cached K/V. Made by Engine.session(), Engine.load(),
     Session.fork(). Holds its engine alive; close() (or garbage collection) releases
     its pages."""
+
+    _what = "session"
 
     def __init__(self, engine, handle):
         self._engine = engine
@@ -243,30 +260,9 @@ class Session:
         L.pkv_session_destroy(self._h)
         self._h = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    @property
-    def closed(self):
-        return self._h is None
-
     @property
     def engine(self):
         return self._engine
-
-    def _handle(self):
-        if self._h is None:
-            raise ValueError("the session is closed")
-        return self._h
 
     def _check(self, status, what):
         if status != L.OK:
@@ -341,7 +337,7 @@ class Session:
     if L.HAVE_PREFIX:
         def set_tokens(self, tokens):
             """Record the token ids of positions [0, len(tokens)) for prefix reuse."""
-            t = np.ascontiguousarray(np.asarray(tokens, dtype=np.int32).reshape(-1))
+            t = _tokens_array(tokens)
             self._check(L.pkv_session_set_tokens(self._handle(), t.size, t.ctypes.data),
                         "set_tokens")
 

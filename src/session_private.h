@@ -12,8 +12,6 @@
  *   session.c           lifecycle, the session object  -> (session_account.c: checks)
  *   session_residency.c LRU victims, make room, fault in, pin
  *   session_account.c   pkv_session_memory / _pages, invariants E1-E4
- *
- * Everything here runs under e->lock unless it says otherwise.
  */
 #ifndef PAGEDKV_SESSION_PRIVATE_H
 #define PAGEDKV_SESSION_PRIVATE_H
@@ -25,12 +23,13 @@
 /* A session of e with empty tables, not yet on the engine's list; NULL when out of
  * memory. No lock needed: nothing else sees it yet. */
 PKVI_HIDDEN pkv_session *pkvi_session_alloc(pkv_engine *e);
-/* Free a session no table entry of which holds a page any more (or never did). */
+/* Free s, off the list, whose tables hold no page any more (or never did). No lock. */
 PKVI_HIDDEN void pkvi_session_free(pkv_session *s);
 /* Put s at the head of e's session list, most recently used. Under e->lock. */
 PKVI_HIDDEN void pkvi_session_link(pkv_engine *e, pkv_session *s);
-/* Grow s's split-K scratch for layers of up to n_pages pages (decode.c's layout).
- * PKV_ENOMEM leaves the old scratch in place. */
+/* Grow s's split-K scratch for layers of up to n_pages pages (decode.c's layout);
+ * touches s alone, so with or without e->lock (fork calls it without, a reservation
+ * with). PKV_ENOMEM leaves the old scratch in place. */
 PKVI_HIDDEN pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages);
 
 /* ---- session_residency.c: pages under the budget ------------------------------------ */

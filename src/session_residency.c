@@ -7,8 +7,8 @@
  * Owns no state of its own: it works on the engine's pool, spill file and session
  * list under e->lock. Calls down into btable.c (sync after a move), prefix.c (cached
  * pages go first), pool.c (pages) and spill.c (moving bytes); calls no other session
- * file. What a write takes from it is session_write.c's; who holds a session is
- * session.c's.
+ * file. What a write takes from it is session_write.c's; creating, forking and
+ * destroying sessions is session.c's.
  *
  * Spill victims: resident pages of the least recently used sessions first, whole
  * sessions at a time (a session is idle as a whole, and decode needs all of a layer's

@@ -3,9 +3,10 @@
  * one layer of one session, and the references those entries hold.
  *
  * Owns the table's arrays and the reference counts of the pages it names. It is the
- * only code that adds or drops a page reference. Does not choose pages (session.c
- * reserves them from the pool), move their bytes (spill.c) or read them (decode.c
- * reads data[] through pkvi_btable_data while the table is pinned).
+ * only code that adds or drops a page reference. Does not choose pages
+ * (session_write.c reserves them through session_residency.c), move their bytes
+ * (spill.c) or read them (decode.c reads data[] through pkvi_btable_data while the
+ * table is pinned).
  *
  *      pages[0]      pages[1]            pages[n_pages-1]
  *    +-----------+ +-----------+       +-----------+
@@ -33,7 +34,7 @@
  *       pkvi_btable_share, pkvi_page_index or pkvi_btable_push_shared, never while a
  *       writer may hold it (writing == 0)
  * The engine-wide count (sum over tables of entries naming P == P->refs) is checked
- * by session.c, which sees every table.
+ * by session_account.c, which sees every table.
  */
 #ifndef PAGEDKV_BTABLE_H
 #define PAGEDKV_BTABLE_H

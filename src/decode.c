@@ -5,7 +5,8 @@
  * fixed order.
  *
  * Owns the work decomposition and the merge. The per-page arithmetic is the kernel's
- * (kernels/); residency and the reservation a prefill writes through are session.c's.
+ * (kernels/); residency and the reservation a prefill writes through are
+ * session_residency.c's and session_write.c's.
  *
  * One pipeline. Its unit is a query set: nq consecutive queries of one session, at
  * the layer's last nq positions, all in its last page. A decode is a set of one

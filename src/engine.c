@@ -3,7 +3,7 @@
  * everything it owns (pool, kernels, threads, spill file), engine statistics, and the
  * small public helpers (status strings, version, config defaults).
  *
- * Does not own sessions' contents (session.c) or decode (decode.c).
+ * Does not own sessions' contents (session*.c) or decode (decode.c).
  */
 #include "engine_state.h"
 #include "session.h"

@@ -10,7 +10,7 @@
  * moves pages only of tables with pins == 0. Without a spill file pages never move,
  * so decode takes no lock at all.
  *
- * Invariants (pkvi_engine_check, session.c):
+ * Invariants (pkvi_engine_check, session_account.c):
  *   E1  pool.in_use   == descriptors with data != NULL
  *   E2  pool.spilled  == descriptors with data == NULL
  *   E3  for every page P: entries naming P over all tables == P->refs

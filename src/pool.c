@@ -6,8 +6,8 @@
  * and reused by later engines (see "idle arenas" below).
  *
  * Owns page *buffers* and their counts. It does not own page descriptors, reference
- * counts or spilling (session.c, spill.c). Every function runs under e->lock, but
- * init and fini (no other thread knows the engine yet, or any more) and
+ * counts or spilling (session_residency.c, spill.c). Every function runs under
+ * e->lock, but init and fini (no other thread knows the engine yet, or any more) and
  * pkvi_pool_allocator_bytes, which reads only fields fixed from init to fini
  * (use_jemalloc, arena, page_bytes) so that stats need not hold e->lock while
  * jemalloc refreshes its statistics. The idle arenas have their own lock,

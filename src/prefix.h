@@ -16,13 +16,14 @@
  * candidates in a bucket; a match compares the parent pointer and the bt stored ids.
  * pages[l] is NULL where layer l's window had released the page when it was indexed
  * (or the page was dropped since): the node is then usable only by a match that does
- * not need that page (session.c decides which pages a match of m pages needs).
+ * not need that page (session_prefix.c decides which pages a match of m pages needs).
  *
  * Owns the nodes, the hash table, the LRU list (oldest first) and the counts of cached
  * pages. Every function runs under the engine lock. Does not own the pages' bytes or
- * the block tables (session.c shares a match into a new session).
+ * the block tables (session_prefix.c shares a match into a new session).
  *
- * Invariants (pkvi_prefix_check; session.c adds E3 over tables and index together):
+ * Invariants (pkvi_prefix_check; session_account.c adds E3 over tables and index
+ * together):
  *   P1  a node at depth d > 0 has a parent at depth d - 1; `children` is exact
  *   P2  every node is in bucket hash % n_buckets, its hash is the key's, and the LRU
  *       list holds every node once; n_nodes is exact
@@ -88,7 +89,7 @@ PKVI_HIDDEN void pkvi_prefix_trim(pkvi_prefix *p, pkvi_pages ps);
  * used first, until `need` are freed or none is left. Returns how many were freed. */
 PKVI_HIDDEN uint64_t pkvi_prefix_drop(pkvi_prefix *p, pkvi_pages ps, uint64_t need);
 
-/* P1-P4; each node page's tally is incremented (session.c's E3 pass). */
+/* P1-P4; each node page's tally is incremented (session_account.c's E3 pass). */
 PKVI_HIDDEN bool pkvi_prefix_check(pkvi_prefix *p, bool quiescent, uint64_t *node_pages);
 
 #endif /* PAGEDKV_PREFIX_H */

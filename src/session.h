@@ -1,11 +1,18 @@
 /*
- * session.h - sessions (session.c): lifecycle (create, fork, truncate, destroy),
- * the LRU order the spiller follows, residency (pin a layer, bring its pages back,
- * make room under the budget), the reservation every write goes through, and the
- * accounting of pkv_session_memory and the engine invariants.
+ * session.h - sessions, as the rest of the library sees them: struct pkv_session and
+ * the internal calls on it. The module is five files, one concern each, layered so
+ * that each calls only those below it (session_private.h is what they share):
+ *
+ *   session_prefix.c     set_tokens / from_prefix: sessions and the prefix cache
+ *   session_write.c      the reservation every write goes through; append, load pages
+ *   session.c            lifecycle: create, fork, truncate, destroy, the session list,
+ *                        the decode scratch, the token record, set_first (shards)
+ *   session_residency.c  the LRU order the spiller follows, making room under the
+ *                        budget, fault in; pin a layer (acquire / release)
+ *   session_account.c    pkv_session_memory / _pages and the engine invariants
  *
  * Owns struct pkv_session and the engine's session list. Block tables are btable.c's;
- * attention is decode.c's, which calls down into this file and never the reverse.
+ * attention is decode.c's, which calls down into these files and never the reverse.
  *
  * Every write into a layer is reserve-then-commit:
  *
@@ -50,6 +57,8 @@ typedef struct {
     bool pinned;             /* spill engines: the layer is pinned */
 } pkvi_reservation;
 
+/* ---- session_write.c ----------------------------------------------------------------- */
+
 /* Reserve room for n more positions of `layer` (see above). PKV_ENOMEM (budget or
  * system), PKV_EIO (a spilled tail could not be read back); nothing changed. */
 PKVI_HIDDEN pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
@@ -73,15 +82,21 @@ PKVI_HIDDEN pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer,
 PKVI_HIDDEN pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer,
                                                uint64_t page);
 
+/* ---- session_prefix.c ---------------------------------------------------------------- */
+
 /* Record ids [0, n) of s and index its full pages (pkv_session_set_tokens without
  * the argument checks; load calls it). PKV_ERANGE, PKV_EINVAL, PKV_ENOMEM. */
 PKVI_HIDDEN pkv_status pkvi_session_set_tokens(pkv_session *s, uint64_t n,
                                                const int32_t *tokens);
 
+/* ---- session_residency.c ------------------------------------------------------------- */
+
 /* Pin `layer` and bring every page of it into memory (spill engines; else a no-op):
  * O(1) for a resident layer. PKV_EIO / PKV_ENOMEM leave the session unchanged. */
 PKVI_HIDDEN pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer);
 PKVI_HIDDEN void pkvi_session_release(pkv_session *s, uint32_t layer);
+
+/* ---- session_account.c --------------------------------------------------------------- */
 
 /* Engine invariants E1-E4 and B1-B5 of every table (takes the lock). quiescent: also
  * B1 and no pins, which hold only while no call is in flight. */

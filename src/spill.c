@@ -4,8 +4,8 @@
  *
  * Owns the file (one per engine, slots of page_bytes) and its free slots. The bytes
  * move through the I/O interface (io.c: io_uring or pread/pwrite), batched, one
- * vectored request per run of adjacent slots. Which pages go is session.c's choice;
- * this file never looks at a block table. Every function runs under e->lock.
+ * vectored request per run of adjacent slots. Which pages go is session_residency.c's
+ * choice; this file never looks at a block table. Every function runs under e->lock.
  *
  * A failed write keeps every page resident; a failed read keeps every page spilled;
  * nothing is lost either way.

@@ -3,9 +3,9 @@
  * is full and read back on the next use, through the I/O interface (io.h).
  *
  * Owns the file (one per engine, private: O_TMPFILE or created 0600 and unlinked at
- * once) and its slots. Does not choose victims (session.c knows sessions, their LRU
- * order and which tables are pinned) and never looks at block tables. Every function
- * runs under the engine lock.
+ * once) and its slots. Does not choose victims (session_residency.c knows sessions,
+ * their LRU order and which tables are pinned) and never looks at block tables.
+ * Every function runs under the engine lock.
  *
  * Invariant: pool.spilled == descriptors with data == NULL, each owning one slot;
  * a slot is owned by one descriptor or is free.

@@ -212,16 +212,10 @@ static int gen_setup(gen *g)
     if (!g->prompt)
         return cli_fail(CMD, "out of memory");
     size_t np = 0;
-    if (g->have_tok) {
-        tokenizer_encode(&g->tk, o->prompt, g->prompt, tokenizer_max_tokens(plen), &np);
-    } else {
-        if (plen && c->vocab_size < 259)
-            return cli_usage_error(CMD, "a prompt without --tokenizer needs a vocabulary "
-                                        "of at least 259 (byte tokens)");
-        g->prompt[np++] = TOKENIZER_BOS;
-        for (size_t i = 0; i < plen; i++)
-            g->prompt[np++] = (uint32_t)(unsigned char)o->prompt[i] + 3u;
-    }
+    if (tokenizer_encode_prompt(g->have_tok ? &g->tk : NULL, c->vocab_size, o->prompt,
+                                g->prompt, tokenizer_max_tokens(plen), &np, g->err,
+                                sizeof g->err) != PKV_OK)
+        return cli_usage_error(CMD, "%s", g->err);
     g->n_prompt = (uint32_t)np;
     g->steps = o->steps;
     if (g->steps > c->seq_len) {   /* a note on stderr, as the warnings below */

@@ -351,17 +351,10 @@ static int run_model(q_result *R)
         goto done;
     }
     size_t np = 0;
-    if (o->tok_path) {
-        tokenizer_encode(&tk, o->prompt, prompt, tokenizer_max_tokens(plen), &np);
-    } else {
-        if (plen && c->vocab_size < 259) {
-            rc = cli_usage_error(CMD, "a prompt without --tokenizer needs a vocabulary of "
-                                      "at least 259 (byte tokens)");
-            goto done;
-        }
-        prompt[np++] = TOKENIZER_BOS;
-        for (size_t i = 0; i < plen; i++)
-            prompt[np++] = (uint32_t)(unsigned char)o->prompt[i] + 3u;
+    if (tokenizer_encode_prompt(o->tok_path ? &tk : NULL, c->vocab_size, o->prompt, prompt,
+                                tokenizer_max_tokens(plen), &np, err, sizeof err) != PKV_OK) {
+        rc = cli_usage_error(CMD, "%s", err);
+        goto done;
     }
     const uint32_t T = o->steps < c->seq_len ? o->steps : c->seq_len, V = c->vocab_size;
     const uint32_t P = np < T ? (uint32_t)np : T;

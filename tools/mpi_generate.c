@@ -210,18 +210,12 @@ static int run(const void *opts, int rank, int R)
         rc = cli_fail(CMD, "out of memory");
         goto out;
     }
-    if (have_tok) {
-        tokenizer_encode(&tk, o->prompt, prompt, tokenizer_max_tokens(plen), &np);
-    } else {
-        if (plen && c->vocab_size < 259) {
-            free(prompt);
-            rc = cli_usage_error(CMD, "a prompt without --tokenizer needs a vocabulary of at "
-                                      "least 259 (byte tokens)");
-            goto out;
-        }
-        prompt[np++] = TOKENIZER_BOS;
-        for (size_t i = 0; i < plen; i++)
-            prompt[np++] = (uint32_t)(unsigned char)o->prompt[i] + 3u;
+    char perr[128];
+    if (tokenizer_encode_prompt(have_tok ? &tk : NULL, c->vocab_size, o->prompt, prompt,
+                                tokenizer_max_tokens(plen), &np, perr, sizeof perr) != PKV_OK) {
+        free(prompt);
+        rc = cli_usage_error(CMD, "%s", perr);
+        goto out;
     }
     const uint32_t steps = o->steps < c->seq_len ? o->steps : c->seq_len;
     const uint32_t n_prompt = (uint32_t)np, P = n_prompt < steps ? n_prompt : steps;

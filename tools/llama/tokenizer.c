@@ -371,3 +371,27 @@ void tokenizer_decode(const tokenizer *t, uint32_t prev, uint32_t token, const c
     *s = p;
     *len = n;
 }
+
+pkv_status tokenizer_encode_prompt(tokenizer *t, uint32_t vocab_size, const char *text,
+                                   uint32_t *out, size_t cap, size_t *n_out, char *err,
+                                   size_t errlen)
+{
+    if (t)
+        return tokenizer_encode(t, text, out, cap, n_out);
+    if (!text || !out || !n_out)
+        return PKV_EINVAL;
+    const size_t len = strlen(text);
+    if (cap < tokenizer_max_tokens(len))
+        return PKV_EINVAL;
+    if (len && vocab_size < 259) {
+        snprintf(err, errlen, "a prompt without --tokenizer needs a vocabulary of at least "
+                              "259 (byte tokens)");
+        return PKV_EINVAL;
+    }
+    size_t n = 0;
+    out[n++] = TOKENIZER_BOS;
+    for (size_t i = 0; i < len; i++)
+        out[n++] = (uint32_t)(unsigned char)text[i] + 3u;
+    *n_out = n;
+    return PKV_OK;
+}

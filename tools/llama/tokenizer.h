@@ -57,6 +57,13 @@ size_t tokenizer_max_tokens(size_t text_len);
  * small or an argument is NULL. Does not allocate. */
 pkv_status tokenizer_encode(tokenizer *t, const char *text, uint32_t *out, size_t cap,
                             size_t *n_out);
+/* The prompt of a tool: encoded with t when it is non-NULL, else as byte tokens (BOS,
+ * then each byte b as b + 3, the llama2.c runners' fallback), into out (cap entries, at
+ * least tokenizer_max_tokens(strlen(text))). PKV_EINVAL with a message in err if a
+ * non-empty text needs byte tokens and vocab_size is under 259, or an argument is bad. */
+pkv_status tokenizer_encode_prompt(tokenizer *t, uint32_t vocab_size, const char *text,
+                                   uint32_t *out, size_t cap, size_t *n_out, char *err,
+                                   size_t errlen);
 /* The bytes to print for `token` following `prev` (*len may be 0: print nothing).
  * The pointer stays valid while t is loaded. Out-of-range tokens give nothing. */
 void tokenizer_decode(const tokenizer *t, uint32_t prev, uint32_t token, const char **s,

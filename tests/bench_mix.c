@@ -59,12 +59,26 @@ TGI __m256 row8(const op_t o, int t, int c)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const void *)(k8 + t * 128 + c))));
 }
 
+TGI void zero8(__m256 a[8])
+{
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm256_setzero_ps();
+}
+
+/* the accumulators' sum, so no loop's work is dead */
+TGI float sum8(const __m256 a[8])
+{
+    __m256 s = a[0];
+    for (int i = 1; i < 8; i++)
+        s = _mm256_add_ps(s, a[i]);
+    return _mm256_cvtss_f32(s);
+}
+
 /* QK: per rep 2 tokens x 4 heads x 128 values (128 FMAs) */
 TGI float qk(const op_t o, long reps)
 {
     __m256 a[8];
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm256_setzero_ps();
+    zero8(a);
     for (long r = 0; r < reps; r++) {
         for (int c = 0; c < 128; c += 8) {
             __m256 qv[4];
@@ -81,18 +95,14 @@ TGI float qk(const op_t o, long reps)
         }
         __asm__ volatile("" ::"r"(r));
     }
-    __m256 s = a[0];
-    for (int i = 1; i < 8; i++)
-        s = _mm256_add_ps(s, a[i]);
-    return _mm256_cvtss_f32(s);
+    return sum8(a);
 }
 
 /* PV: per rep 1 token x 4 heads x 128 values (64 FMAs), 16 values per step */
 TGI float pv(const op_t o, long reps)
 {
     __m256 a[8];
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm256_setzero_ps();
+    zero8(a);
     for (long r = 0; r < reps; r++) {
         for (int c = 0; c < 128; c += 16) {
             const __m256 v0 = row8(o, 0, c), v1 = row8(o, 0, c + 8);
@@ -105,10 +115,7 @@ TGI float pv(const op_t o, long reps)
         }
         __asm__ volatile("" ::"r"(r));
     }
-    __m256 s = a[0];
-    for (int i = 1; i < 8; i++)
-        s = _mm256_add_ps(s, a[i]);
-    return _mm256_cvtss_f32(s);
+    return sum8(a);
 }
 
 /* 12 independent chains, registers only: per rep 12 FMAs, written as one asm block so

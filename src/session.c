@@ -6,7 +6,7 @@
  *
  * Owns struct pkv_session and the engine's session list (e->lock). Calls down into
  * btable.c (tables and references), pool.c (pages), spill.c (moving bytes); nothing
- * here calls decode.c, persist.c or engine.c.
+ * here calls decode.c, persist_*.c or engine.c.
  *
  * Spill victims: resident pages of the least recently used sessions first, whole
  * sessions at a time (a session is idle as a whole, and decode needs all of a layer's

@@ -5,7 +5,7 @@
  * Owns: pkvi_crc32c and its two implementations: slicing-by-8 over constant tables
  * (any CPU) and the SSE4.2 crc32 instruction (x86-64, chosen at run time with cpuid
  * through __builtin_cpu_supports; no state of ours is kept).
- * Does not own: what is checksummed, or where the checksum is stored (persist.c).
+ * Does not own: what is checksummed, or where the checksum is stored (persist_*.c).
  *
  * Convention: pkvi_crc32c(0, buf, n) is the CRC-32C of buf (init and final XOR with
  * 0xFFFFFFFF are inside), and it chains: crc(crc(0, a), b) == crc(0, a || b).

@@ -1,8 +1,9 @@
 /*
  * io_backend.h - private declarations of the storage layer: the two I/O backends
  * behind pkvi_io (io.c, io_uring.c), the CRC32C variants (crc32c.c) and the session
- * file reader and test hooks of persist.c (used by tools/cmd_inspect.c and the
- * io/persist test suites).
+ * file verifier and test hooks of persist_load.c and persist_save.c (used by the
+ * io/persist test suites; `pagedkv inspect` reaches the verifier through the public
+ * pkv_session_file_check). The layout itself is private to them: persist_format.h.
  *
  * Owns: nothing at run time; it only declares. Everything here is internal (pkvi_*,
  * hidden) and may change with any commit. The cross-module I/O interface itself is
@@ -59,7 +60,7 @@ PKVI_HIDDEN uint32_t pkvi_crc32c_sw(uint32_t crc, const void *buf, size_t len);
 PKVI_HIDDEN uint32_t pkvi_crc32c_hw(uint32_t crc, const void *buf, size_t len);
 PKVI_HIDDEN bool pkvi_crc32c_hw_available(void);
 
-/* ---- persist.c: the session file (docs/file-format.md) -------------------------------- */
+/* ---- persist_load.c, persist_save.c: the session file (docs/file-format.md) ---------- */
 
 /* The newest version this build writes and reads; it reads every version from 1 on
  * and writes the oldest that holds a session (version 1 for plain engines). */

@@ -7,9 +7,10 @@
  * Owns struct pkv_session's allocation and the engine's session list (e->lock).
  * Calls down into btable.c (tables and references) and prefix.c (trim after a
  * page is let go); nothing here calls another session file but the invariant check
- * at API boundaries (session_account.c). What a write takes is session_write.c's,
- * which pages are in memory session_residency.c's, the prefix cache's walk
- * (set_tokens, from_prefix) session_prefix.c's - all of them above this file.
+ * at API boundaries (session_account.c), and nothing calls decode.c, persist_*.c or
+ * engine.c. What a write takes is session_write.c's, which pages are in memory
+ * session_residency.c's, the prefix cache's walk (set_tokens, from_prefix)
+ * session_prefix.c's - all of them above this file.
  *
  * A fork shares every page of its source (B4: index-preserving) and copies only the
  * token record; everything it allocates is allocated before the first page gains a

@@ -7,7 +7,8 @@
  *   padding, the token ids), the mapping of what is wrong to a status and a reason,
  *   and building a session from a file that passed. Does not own: the layout and its
  *   codecs (persist_format.h), writing files (persist_save.c), sessions and pages
- *   (session.c: pkv_session_create, pkvi_session_push_page/skip_pages/set_tokens),
+ *   (session.c: pkv_session_create; session_write.c: pkvi_session_push_page/
+ *   skip_pages; session_prefix.c: pkvi_session_set_tokens),
  *   the I/O backends (io.c, io_uring.c), the checksum (crc32c.c).
  *
  * Invariants:

@@ -7,8 +7,8 @@
  *   directory (unnamed with O_TMPFILE, else named O_EXCL), write, fsync, link,
  *   rename, directory fsync; and the removal of temporaries that killed saves left
  *   (clean_stale). Does not own: the layout and its codecs (persist_format.h),
- *   reading or checking files (persist_load.c), sessions and pages (session.c:
- *   pkvi_session_acquire/release), the I/O backends (io.c, io_uring.c), the
+ *   reading or checking files (persist_load.c), sessions and pages
+ *   (session_residency.c: pkvi_session_acquire/release), the I/O backends (io.c, io_uring.c), the
  *   checksum (crc32c.c).
  *
  * Invariants:

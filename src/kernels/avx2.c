@@ -430,6 +430,15 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, 
 
 #include "qdot256.h" /* qk_heads_int: the integer-dot scores */
 
+/* The stream kick's distance (walk.h) for this file: 512 KiB, not the 128 KiB measured on
+ * the Zen 5 host for avx512.c. On the AVX2 dev VM (Zen-1-class, one llama3-8b layer at
+ * 128k tokens, pagedkv bench --reps 5, three rounds interleaving builds with 128, 256,
+ * 512 and 1024 KiB, medians): f32 131.7 -> 121.2 ms on one thread and 74.5 -> 71.1 on
+ * two; f16 128.1 -> 125.5, bf16 120.1 -> 120.1 (one thread); 1024 KiB lost f16 4%. */
+#ifndef KICK_AHEAD_BYTES
+#define KICK_AHEAD_BYTES (512u << 10)
+#endif
+
 #define PKVI_WALK_BLOCK_TYPES 1 /* the loads above read Q8 and Q4 */
 #define PKVI_WALK_QUANT_DOT 1   /* and qk_heads_int scores them in integers */
 #include "walk.h"

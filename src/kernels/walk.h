@@ -127,7 +127,9 @@ AI void tile_pv(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, const 
  * (docs/numerics.md, "What moved the figures"): one thread, of DRAM, f16 0.72-0.74 ->
  * 0.93, bf16 0.67-0.70 -> 0.79-0.84, f32 0.64-0.66 -> 0.84-0.85; AVX2 f16 +22%.
  */
+#ifndef KICK_AHEAD_BYTES /* an including file (avx2.c) or a -D for A/B runs may set it */
 #define KICK_AHEAD_BYTES (128u << 10)
+#endif
 
 /* The kick for one unit whose K block starts at kb: its first two lines, then the V
  * block's (v_offset further). Written out: the same four prefetches issued from a

@@ -4,7 +4,7 @@
  * divergence of the next-token distributions against an f32 cache, position by
  * position on the same tokens.
  *
- * Owns: the options, the rows of both modes (quality.h), the two runs of the model mode
+ * Owns: the options, the two runs of the model mode
  * (the f32 greedy run that decides the tokens, then one teacher-forced run per dtype
  * and path), its figures and table, and the JSON and bar chart of both modes. Does
  * not own: the synthetic attention-only mode (quality_synthetic.c), the model math
@@ -26,7 +26,8 @@
  *   ties), and the attention-output error of the cache alone: at every layer, the
  *   output of the cache next to pkv_attention_reference on the same q/K/V unrounded,
  *   max |diff| and that over max |reference|.
- * Synthetic mode (--synthetic): quality_synthetic.c, on the rows planned here.
+ * Synthetic mode (--synthetic): quality_synthetic.c. The rows both modes fill, and
+ * their engines: quality_rows.c.
  */
 #include <math.h>
 #include <stdio.h>
@@ -46,11 +47,6 @@
 /* The built-in model is the one `pagedkv generate` runs without --model (its
  * SYNTHETIC_SEED in cmd_generate.c). */
 #define BUILTIN_SEED 0x5eedull
-
-const char *quality_path_name(uint32_t path)
-{
-    return path ? "integer" : "exact";
-}
 
 static void usage(FILE *f)
 {
@@ -167,35 +163,6 @@ static int parse(int argc, char **argv, q_opts *o)
     return CLI_OK;
 }
 
-/* The rows: f32 (the self-check), then each dtype on the exact path and, for Q8/Q4,
- * on the integer path; an integer row pkv_config_explain refuses is kept as
- * unavailable with its reason. cfg is the engine config without the dtype. */
-void quality_plan_rows(q_result *R, const pkv_config *cfg, uint32_t kv_heads,
-                       uint32_t layers, uint32_t d)
-{
-    const q_opts *o = R->o;
-    pkv_dtype list[9] = {PKV_F32};
-    uint32_t n = 1;
-    for (uint32_t i = 0; i < o->n_dtypes; i++)
-        if (o->dtypes[i] != PKV_F32)
-            list[n++] = o->dtypes[i];
-    for (uint32_t i = 0; i < n && R->n_rows < MAX_ROWS; i++)
-        for (uint32_t path = 0; path < 2 && R->n_rows < MAX_ROWS; path++) {
-            const pkv_dtype dt = list[i];
-            if (path && dt != PKV_Q8 && dt != PKV_Q4)
-                continue;
-            q_row *r = &R->rows[R->n_rows++];
-            memset(r, 0, sizeof *r);
-            r->dt = dt;
-            r->path = path;
-            r->bytes_per_token = 2ull * layers * kv_heads * pkv_row_bytes(dt, d);
-            pkv_config c = *cfg;
-            c.kv_dtype = dt;
-            c.quant_dot = path;
-            r->available = pkv_config_explain(&c, r->why, sizeof r->why) == PKV_OK;
-        }
-}
-
 /* ---- model mode ---------------------------------------------------------------- */
 
 /* The attention of a teacher-forced run: the cache (llama_kv_attn), then the
@@ -290,21 +257,6 @@ static void compare_logits(q_row *r, const float *ref, const float *lg, uint32_t
     r->kl_p99 = kl[(size_t)ceil(0.99 * T) - 1];
     r->kl_max = kl[T - 1];
     r->top1 = (double)agree / T;
-}
-
-/* An engine and session of config c; its kernels into R->isa. */
-pkv_status quality_open_engine(q_result *R, const pkv_config *c, pkv_engine **e,
-                               pkv_session **s)
-{
-    *e = NULL;
-    *s = NULL;
-    pkv_status st = pkv_engine_create(c, e);
-    pkv_stats stats;
-    if (st == PKV_OK && pkv_engine_stats(*e, &stats) == PKV_OK)
-        R->isa = stats.isa;
-    if (st == PKV_OK)
-        st = pkv_session_create(*e, s);
-    return st;
 }
 
 static int run_model(q_result *R)

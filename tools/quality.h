@@ -1,7 +1,8 @@
 /*
- * quality.h - what the two halves of `pagedkv quality` share: cmd_quality.c (the
- * options, the model mode, the JSON and the bar chart of both modes) and
- * quality_synthetic.c (the --synthetic attention-only mode and its table).
+ * quality.h - what the parts of `pagedkv quality` share: cmd_quality.c (the options,
+ * the model mode, the JSON and the bar chart of both modes), quality_synthetic.c (the
+ * --synthetic attention-only mode and its table) and, below both, quality_rows.c
+ * (the rows and the engine a row runs on).
  *
  * Owns: the options, one row per dtype and path, the result of a run. Does not own:
  * anything in the library.
@@ -65,6 +66,7 @@ typedef struct {
     double max_out;
 } q_result;
 
+/* ---- quality_rows.c ---- */
 /* "exact" (path 0) or "integer" (1, quant_dot). */
 const char *quality_path_name(uint32_t path);
 /* The rows of R for engine config cfg (its dtype aside) and that many K/V heads,

@@ -562,3 +562,11 @@ uint64_t cli_layer_pages_held(const pkv_session *s, uint32_t l)
     } while (got == 256);
     return held;
 }
+
+uint64_t cli_splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}

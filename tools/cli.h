@@ -124,6 +124,10 @@ uint64_t cli_token_layer_bytes(const pkv_config *c);
  * PKV_OK otherwise. */
 pkv_status cli_kv_bytes(const pkv_config *c, uint64_t ctx, uint64_t batch, uint64_t *out);
 
+/* splitmix64: the next value of the stream whose state is *s (any seed). The tools'
+ * test data comes from it, so a seed gives the same rows in every tool. */
+uint64_t cli_splitmix64(uint64_t *s);
+
 /* Strict parsers: the whole string must be consumed; 1 on success, 0 otherwise.
  * Integers accept a k/K (x1024), m/M (x2^20), g/G (x2^30) suffix. */
 int cli_parse_u64(const char *s, uint64_t *out);

@@ -220,18 +220,10 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem)
     return true;
 }
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void fill(float *x, size_t n, uint64_t *s)
 {
     for (size_t i = 0; i < n; i++)
-        x[i] = (float)((double)(splitmix(s) >> 40) * (2.0 / 16777216.0) - 1.0);
+        x[i] = (float)((double)(cli_splitmix64(s) >> 40) * (2.0 / 16777216.0) - 1.0);
 }
 
 static int cmp_float(const void *a, const void *b)

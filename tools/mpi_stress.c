@@ -81,20 +81,12 @@ typedef struct {
     const char *exchange;     /* "gather" or "chain" */
 } ms_opts;
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* n values in [-1, 1) from (seed, what, index): the same on every rank. */
 static void fill(float *x, size_t n, uint64_t seed, uint64_t what, uint64_t index)
 {
     uint64_t s = seed * 0x2545f4914f6cdd1dull ^ what * 0x9e3779b97f4a7c15ull ^ index;
     for (size_t i = 0; i < n; i++)
-        x[i] = (float)((double)(splitmix(&s) >> 11) * 0x1.0p-52 - 1.0);
+        x[i] = (float)((double)(cli_splitmix64(&s) >> 11) * 0x1.0p-52 - 1.0);
 }
 
 typedef struct {

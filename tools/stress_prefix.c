@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "json.h"
 #include "stress.h"
 #include "svg.h"
@@ -32,14 +33,6 @@ typedef struct {
     uint64_t final_pages, final_shared, final_resident, rss_delta;
     bool ran;
 } prefix_mode;
-
-static uint64_t mix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* Append positions [from, to) (rows of the fixed block) to every layer of s. */
 static pkv_status append_range(pkv_session *s, uint32_t layers, const float *K,
@@ -185,11 +178,11 @@ int stress_prefix(const stress_opts *o)
     }
     uint64_t seed = o->seed;
     for (size_t i = 0; i < ROWS * kr; i++)
-        K[i] = (float)((double)(mix64(&seed) >> 40) * (2.0 / 16777216.0) - 1.0);
+        K[i] = (float)((double)(cli_splitmix64(&seed) >> 40) * (2.0 / 16777216.0) - 1.0);
     for (size_t i = 0; i < ROWS * vr; i++)
-        V[i] = (float)((double)(mix64(&seed) >> 40) * (2.0 / 16777216.0) - 1.0);
+        V[i] = (float)((double)(cli_splitmix64(&seed) >> 40) * (2.0 / 16777216.0) - 1.0);
     for (uint64_t i = 0; i < P; i++)
-        ids[i] = (int32_t)(mix64(&seed) % 128000);
+        ids[i] = (int32_t)(cli_splitmix64(&seed) % 128000);
     for (int k = 0; k < 2; k++) {
         m[k].x = buf + (size_t)N * (5 * k);
         m[k].pages = m[k].x + N;

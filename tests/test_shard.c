@@ -324,7 +324,6 @@ START_TEST(window_far_behind)
     pkvt_append_random(a, &r, 0, A, 1, 1);
     pkvt_append_random(a, &r, 1, A, 1, 1);
     pkvt_append_random(b, &r, 1, 5, 1, 1);
-    const size_t ps = (size_t)G.h * (G.dv + 2);
     float q[8], st[16 * 12];
     pkvt_fill(&r, q, 8, -1, 1);
     uint32_t n = 99;
@@ -334,7 +333,6 @@ START_TEST(window_far_behind)
     /* b holds no sink and its window is all past: nothing */
     ck_assert_int_eq(pkv_decode_partial_at(b, 1, 10 * A, q, 16, st, &n), PKV_OK);
     ck_assert_uint_eq(n, 0);
-    (void)ps;
     pkv_session_destroy(a);
     pkv_session_destroy(b);
     pkv_engine_destroy(e);

@@ -4,13 +4,13 @@
  * divergence of the next-token distributions against an f32 cache, position by
  * position on the same tokens.
  *
- * Owns: the options, the two runs of the model mode
- * (the f32 greedy run that decides the tokens, then one teacher-forced run per dtype
- * and path), its figures and table, and the JSON and bar chart of both modes. Does
- * not own: the synthetic attention-only mode (quality_synthetic.c), the model math
- * (llama/llama.c), the attention through the cache (llama/llama_kv.c), the rounding
- * (pkv_dtype_round_row), the reference (pkv_attention_reference). Uses only the
- * public API.
+ * Owns: the options, the two runs of the model mode (the f32 greedy run that decides
+ * the tokens, then one teacher-forced run per dtype and path), its figures and table,
+ * and the JSON and bar chart of both modes. Does not own: the synthetic
+ * attention-only mode (quality_synthetic.c), the rows and their engines
+ * (quality_rows.c), the model math (llama/llama.c), the attention through the cache
+ * (llama/llama_kv.c), the rounding (pkv_dtype_round_row), the reference
+ * (pkv_attention_reference). Uses only the public API.
  *
  * Model mode, for a run of T positions (-n, prompt included, as `generate` counts):
  *   1. f32 cache, greedy: the prompt through pkv_prefill, then one token a step
@@ -91,9 +91,9 @@ static void usage(FILE *f)
 "  tokenizer); synthetic mode: heads, kv_heads, head_dim, ctx, seed, outlier_channels,\n"
 "  outlier_scale, q_scale, max_abs_out; rows (list of {dtype, path, available, reason,\n"
 "  bytes_per_token, then model mode: kl_mean, kl_p99, kl_max, top1 (0..1),\n"
-"  top1_flips, top1_flip_margin_max, attn_max_abs, attn_rel; synthetic mode: k_rms_rel, v_rms_rel, err_k_only,\n"
-"  err_v_only, err_ref_rounded, err_vs_unrounded, err_vs_rounded}); figures of an\n"
-"  unavailable row are null.\n"
+"  top1_flips, top1_flip_margin_max, attn_max_abs, attn_rel; synthetic mode:\n"
+"  k_rms_rel, v_rms_rel, err_k_only, err_v_only, err_ref_rounded, err_vs_unrounded,\n"
+"  err_vs_rounded}); figures of an unavailable row are null.\n"
 "\n"
 "exit status: 0 ok, 1 the library or a file failed, 2 usage error.\n",
             MAX_OUTLIERS);

@@ -18,8 +18,8 @@
  * sign(q, k)) multiplies the pairs exactly (|k| <= 128, |q| <= 127: a pair sums to at
  * most 32512, no saturation), vpmaddwd by ones adds them into 8 int32 lanes, exact.
  * Each lane, converted (exactly: < 2^24) and times dk * dq, is summed with fused
- * multiply-adds across blocks. So a score differs
- * from ref.c's only by the order of the f32 additions of its block terms. */
+ * multiply-adds across blocks. So a score differs from ref.c's only by the order of
+ * the f32 additions of its block terms. */
 AI __m256i kblock_i8(pkv_dtype dt, const char *blk)
 {
     if (dt == PKV_Q8)
@@ -46,10 +46,10 @@ AI float kblock_scale(const char *blk)
     return _cvtsh_ss(h);
 }
 
-/* lane i of the result = sum of the 8 int32 lanes of v[i], exact (|isum| < 2^20) */
-/* lane i of the result = sum of the 8 lanes of v[i] (exact: int32, any order). The
- * two 128-bit halves are added after vextracti128 rather than combined with two
- * vperm2i128 (8 micro-ops each on cores with 128-bit vector units, Zen 1). */
+/* lane i of the result = sum of the 8 int32 lanes of v[i], exact (|isum| < 2^20, any
+ * order). The two 128-bit halves are added after vextracti128, not combined with two
+ * vperm2i128; measured together with qk_heads_int's dq layout (docs/numerics.md), not
+ * apart. */
 AI __m256i qd_hsum8i(const __m256i v[8])
 {
     const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]),

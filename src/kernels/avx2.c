@@ -82,7 +82,8 @@ AI __m256 qscale8(const char *blk)
     return _mm256_set1_ps(_cvtsh_ss(h));
 }
 
-AI __m256 ldq(pkv_dtype dt, const char *row, uint32_t c)
+/* The 8 integers of a block from element c, as f32 (exact), unscaled. */
+AI __m256 ldq_raw(pkv_dtype dt, const char *row, uint32_t c)
 {
     const char *blk = qblock(dt, row, c);
     __m256i v;
@@ -97,7 +98,13 @@ AI __m256 ldq(pkv_dtype dt, const char *row, uint32_t c)
         v = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
         v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
     }
-    return _mm256_mul_ps(qscale8(blk), _mm256_cvtepi32_ps(v));
+    return _mm256_cvtepi32_ps(v);
+}
+
+/* 8 values from element c: the block's scale times its integers. */
+AI __m256 ldq(pkv_dtype dt, const char *row, uint32_t c)
+{
+    return _mm256_mul_ps(qscale8(qblock(dt, row, c)), ldq_raw(dt, row, c));
 }
 
 /* 16 integers of a block from element c (c % 16 == 0) into v[0], v[1], unscaled (exact
@@ -254,6 +261,28 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
     for (int i = 0; i < 8; i++)
         a[i] = _mm256_setzero_ps();
     uint32_t c = 0;
+    if (QTYPE(dt)) /* whole blocks: each row's scale read and widened once per block */
+        for (; c + 32 <= d; c += 32) {
+            __m256 sc[8];
+            PKVI_UNROLL
+            for (int t = 0; t < TB; t++)
+                sc[t] = qscale8(qblock(dt, (const char *)krow + t * row_bytes, c));
+            for (uint32_t j = c; j < c + 32; j += 16)
+                PKVI_UNROLL
+                for (int t = 0; t < TB; t++) {
+                    /* ldq's products, bit for bit, 16 integers unpacked at once */
+                    __m256 kv[2];
+                    ldq16_raw(dt, (const char *)krow + t * row_bytes, j, kv);
+                    PKVI_UNROLL
+                    for (int u = 0; u < 2; u++) {
+                        const __m256 k = _mm256_mul_ps(sc[t], kv[u]);
+                        PKVI_UNROLL
+                        for (int h = 0; h < HB; h++)
+                            a[h * TB + t] = _mm256_fmadd_ps(
+                                _mm256_loadu_ps(qh + (size_t)h * d + j + 8 * u), k, a[h * TB + t]);
+                    }
+                }
+        }
     for (; c + 8 <= d; c += 8) {
         __m256 qv[4];
         PKVI_UNROLL
@@ -314,6 +343,17 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
 {
     const size_t es = dt == PKV_F32 ? 4u : 2u;
     const size_t vrb = QTYPE(dt) ? pkvi_quant_row_bytes(dt, d) : 0; /* a block row's bytes */
+    /* The prefetch of row t, in the unit `dist` ahead: one line a token, at pfb + t *
+     * stride. A half type or f32 block asks for the 64 bytes from its first value when
+     * it starts them (its neighbours share the line); the two halves of a Q8/Q4 block
+     * ask for the block's first and last byte (a block spans at most two lines). One
+     * address per token keeps the loop's registers for the loop: a nested loop over
+     * the block's lines spilled the row pointer (a store and a reload every token). */
+    const size_t stride = QTYPE(dt) ? vrb : d * es;
+    const size_t b0 = QTYPE(dt) ? (size_t)(c0 / 32) * pkvi_quant_block_bytes(dt) +
+                                      (c0 % 32 ? pkvi_quant_block_bytes(dt) - 1 : 0)
+                                : c0 * es;
+    const char *pfb = pf && (QTYPE(dt) || b0 % 64 == 0) ? pf + b0 : NULL;
     __m256 a[4][2];
     PKVI_UNROLL
     for (int h = 0; h < HB; h++) {
@@ -327,9 +367,8 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
         }
     }
     for (uint32_t t = 0; t < n; t++) {
-        if (pf) /* this block's bytes of row t, in the page `dist` ahead */
-            for (size_t off = c0 * es; off < (c0 + 8u * CB) * es && off < d * es; off += 64)
-                _mm_prefetch(pf + t * d * es + off, PF_HINT);
+        if (pfb)
+            _mm_prefetch(pfb + t * stride, PF_HINT);
         __m256 vv[2];
         if (QTYPE(dt) && CB == 2 && raw) /* w carries the block's scale */
             ldq16_raw(dt, (const char *)vrow + t * vrb, c0, vv);

@@ -275,6 +275,26 @@ static void attend_bf16(const pkvi_kparams *p, const void *const *pages, uint32_
                 NULL);
 }
 
+#if PKVI_WALK_BLOCK_TYPES
+/* Q8 and Q4 in functions of their own, as the three above: inlined into attend, the
+ * walks shared one frame of tens of KiB and gcc spilled the loops' row pointers. */
+static void attend_q8(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                      uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                      const pkvi_heads *x)
+{
+    attend_impl(PKV_Q8, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
+                NULL);
+}
+
+static void attend_q4(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                      uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                      const pkvi_heads *x)
+{
+    attend_impl(PKV_Q4, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
+                NULL);
+}
+#endif
+
 #if PKVI_WALK_QUANT_DOT
 /* Bytes of quantized q a call holds on its stack (int8; the scales add 1/8 of it):
  * every group of a decode of usual shapes (llama3-8b: 8 x 4 heads x 128 = 4 KiB) at
@@ -348,6 +368,20 @@ AI void attend_qd(const pkv_dtype dt, const pkvi_kparams *p, const void *const *
             attend_impl(dt, true, &ph, pages, n_pages, last_tokens, group0 + g, 1, &xs, qi, qs);
         }
 }
+
+static void attend_qd_q8(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                         uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                         const pkvi_heads *x)
+{
+    attend_qd(PKV_Q8, p, pages, n_pages, last_tokens, group0, n_groups, x);
+}
+
+static void attend_qd_q4(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                         uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                         const pkvi_heads *x)
+{
+    attend_qd(PKV_Q4, p, pages, n_pages, last_tokens, group0, n_groups, x);
+}
 #endif
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
@@ -370,18 +404,16 @@ static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_p
 #if PKVI_WALK_QUANT_DOT
         if (p->quant_dot) {
             if (p->dtype == PKV_Q8)
-                attend_qd(PKV_Q8, p, pages, n_pages, last_tokens, group0, n_groups, x);
+                attend_qd_q8(p, pages, n_pages, last_tokens, group0, n_groups, x);
             else
-                attend_qd(PKV_Q4, p, pages, n_pages, last_tokens, group0, n_groups, x);
+                attend_qd_q4(p, pages, n_pages, last_tokens, group0, n_groups, x);
             break;
         }
 #endif
         if (p->dtype == PKV_Q8)
-            attend_impl(PKV_Q8, false, p, pages, n_pages, last_tokens, group0, n_groups, x,
-                        NULL, NULL);
+            attend_q8(p, pages, n_pages, last_tokens, group0, n_groups, x);
         else
-            attend_impl(PKV_Q4, false, p, pages, n_pages, last_tokens, group0, n_groups, x,
-                        NULL, NULL);
+            attend_q4(p, pages, n_pages, last_tokens, group0, n_groups, x);
 #else   /* this ISA has no loads of the block types: the scalar kernel */
         pkvi_kernels_scalar.attend(p, pages, n_pages, last_tokens, group0, n_groups, x);
 #endif

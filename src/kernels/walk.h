@@ -251,48 +251,26 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const pkvi_kparams *p,
         tile_pv(dt, p, &prev, s[!cur], alpha[!cur]);
 }
 
-static void attend_f32(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                       const pkvi_heads *x)
-{
-    attend_impl(PKV_F32, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
-                NULL);
-}
+/* One out-of-line walk per dtype and path (a pkvi_attend_fn each): inlined together
+ * into attend, the walks shared one frame of tens of KiB and gcc spilled the loops' row
+ * pointers (Q8/Q4 were: docs/numerics.md). WALK_FN(name, call) defines name with the
+ * kernel signature and `call` as its body. */
+#define WALK_FN(name, call)                                                               \
+    static void name(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,   \
+                     uint32_t last_tokens, uint32_t group0, uint32_t n_groups,            \
+                     const pkvi_heads *x)                                                 \
+    {                                                                                     \
+        call;                                                                             \
+    }
+#define WALK_EXACT(dt) \
+    attend_impl(dt, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL)
 
-static void attend_f16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                       const pkvi_heads *x)
-{
-    attend_impl(PKV_F16, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
-                NULL);
-}
-
-static void attend_bf16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                        uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                        const pkvi_heads *x)
-{
-    attend_impl(PKV_BF16, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
-                NULL);
-}
-
+WALK_FN(attend_f32, WALK_EXACT(PKV_F32))
+WALK_FN(attend_f16, WALK_EXACT(PKV_F16))
+WALK_FN(attend_bf16, WALK_EXACT(PKV_BF16))
 #if PKVI_WALK_BLOCK_TYPES
-/* Q8 and Q4 in functions of their own, as the three above: inlined into attend, the
- * walks shared one frame of tens of KiB and gcc spilled the loops' row pointers. */
-static void attend_q8(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                      uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                      const pkvi_heads *x)
-{
-    attend_impl(PKV_Q8, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
-                NULL);
-}
-
-static void attend_q4(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                      uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                      const pkvi_heads *x)
-{
-    attend_impl(PKV_Q4, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL,
-                NULL);
-}
+WALK_FN(attend_q8, WALK_EXACT(PKV_Q8))
+WALK_FN(attend_q4, WALK_EXACT(PKV_Q4))
 #endif
 
 #if PKVI_WALK_QUANT_DOT
@@ -369,19 +347,8 @@ AI void attend_qd(const pkv_dtype dt, const pkvi_kparams *p, const void *const *
         }
 }
 
-static void attend_qd_q8(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                         uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                         const pkvi_heads *x)
-{
-    attend_qd(PKV_Q8, p, pages, n_pages, last_tokens, group0, n_groups, x);
-}
-
-static void attend_qd_q4(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
-                         uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
-                         const pkvi_heads *x)
-{
-    attend_qd(PKV_Q4, p, pages, n_pages, last_tokens, group0, n_groups, x);
-}
+WALK_FN(attend_qd_q8, attend_qd(PKV_Q8, p, pages, n_pages, last_tokens, group0, n_groups, x))
+WALK_FN(attend_qd_q4, attend_qd(PKV_Q4, p, pages, n_pages, last_tokens, group0, n_groups, x))
 #endif
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,

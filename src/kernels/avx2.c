@@ -222,13 +222,13 @@ AI __m256 scores8(__m256 raw, __m256 sc, float cap)
 
 /* ---- reductions ----------------------------------------------------------------------- */
 
-/* lane i of the result = sum of the 8 lanes of v[i]; fixed order */
-AI __m256 hsum8(const __m256 v[8])
+/* The sums of the 8 lanes of v[0..3], in lanes 0..3: per 128-bit half, two vhaddps
+ * levels give the half's four partial sums, then the halves are added (an extract,
+ * not a vperm2f128: 3 cycles each on the Zen-1-class dev VM). Fixed order. */
+AI __m128 hsum4(const __m256 v[4])
 {
-    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                         _mm256_permute2f128_ps(u0, u1, 0x31));
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
 AI float hmax8(__m256 v)
@@ -312,13 +312,32 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
                 a[h * TB + t] = _mm256_fmadd_ps(qv[h], kv, a[h * TB + t]);
         }
     }
-    _Alignas(32) float r[8];
-    _mm256_store_ps(r, hsum8(a));
-    PKVI_UNROLL
-    for (int h = 0; h < HB; h++)
+    /* dot i = h * TB + t into s[h * PKVI_TILE + t]: a head's TB dots are adjacent
+     * lanes, so each is one 64- or 128-bit store */
+    const __m128 r0 = hsum4(a);
+    if (HB * TB <= 4) {
+        _Alignas(16) float r[4];
+        _mm_store_ps(r, r0);
         PKVI_UNROLL
-        for (int t = 0; t < TB; t++)
-            s[h * PKVI_TILE + t] = r[h * TB + t];
+        for (int h = 0; h < HB; h++)
+            PKVI_UNROLL
+            for (int t = 0; t < TB; t++)
+                s[h * PKVI_TILE + t] = r[h * TB + t];
+        return;
+    }
+    const __m128 r1 = hsum4(a + 4);
+    if (TB == 2) { /* HB == 4 */
+        _mm_storel_pi((__m64 *)s, r0);
+        _mm_storeh_pi((__m64 *)(s + PKVI_TILE), r0);
+        _mm_storel_pi((__m64 *)(s + 2 * PKVI_TILE), r1);
+        _mm_storeh_pi((__m64 *)(s + 3 * PKVI_TILE), r1);
+    } else if (TB == 4) { /* HB == 2 */
+        _mm_storeu_ps(s, r0);
+        _mm_storeu_ps(s + PKVI_TILE, r1);
+    } else { /* TB == 8, HB == 1 */
+        _mm_storeu_ps(s, r0);
+        _mm_storeu_ps(s + 4, r1);
+    }
 }
 
 AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
@@ -440,19 +459,81 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
         pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, d - c, false);
 }
 
-/* ---- softmax of one tile (as ref.c; l uses a fused multiply-add) ------------------- */
+/* ---- softmax of one tile (as ref.c; l uses a fused multiply-add) -------------------
+ * Four heads at a time where the group has them: their maxima and sums reduced by one
+ * 4x4 transpose (reduce4), their alphas one exp8, m/l/alpha as vectors - where one
+ * head at a time ran four dependent chains of shuffles and three exp8 per head. The
+ * operations are hmax8's and hadd8's on the same operands in the same order, so the
+ * same bits (the decode-state hash before and after). Measured: docs/numerics.md. */
+
+/* The scaled (soft-capped) scores of one head's tile, lanes past n -inf. */
+AI void tile_scores(const float *sh, uint32_t n, __m256 sc, float cap, __m256 lo, __m256 hi,
+                    __m256 *s0, __m256 *s1)
+{
+    const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
+    /* lanes past n are -inf (their scratch is never read as data) */
+    *s0 = _mm256_blendv_ps(ninf, scores8(_mm256_load_ps(sh), sc, cap), lo);
+    *s1 = n > 8 ? _mm256_blendv_ps(ninf, scores8(_mm256_load_ps(sh + 8), sc, cap), hi) : ninf;
+}
+
+/* Lane h of the result: x[h]'s 8 lanes reduced by max (is_max) or +, as hmax8 and
+ * hadd8 do it (halves, then lanes i and i + 2, then 0 and 1), for 4 heads at once. */
+AI __m128 reduce4(const __m256 x[4], const bool is_max)
+{
+    __m128 y[4];
+    PKVI_UNROLL
+    for (int h = 0; h < 4; h++) {
+        const __m128 a = _mm256_castps256_ps128(x[h]), b = _mm256_extractf128_ps(x[h], 1);
+        y[h] = is_max ? _mm_max_ps(a, b) : _mm_add_ps(a, b);
+    }
+    const __m128 t0 = _mm_unpacklo_ps(y[0], y[1]), t1 = _mm_unpackhi_ps(y[0], y[1]);
+    const __m128 t2 = _mm_unpacklo_ps(y[2], y[3]), t3 = _mm_unpackhi_ps(y[2], y[3]);
+    const __m128 u0 = is_max ? _mm_max_ps(t0, t1) : _mm_add_ps(t0, t1);
+    const __m128 u1 = is_max ? _mm_max_ps(t2, t3) : _mm_add_ps(t2, t3);
+    const __m128 v0 = _mm_movelh_ps(u0, u1), v1 = _mm_movehl_ps(u1, u0);
+    return is_max ? _mm_max_ps(v0, v1) : _mm_add_ps(v0, v1);
+}
+
 AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, float *m,
                      float *l, float *alpha)
 {
-    const __m256 sc = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-__builtin_inff());
+    const __m256 sc = _mm256_set1_ps(scale);
     const __m256 lo = _mm256_castsi256_ps(tail_mask(n < 8 ? n : 8));
     const __m256 hi = _mm256_castsi256_ps(tail_mask(n > 8 ? n - 8 : 0));
-    for (uint32_t h = 0; h < hg; h++) {
+    uint32_t h = 0;
+    for (; h + 4 <= hg; h += 4) {
+        __m256 s0[4], s1[4], x[4];
+        PKVI_UNROLL
+        for (int j = 0; j < 4; j++) {
+            tile_scores(s + (size_t)(h + j) * PKVI_TILE, n, sc, cap, lo, hi, &s0[j], &s1[j]);
+            x[j] = _mm256_max_ps(s0[j], s1[j]);
+        }
+        const __m128 mo = _mm_loadu_ps(m + h), mt = reduce4(x, true);
+        /* fmaxf(m, mt) per head: m where m > mt or mt is NaN */
+        const __m128 mn = _mm_blendv_ps(mt, mo, _mm_or_ps(_mm_cmpgt_ps(mo, mt),
+                                                           _mm_cmpunord_ps(mt, mt)));
+        _Alignas(16) float mb[4];
+        _mm_store_ps(mb, mn);
+        PKVI_UNROLL
+        for (int j = 0; j < 4; j++) {
+            float *sh = s + (size_t)(h + j) * PKVI_TILE;
+            const __m256 mv = _mm256_broadcast_ss(mb + j);
+            const __m256 e0 = exp8(_mm256_sub_ps(s0[j], mv));
+            const __m256 e1 = exp8(_mm256_sub_ps(s1[j], mv));
+            _mm256_store_ps(sh, e0);
+            _mm256_store_ps(sh + 8, e1);
+            x[j] = _mm256_add_ps(e0, e1);
+        }
+        const __m128 al = _mm256_castps256_ps128(
+            exp8(_mm256_insertf128_ps(_mm256_setzero_ps(), _mm_sub_ps(mo, mn), 0)));
+        _mm_storeu_ps(alpha + h, al);
+        _mm_storeu_ps(l + h, _mm_fmadd_ps(_mm_loadu_ps(l + h), al, reduce4(x, false)));
+        _mm_storeu_ps(m + h, mn);
+    }
+    for (; h < hg; h++) {
         float *sh = s + (size_t)h * PKVI_TILE;
-        /* lanes past n are -inf (their scratch is never read as data) */
-        const __m256 s0 = _mm256_blendv_ps(ninf, scores8(_mm256_load_ps(sh), sc, cap), lo);
-        const __m256 s1 = n > 8 ? _mm256_blendv_ps(ninf, scores8(_mm256_load_ps(sh + 8), sc, cap), hi)
-                                : ninf;
+        __m256 s0, s1;
+        tile_scores(sh, n, sc, cap, lo, hi, &s0, &s1);
         const float mt = hmax8(_mm256_max_ps(s0, s1));
         const float mn = m[h] > mt || mt != mt ? m[h] : mt; /* fmaxf(m[h], mt) */
         const __m256 mv = _mm256_set1_ps(mn);

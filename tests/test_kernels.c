@@ -404,24 +404,33 @@ START_TEST(quant_vs_scalar)
 }
 END_TEST
 
-/* The integer-dot walk quantizes a call's q on its stack (walk.h, 32 KiB) and walks a
- * call too large for it in runs of groups, or of heads of one group: one call over
- * all groups, with such sizes, against the scalar kernel group by group. A run
- * indexing the wrong heads or states is far outside the bound. */
-START_TEST(quant_dot_scratch_runs)
+/* The walks that prepare a call's q on their stack first (walk.h, 32 KiB: the integer
+ * dot quantizes it, AVX2 bf16 permutes it) walk a call too large for it in runs of
+ * groups, or of heads of one group: one call over all groups, with such sizes, against
+ * the scalar kernel group by group. A run indexing the wrong heads or states is far
+ * outside the bound. */
+START_TEST(prepared_q_scratch_runs)
 {
-    static const uint32_t cases[][3] = { /* d, hg, groups: runs of 2 groups; of heads */
-        {200, 64, 5}, {1000, 40, 2}, {4096, 9, 2},
+    static const struct {
+        uint32_t d, hg, g;
+        pkv_dtype dt;
+    } cases[] = {
+        /* quantized q (int8, d padded to 32): runs of 2 groups; of heads; of 1 head */
+        {200, 64, 5, PKV_Q8}, {1000, 40, 2, PKV_Q4}, {4096, 9, 2, PKV_Q8},
+        /* permuted f32 q: runs of 16 groups; of 40 heads; of 2 heads (d tail 8) */
+        {128, 4, 20, PKV_BF16}, {200, 64, 5, PKV_BF16}, {4096, 9, 2, PKV_BF16},
+        {24, 3, 3, PKV_BF16}, /* one 16-value block and a tail of 8 */
     };
     const uint64_t seed = pkvt_seed();
     pkvt_rng r;
     pkvt_rng_init(&r, seed ^ 0x77);
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        const uint32_t d = cases[ci][0], hg = cases[ci][1], g = cases[ci][2], bt = 4, n = 9;
-        const pkv_dtype dt = ci % 2 ? PKV_Q4 : PKV_Q8;
+        const uint32_t d = cases[ci].d, hg = cases[ci].hg, g = cases[ci].g, bt = 4, n = 9;
+        const pkv_dtype dt = cases[ci].dt;
+        const bool qdot = dt == PKV_Q8 || dt == PKV_Q4;
         layer L;
         layer_build(&L, &r, g, hg, d, bt, dt, n, 1.0f);
-        L.kp.quant_dot = 1;
+        L.kp.quant_dot = qdot;
         const size_t sf = (size_t)hg * (d + 2);
         float *q = pkvt_alloc((size_t)g * hg * d * sizeof(float));
         float *qd = pkvt_alloc((size_t)hg * d * sizeof(float));
@@ -444,8 +453,9 @@ START_TEST(quant_dot_scratch_runs)
             for (uint32_t gi = 0; gi < g; gi++) {
                 const float *qg = q + (size_t)gi * hg * d;
                 run_kernel(&pkvi_kernels_scalar, &L, gi, qg, ref);
-                dequant_q(hg, d, qg, qd);
-                const double tol = 2 * bound(&L, gi, qd);
+                if (qdot)
+                    dequant_q(hg, d, qg, qd);
+                const double tol = 2 * bound(&L, gi, qdot ? qd : qg);
                 const float *b = st + gi * sf;
                 double err = 0;
                 for (uint32_t h = 0; h < hg; h++)
@@ -454,8 +464,9 @@ START_TEST(quant_dot_scratch_runs)
                                               ref[(size_t)h * d + c]);
                         err = e > err || e != e ? e : err;
                     }
-                ck_assert_msg(err <= tol, "%s quant_dot d=%u hg=%u group %u of %u: %g > %g "
-                              "(seed 0x%llx)", k->isa, d, hg, gi, g, err, tol,
+                ck_assert_msg(err <= tol, "%s %s d=%u hg=%u group %u of %u: %g > %g "
+                              "(seed 0x%llx)", k->isa, qdot ? "quant_dot" : "bf16", d, hg,
+                              gi, g, err, tol,
                               (unsigned long long)seed);
             }
         }
@@ -1144,7 +1155,7 @@ int main(void)
         tcase_add_test(tc, shapes_vs_scalar);
         tcase_add_test(tc, many_heads);
         tcase_add_test(tc, quant_vs_scalar);
-        tcase_add_test(tc, quant_dot_scratch_runs);
+        tcase_add_test(tc, prepared_q_scratch_runs);
     }
     suite_add_tcase(s, tc);
     /* "dispatch": which table an engine gets, checked against /proc/cpuinfo */

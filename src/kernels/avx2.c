@@ -64,6 +64,47 @@ AI __m256 ldt(pkv_dtype dt, const void *base, size_t i, uint32_t rem)
     return widen(dt, _mm_loadu_si128((const void *)tmp));
 }
 
+/* ---- bf16, 16 values at a time ------------------------------------------------------
+ * Interleaving 16 bf16 values with zeros (vpunpcklwd/vpunpckhwd, within each 128-bit
+ * half) gives their f32 values exactly, in one operation per 8 that runs beside the
+ * FMAs on the dev VM (vpmovzxwd + vpslld cost 0.6-1.1 FMAs), but in the order
+ * [0..3, 8..11] and [4..7, 12..15]. So the walk hands QK a q permuted the same way
+ * (q_permute), and PV loads and stores its accumulators in that order (acc_ld16). A
+ * d tail (d % 16) stays in row order. */
+AI void ld16_bf16(const void *base, size_t i, __m256 v[2])
+{
+    const __m256i x = _mm256_loadu_si256((const void *)((const uint16_t *)base + i));
+    v[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), x));
+    v[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), x));
+}
+
+/* The f32 values of ld16_bf16's lane order: u = 0 gives [p0..3, p8..11], u = 1
+ * [p4..7, p12..15]. */
+AI __m256 acc_ld16(const float *p, int u)
+{
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p + 4 * u)),
+                                _mm_loadu_ps(p + 8 + 4 * u), 1);
+}
+
+AI void acc_st16(float *p, int u, __m256 a)
+{
+    _mm_storeu_ps(p + 4 * u, _mm256_castps256_ps128(a));
+    _mm_storeu_ps(p + 8 + 4 * u, _mm256_extractf128_ps(a, 1));
+}
+
+/* bf16's QK reads q in that order (walk.h prepares it with q_permute; dst != src) */
+#define PKVI_WALK_PERMUTED_BF16 1
+AI void q_permute(const float *src, float *dst, uint32_t d)
+{
+    uint32_t c = 0;
+    for (; c + 16 <= d; c += 16)
+        for (int u = 0; u < 2; u++) {
+            memcpy(dst + c + 8 * u, src + c + 4 * u, 4 * sizeof(float));
+            memcpy(dst + c + 8 * u + 4, src + c + 8 + 4 * u, 4 * sizeof(float));
+        }
+    memcpy(dst + c, src + c, (size_t)(d - c) * sizeof(float));
+}
+
 /* ---- loads of the block types (Q8, Q4; the format is quant.c's) ------------------
  * A row is blocks of 32 values, each an f16 scale then its integers; 8 values from
  * element c (c % 8 == 0) never straddle a block. Dequantized as d * q in f32, exact,
@@ -283,6 +324,19 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
                     }
                 }
         }
+    if (dt == PKV_BF16) /* q permuted (q_permute) */
+        for (; c + 16 <= d; c += 16)
+            PKVI_UNROLL
+            for (int t = 0; t < TB; t++) {
+                __m256 kv[2];
+                ld16_bf16(krow, (size_t)t * d + c, kv);
+                PKVI_UNROLL
+                for (int u = 0; u < 2; u++)
+                    PKVI_UNROLL
+                    for (int h = 0; h < HB; h++)
+                        a[h * TB + t] = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(qh + (size_t)h * d + c + 8 * u), kv[u], a[h * TB + t]);
+            }
     for (; c + 8 <= d; c += 8) {
         __m256 qv[4];
         PKVI_UNROLL
@@ -373,6 +427,7 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
                                       (c0 % 32 ? pkvi_quant_block_bytes(dt) - 1 : 0)
                                 : c0 * es;
     const char *pfb = pf && (QTYPE(dt) || b0 % 64 == 0) ? pf + b0 : NULL;
+    const bool bf16x = dt == PKV_BF16 && CB == 2; /* ld16_bf16's lane order */
     __m256 a[4][2];
     PKVI_UNROLL
     for (int h = 0; h < HB; h++) {
@@ -380,8 +435,9 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
         PKVI_UNROLL
         for (int c = 0; c < CB; c++) {
             const float *p = acc + (size_t)h * d + c0 + 8 * c;
-            a[h][c] = _mm256_mul_ps(rem ? _mm256_maskload_ps(p, tail_mask(rem))
-                                        : _mm256_loadu_ps(p),
+            a[h][c] = _mm256_mul_ps(bf16x ? acc_ld16(acc + (size_t)h * d + c0, c)
+                                    : rem ? _mm256_maskload_ps(p, tail_mask(rem))
+                                          : _mm256_loadu_ps(p),
                                     al);
         }
     }
@@ -389,7 +445,9 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
         if (pfb)
             _mm_prefetch(pfb + t * stride, PF_HINT);
         __m256 vv[2];
-        if (QTYPE(dt) && CB == 2 && raw) /* w carries the block's scale */
+        if (bf16x)
+            ld16_bf16(vrow, (size_t)t * d + c0, vv);
+        else if (QTYPE(dt) && CB == 2 && raw) /* w carries the block's scale */
             ldq16_raw(dt, (const char *)vrow + t * vrb, c0, vv);
         else if (QTYPE(dt) && CB == 2) /* 16 values of one block, one scale */
             ldq16(dt, (const char *)vrow + t * vrb, c0, vv);
@@ -416,7 +474,9 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
         PKVI_UNROLL
         for (int c = 0; c < CB; c++) {
             float *p = acc + (size_t)h * d + c0 + 8 * c;
-            if (rem)
+            if (bf16x)
+                acc_st16(acc + (size_t)h * d + c0, c, a[h][c]);
+            else if (rem)
                 _mm256_maskstore_ps(p, tail_mask(rem), a[h][c]);
             else
                 _mm256_storeu_ps(p, a[h][c]);

@@ -16,6 +16,9 @@
  *   qk_heads_int(dt, krow, row_bytes, d, n, qi, qs, dpad, nb, s, pf, HB)
  *                      integer-dot scores of HB quantized heads (qi: [HB][dpad] int8,
  *                      in the order qd_permute gives; qs: [HB][nb] block scales)
+ * and, with PKVI_WALK_PERMUTED_BF16 1 (a bf16 QK that reads q in a kernel order):
+ *   q_permute(src, dst, d)
+ *                      one head's q in that order (attend_prep prepares it per call)
  * so each file is compiled with its own -m flags (STYLE.md) and the code is written
  * once. Defines `attend`, a pkvi_attend_fn.
  */
@@ -265,21 +268,20 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const pkvi_kparams *p,
 #define WALK_EXACT(dt) \
     attend_impl(dt, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL)
 
-WALK_FN(attend_f32, WALK_EXACT(PKV_F32))
-WALK_FN(attend_f16, WALK_EXACT(PKV_F16))
-WALK_FN(attend_bf16, WALK_EXACT(PKV_BF16))
-#if PKVI_WALK_BLOCK_TYPES
-WALK_FN(attend_q8, WALK_EXACT(PKV_Q8))
-WALK_FN(attend_q4, WALK_EXACT(PKV_Q4))
+#if PKVI_WALK_QUANT_DOT || PKVI_WALK_PERMUTED_BF16
+/* Bytes of prepared q a call holds on its stack - quantized (int8; the scales add 1/8
+ * of it), or permuted f32: every group of a decode of usual shapes (llama3-8b: 8 x 4
+ * heads x 128, 4 KiB of int8, 16 KiB of f32) at once; a larger call (prefill tiles
+ * stack up to 256 heads) is walked in runs of groups, or of heads, that fit - the
+ * arithmetic is page-, group- and head-local (kernels.h), so the results are the bits
+ * of one walk. */
+#define PREP_SCRATCH_BYTES (32u << 10)
+#if !PKVI_WALK_PERMUTED_BF16
+AI void q_permute(const float *src, float *dst, uint32_t d)
+{
+    (void)src, (void)dst, (void)d;
+}
 #endif
-
-#if PKVI_WALK_QUANT_DOT
-/* Bytes of quantized q a call holds on its stack (int8; the scales add 1/8 of it):
- * every group of a decode of usual shapes (llama3-8b: 8 x 4 heads x 128 = 4 KiB) at
- * once; a larger call (prefill tiles stack up to 256 heads) is walked in runs of groups,
- * or of heads, that fit - the arithmetic is page-, group- and head-local (kernels.h),
- * so the results are the bits of one walk. */
-#define QD_SCRATCH_BYTES (32u << 10)
 
 /* Q4 blocks are read as the low nibbles of their 16 bytes (values 0, 2, .., 30), then
  * the high ones (1, 3, .., 31): q is stored in that order, so the integer dot (exact,
@@ -298,33 +300,57 @@ AI void qd_permute(const pkv_dtype dt, int8_t *qi, uint32_t dpad)
     }
 }
 
-/* The integer-dot walk: quantize the call's heads (pkvi_quant_query, as ref.c), then
- * walk in runs whose quantized q fits the scratch. */
-AI void attend_qd(const pkv_dtype dt, const pkvi_kparams *p, const void *const *pages,
-                  uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
-                  uint32_t n_groups, const pkvi_heads *x)
+/* The stack scratch of prepared q: qi [heads][dpad] and qs [heads][nb] (quant_dot), or
+ * qf [heads][d] (a permuted dtype). */
+typedef struct {
+    _Alignas(64) union {
+        int8_t qi[PREP_SCRATCH_BYTES];
+        float qf[PREP_SCRATCH_BYTES / sizeof(float)];
+    } u;
+    _Alignas(64) float qs[PREP_SCRATCH_BYTES / 32];
+} prep_scratch;
+
+/* Head q (d values) into slot k of the scratch: quantized (pkvi_quant_query, as ref.c)
+ * and qd_permute'd, or q_permute'd. */
+AI void prep_head(const pkv_dtype dt, const bool qd, uint32_t d, const float *q,
+                  prep_scratch *ps, size_t k)
+{
+    const uint32_t nb = (d + 31) / 32, dpad = nb * 32;
+    if (qd) {
+        pkvi_quant_query(d, q, ps->u.qi + k * dpad, ps->qs + k * nb);
+        qd_permute(dt, ps->u.qi + k * dpad, dpad);
+    } else {
+        q_permute(q, ps->u.qf + k * d, d);
+    }
+}
+
+/* The walk of a path whose q is prepared first (the integer dot, or a permuted dtype):
+ * prepare the call's heads, then walk in runs whose prepared q fits the scratch. */
+AI void attend_prep(const pkv_dtype dt, const bool qd, const pkvi_kparams *p,
+                    const void *const *pages, uint32_t n_pages, uint32_t last_tokens,
+                    uint32_t group0, uint32_t n_groups, const pkvi_heads *x)
 {
     const uint32_t d = p->head_dim, dv = PKVI_DV(p), H = p->hg, nb = (d + 31) / 32;
-    const uint32_t dpad = nb * 32, fit = QD_SCRATCH_BYTES / dpad; /* heads; >= 8 */
-    _Alignas(64) int8_t qi[QD_SCRATCH_BYTES];
-    _Alignas(64) float qs[QD_SCRATCH_BYTES / 32];
+    /* heads that fit: >= 2 for f32 and >= 8 for int8 at PKVI_MAX_HEAD_DIM */
+    const uint32_t fit = PREP_SCRATCH_BYTES / (qd ? nb * 32 : d * (uint32_t)sizeof(float));
+    prep_scratch ps;
+    const int8_t *qi = qd ? ps.u.qi : NULL;
+    const float *qs = qd ? ps.qs : NULL;
     if (H <= fit) { /* runs of whole groups */
         const uint32_t per = fit / H;
         for (uint32_t g = 0; g < n_groups; g += per) {
             const uint32_t ng = n_groups - g < per ? n_groups - g : per;
             for (uint32_t i = 0; i < ng; i++)
-                for (uint32_t h = 0; h < H; h++) {
-                    int8_t *qh = qi + ((size_t)i * H + h) * dpad;
-                    pkvi_quant_query(d, x->q + (g + i) * x->q_stride + (size_t)h * d, qh,
-                                     qs + ((size_t)i * H + h) * nb);
-                    qd_permute(dt, qh, dpad);
-                }
+                for (uint32_t h = 0; h < H; h++)
+                    prep_head(dt, qd, d, x->q + (g + i) * x->q_stride + (size_t)h * d, &ps,
+                              (size_t)i * H + h);
             const pkvi_heads xs = {
-                .q = x->q + g * x->q_stride, .m = x->m + g * x->st_stride,
-                .l = x->l + g * x->st_stride, .acc = x->acc + g * x->st_stride,
-                .q_stride = x->q_stride, .st_stride = x->st_stride,
+                .q = qd ? x->q + g * x->q_stride : ps.u.qf,
+                .m = x->m + g * x->st_stride, .l = x->l + g * x->st_stride,
+                .acc = x->acc + g * x->st_stride,
+                .q_stride = qd ? x->q_stride : H * d, .st_stride = x->st_stride,
             };
-            attend_impl(dt, true, p, pages, n_pages, last_tokens, group0 + g, ng, &xs, qi, qs);
+            attend_impl(dt, qd, p, pages, n_pages, last_tokens, group0 + g, ng, &xs, qi, qs);
         }
         return;
     }
@@ -332,23 +358,38 @@ AI void attend_qd(const pkv_dtype dt, const pkvi_kparams *p, const void *const *
     for (uint32_t g = 0; g < n_groups; g++)
         for (uint32_t h0 = 0; h0 < H; h0 += fit) {
             ph.hg = H - h0 < fit ? H - h0 : fit;
-            for (uint32_t h = 0; h < ph.hg; h++) {
-                pkvi_quant_query(d, x->q + g * x->q_stride + (size_t)(h0 + h) * d,
-                                 qi + (size_t)h * dpad, qs + (size_t)h * nb);
-                qd_permute(dt, qi + (size_t)h * dpad, dpad);
-            }
+            for (uint32_t h = 0; h < ph.hg; h++)
+                prep_head(dt, qd, d, x->q + g * x->q_stride + (size_t)(h0 + h) * d, &ps, h);
             const pkvi_heads xs = {
-                .q = x->q + g * x->q_stride + (size_t)h0 * d,
+                .q = qd ? x->q + g * x->q_stride + (size_t)h0 * d : ps.u.qf,
                 .m = x->m + g * x->st_stride + h0, .l = x->l + g * x->st_stride + h0,
                 .acc = x->acc + g * x->st_stride + (size_t)h0 * dv,
                 .q_stride = x->q_stride, .st_stride = x->st_stride,
             };
-            attend_impl(dt, true, &ph, pages, n_pages, last_tokens, group0 + g, 1, &xs, qi, qs);
+            attend_impl(dt, qd, &ph, pages, n_pages, last_tokens, group0 + g, 1, &xs, qi, qs);
         }
 }
+#endif
 
-WALK_FN(attend_qd_q8, attend_qd(PKV_Q8, p, pages, n_pages, last_tokens, group0, n_groups, x))
-WALK_FN(attend_qd_q4, attend_qd(PKV_Q4, p, pages, n_pages, last_tokens, group0, n_groups, x))
+/* bf16 on a kernel whose QK reads q permuted (PKVI_WALK_PERMUTED_BF16) walks with q
+ * prepared */
+#if PKVI_WALK_PERMUTED_BF16
+#define WALK_BF16 attend_prep(PKV_BF16, false, p, pages, n_pages, last_tokens, group0, n_groups, x)
+#else
+#define WALK_BF16 WALK_EXACT(PKV_BF16)
+#endif
+WALK_FN(attend_f32, WALK_EXACT(PKV_F32))
+WALK_FN(attend_f16, WALK_EXACT(PKV_F16))
+WALK_FN(attend_bf16, WALK_BF16)
+#if PKVI_WALK_BLOCK_TYPES
+WALK_FN(attend_q8, WALK_EXACT(PKV_Q8))
+WALK_FN(attend_q4, WALK_EXACT(PKV_Q4))
+#endif
+
+#if PKVI_WALK_QUANT_DOT
+#define WALK_QD(dt) attend_prep(dt, true, p, pages, n_pages, last_tokens, group0, n_groups, x)
+WALK_FN(attend_qd_q8, WALK_QD(PKV_Q8))
+WALK_FN(attend_qd_q4, WALK_QD(PKV_Q4))
 #endif
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,

@@ -439,7 +439,16 @@ START_TEST(bench_json)
 #undef ROW
         snprintf(k, sizeof k, "in_cache[%zu].frac", i);
         ck_assert(pkvt_json_num(p.out, k) > 0);
+        /* the in-cache row's K/V at --in-cache tokens, for its own dtype */
+        snprintf(k, sizeof k, "in_cache[%zu].dtype", i);
+        const char *it = pkvt_json_find(p.out, k);
+        const pkv_dtype ti = strncmp(it, "\"f16\"", 5) == 0  ? PKV_F16
+                             : strncmp(it, "\"q8\"", 4) == 0 ? PKV_Q8
+                                                              : PKV_Q4;
+        snprintf(k, sizeof k, "in_cache[%zu].kv_bytes", i);
+        ck_assert_uint_eq(pkvt_json_u64(p.out, k), 2 * g * 256 * row_bytes(ti, d));
     }
+    ck_assert(pkvt_json_find(p.out, "llc_bytes") != NULL);
     pkvt_proc_free(&p);
 
     /* the table: a roofline line for every dtype of the default list */

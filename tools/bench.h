@@ -92,12 +92,14 @@ typedef struct {
 } bench_prefill_row;
 
 /* The in-cache figure: the fastest of back-to-back decodes over o->in_cache tokens
- * (a llama3-8b layer of 4096 tokens is 16 MiB of f16: mostly in the last-level cache),
+ * (a llama3-8b layer of 4096 tokens is 16 MiB of f16: in the last-level cache of a
+ * large server part, not of every host, hence kv_bytes next to bench.llc_bytes),
  * as a fraction of the compute bound of its path. */
 typedef struct {
     const cli_preset *p;
     pkv_dtype dt;
     uint32_t path, threads, tokens;
+    uint64_t kv_bytes;                 /* the layer's K/V at that many tokens */
     double us, peak, peak_int8;
 } bench_incache_row;
 
@@ -116,6 +118,7 @@ typedef struct {
     uint32_t n_pre;
     double peak[MAX_LIST];
     const char *isa;
+    uint64_t llc_bytes;                /* bench_llc_bytes(): 0 unknown */
 } bench;
 
 /* Logical CPUs online, at most BENCH_MAX_THREADS. */

@@ -8,8 +8,10 @@
 #include "cli.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -400,4 +402,39 @@ void bench_naive_part(void *ctx, uint32_t t, uint32_t nt)
                 o[c] += w * v[c];
         }
     }
+}
+
+uint64_t bench_llc_bytes(void)
+{
+    uint64_t best = 0;
+    unsigned best_level = 0;
+    for (unsigned i = 0; i < 16; i++) {
+        char path[96], type[32] = "";
+        unsigned level = 0;
+        unsigned long long size = 0;
+        char unit = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            break;
+        const int ok = fscanf(f, "%u", &level) == 1;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/type", i);
+        f = fopen(path, "r");
+        const int tok = f && fscanf(f, "%31s", type) == 1;
+        if (f)
+            fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/size", i);
+        f = fopen(path, "r");
+        const int sok = f && fscanf(f, "%llu%c", &size, &unit) >= 1;
+        if (f)
+            fclose(f);
+        if (!ok || !tok || !sok || strcmp(type, "Instruction") == 0 || level < best_level)
+            continue;
+        const uint64_t bytes = unit == 'K' ? size << 10 : unit == 'M' ? size << 20
+                             : unit == 'G' ? size << 30 : size;
+        best = bytes;
+        best_level = level;
+    }
+    return best;
 }

@@ -45,6 +45,10 @@ double bench_fma_peak(uint32_t n);
 double bench_int8_peak(uint32_t n);
 const char *bench_int8_kind(void);
 
+/* Bytes of cpu0's highest-level data or unified cache as sysfs gives it (0: unknown):
+ * what the in-cache figure is measured against. */
+uint64_t bench_llc_bytes(void);
+
 /* The naive decode: llama2.c-style loops over contiguous f32 K, V [n][g][d]. */
 typedef struct {
     uint32_t h, g, d;

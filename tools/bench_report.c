@@ -72,7 +72,8 @@ void bench_print_json(const bench *b)
     json_str(W, "version", pkv_version());
     json_str(W, "isa", b->isa ? b->isa : "?");
     JSON_U64S(W, {"online_cpus", bench_online_cpus()}, {"reps", o->reps},
-              {"bw_buffer_bytes", b->bw.vecs * sizeof(bench_vec)});
+              {"bw_buffer_bytes", b->bw.vecs * sizeof(bench_vec)},
+              {"llc_bytes", b->llc_bytes});
     json_open(W, "peak_fma", '[');
     for (uint32_t i = 0; i < o->n_threads; i++) {
         json_open(W, NULL, '{');
@@ -137,7 +138,7 @@ void bench_print_json(const bench *b)
         json_str(W, "preset", r->p->name);
         json_str(W, "dtype", pkv_dtype_name(r->dt));
         json_str(W, "path", bench_path_name(r->path));
-        JSON_U64S(W, {"threads", r->threads}, {"tokens", r->tokens});
+        JSON_U64S(W, {"threads", r->threads}, {"tokens", r->tokens}, {"kv_bytes", r->kv_bytes});
         JSON_NUMS(W, {"us", r->us}, {"gflops", incache_gops(r)}, {"compute_bound_us", cb},
                   {"frac", cb / r->us});
         json_close(W, '}');
@@ -214,14 +215,22 @@ static void print_roofline(const bench *b)
                        pkv_dtype_name(dt), b->int_why[dt]);
     if (b->n_inc) {
         printf("\nin-cache (%u tokens: the fastest of 3 back-to-back decodes, median of %u; "
-               "frac = compute bound / time):\n", o->in_cache, o->reps);
-        printf("%-10s %-4s %-7s %3s |%9s %9s %9s %6s\n", "preset", "type", "path", "thr", "us",
-               "GOP/s", "comp us", "frac");
+               "frac = compute bound / time;\nKV MiB: the layer's K/V, ", o->in_cache, o->reps);
+        if (b->llc_bytes)
+            printf("'>' where it exceeds this host's last-level cache of %.1f MiB (sysfs), "
+                   "so that row\nstreams part of it from DRAM):\n",
+                   (double)b->llc_bytes / (1 << 20));
+        else
+            printf("next to a last-level cache of unknown size):\n");
+        printf("%-10s %-4s %-7s %3s |%9s %9s %9s %9s %6s\n", "preset", "type", "path", "thr",
+               "KV MiB", "us", "GOP/s", "comp us", "frac");
         for (uint32_t i = 0; i < b->n_inc; i++) {
             const bench_incache_row *r = &b->inc[i];
             const double cb = compute_us(r->p, r->path, r->tokens, r->peak, r->peak_int8);
-            printf("%-10s %-4s %-7s %3u |%9.0f", r->p->name, pkv_dtype_name(r->dt),
-                   bench_path_name(r->path), r->threads, r->us);
+            const bool over = b->llc_bytes && r->kv_bytes > b->llc_bytes;
+            printf("%-10s %-4s %-7s %3u |%8.1f%c%9.0f", r->p->name, pkv_dtype_name(r->dt),
+                   bench_path_name(r->path), r->threads, (double)r->kv_bytes / (1 << 20),
+                   over ? '>' : ' ', r->us);
             cell(incache_gops(r), "%*.1f", 10);
             cell(cb, "%*.0f", 10);
             cell(cb / r->us, "%*.2f", 7);

@@ -678,6 +678,7 @@ static int run_incache(bench *b, const cli_preset *p)
             r->path = path;
             r->threads = o->threads[ti];
             r->tokens = o->in_cache;
+            r->kv_bytes = 2 * (uint64_t)g * o->in_cache * pkv_row_bytes(dt, d);
             r->us = bench_median(w, o->reps) * 1e6;
             r->peak = b->peak[ti];
             r->peak_int8 = b->peak_int8[ti];
@@ -734,6 +735,7 @@ int cmd_bench(int argc, char **argv)
     if (!b)
         return cli_fail(CMD, "out of memory");
     b->o = &o;
+    b->llc_bytes = bench_llc_bytes();
     b->bw.vecs = (size_t)(o.bw_mib << 20) / sizeof(bench_vec);
     bench_vec *buf = aligned_alloc(64, b->bw.vecs * sizeof(bench_vec));
     if (!buf) {

@@ -380,6 +380,14 @@ static void stress_run_geometry(const geometry *g, uint64_t seed)
 
 /* A small `bench --json` run: its JSON has the shape --help promises, every figure
  * asked for is there and positive, and kv_bytes follows the formula. Nothing is timed. */
+/* The dtype of a JSON string value of the roofline run below ("f16", "q8" or "q4"). */
+static pkv_dtype f16_q8_q4(const char *v)
+{
+    return strncmp(v, "\"f16\"", 5) == 0  ? PKV_F16
+           : strncmp(v, "\"q8\"", 4) == 0 ? PKV_Q8
+                                            : PKV_Q4;
+}
+
 START_TEST(bench_json)
 {
     pkvt_proc p;
@@ -419,10 +427,7 @@ START_TEST(bench_json)
     for (size_t i = 0; i < rows; i++) {
         char k[64];
 #define ROW(key) (snprintf(k, sizeof k, "decode[%zu].%s", i, key), k)
-        const char *dt = pkvt_json_find(p.out, ROW("dtype"));
-        const pkv_dtype t = strncmp(dt, "\"f16\"", 5) == 0   ? PKV_F16
-                            : strncmp(dt, "\"q8\"", 4) == 0 ? PKV_Q8
-                                                             : PKV_Q4;
+        const pkv_dtype t = f16_q8_q4(pkvt_json_find(p.out, ROW("dtype")));
         const bool integer = pkvt_json_is(p.out, ROW("path"), "\"integer\"");
         ck_assert(integer || pkvt_json_is(p.out, ROW("path"), "\"exact\""));
         ck_assert_uint_eq(pkvt_json_u64(p.out, ROW("kv_bytes")), 2 * g * 600 * row_bytes(t, d));
@@ -441,10 +446,7 @@ START_TEST(bench_json)
         ck_assert(pkvt_json_num(p.out, k) > 0);
         /* the in-cache row's K/V at --in-cache tokens, for its own dtype */
         snprintf(k, sizeof k, "in_cache[%zu].dtype", i);
-        const char *it = pkvt_json_find(p.out, k);
-        const pkv_dtype ti = strncmp(it, "\"f16\"", 5) == 0  ? PKV_F16
-                             : strncmp(it, "\"q8\"", 4) == 0 ? PKV_Q8
-                                                              : PKV_Q4;
+        const pkv_dtype ti = f16_q8_q4(pkvt_json_find(p.out, k));
         snprintf(k, sizeof k, "in_cache[%zu].kv_bytes", i);
         ck_assert_uint_eq(pkvt_json_u64(p.out, k), 2 * g * 256 * row_bytes(ti, d));
     }

@@ -54,6 +54,13 @@ static inline bool bench_is_block(pkv_dtype dt)
     return dt == PKV_Q8 || dt == PKV_Q4;
 }
 
+/* Bytes of K/V one layer of preset p holds at `tokens` positions in dtype dt (K and V
+ * rows of head_dim, scales included): what a decode streams. */
+static inline uint64_t bench_kv_bytes(const cli_preset *p, pkv_dtype dt, uint64_t tokens)
+{
+    return 2 * (uint64_t)p->kv_heads * tokens * pkv_row_bytes(dt, p->head_dim);
+}
+
 /* The arithmetic of one decode per cached position (one query, one layer), the model
  * the roofline divides by the compute peaks: the exact path does q.k and p.v in f32,
  * 2 * h * d FMAs = 4 * h * d FLOPs (dequantizing Q8/Q4 is not counted: it is what the

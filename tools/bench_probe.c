@@ -8,8 +8,9 @@
 #include "cli.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -404,37 +405,36 @@ void bench_naive_part(void *ctx, uint32_t t, uint32_t nt)
     }
 }
 
+/* The first word of cpu0's cache index i attribute `name` (sysfs) into buf; false when
+ * the file is missing or empty. */
+static bool cache_attr(unsigned i, const char *name, char buf[32])
+{
+    char path[96];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/%s", i, name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    const bool ok = fscanf(f, "%31s", buf) == 1;
+    fclose(f);
+    return ok;
+}
+
 uint64_t bench_llc_bytes(void)
 {
     uint64_t best = 0;
-    unsigned best_level = 0;
-    for (unsigned i = 0; i < 16; i++) {
-        char path[96], type[32] = "";
-        unsigned level = 0;
-        unsigned long long size = 0;
-        char unit = 0;
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/level", i);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            break;
-        const int ok = fscanf(f, "%u", &level) == 1;
-        fclose(f);
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/type", i);
-        f = fopen(path, "r");
-        const int tok = f && fscanf(f, "%31s", type) == 1;
-        if (f)
-            fclose(f);
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/size", i);
-        f = fopen(path, "r");
-        const int sok = f && fscanf(f, "%llu%c", &size, &unit) >= 1;
-        if (f)
-            fclose(f);
-        if (!ok || !tok || !sok || strcmp(type, "Instruction") == 0 || level < best_level)
+    unsigned long best_level = 0;
+    char level[32], type[32], size[32];
+    for (unsigned i = 0; cache_attr(i, "level", level); i++) {
+        if (!cache_attr(i, "type", type) || strcmp(type, "Instruction") == 0 ||
+            !cache_attr(i, "size", size))
             continue;
-        const uint64_t bytes = unit == 'K' ? size << 10 : unit == 'M' ? size << 20
-                             : unit == 'G' ? size << 30 : size;
-        best = bytes;
-        best_level = level;
+        char *unit;
+        const unsigned long lv = strtoul(level, NULL, 10);
+        const unsigned long long n = strtoull(size, &unit, 10);
+        if (lv < best_level)
+            continue;
+        best = *unit == 'K' ? n << 10 : *unit == 'M' ? n << 20 : *unit == 'G' ? n << 30 : n;
+        best_level = lv;
     }
     return best;
 }

@@ -470,7 +470,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
             r->dt = dt;
             r->path = path;
             r->threads = T;
-            r->kv_bytes = 2 * (uint64_t)g * ctx * pkv_row_bytes(dt, d);
+            r->kv_bytes = bench_kv_bytes(p, dt, ctx);
             r->scalar_us = r->scalar_gbs = r->scalar_bw_gbs = NAN;
             r->naive_us = r->naive_gbs = r->naive_bw_gbs = NAN;
 
@@ -678,7 +678,7 @@ static int run_incache(bench *b, const cli_preset *p)
             r->path = path;
             r->threads = o->threads[ti];
             r->tokens = o->in_cache;
-            r->kv_bytes = 2 * (uint64_t)g * o->in_cache * pkv_row_bytes(dt, d);
+            r->kv_bytes = bench_kv_bytes(p, dt, o->in_cache);
             r->us = bench_median(w, o->reps) * 1e6;
             r->peak = b->peak[ti];
             r->peak_int8 = b->peak_int8[ti];

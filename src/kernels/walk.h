@@ -276,6 +276,8 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const pkvi_kparams *p,
  * arithmetic is page-, group- and head-local (kernels.h), so the results are the bits
  * of one walk. */
 #define PREP_SCRATCH_BYTES (32u << 10)
+_Static_assert(PREP_SCRATCH_BYTES / (PKVI_MAX_HEAD_DIM * sizeof(float)) >= 1,
+               "attend_prep's runs need room for at least one head of f32 q");
 #if !PKVI_WALK_PERMUTED_BF16
 AI void q_permute(const float *src, float *dst, uint32_t d)
 {

@@ -965,8 +965,9 @@ START_TEST(dispatch_select)
     ck_assert(pkvi_isa_supported("scalar"));
     ck_assert(!pkvi_isa_supported("sse9"));
     ck_assert(!pkvi_isa_supported(NULL));
-    /* the best available: avx512 if supported, else avx2, else scalar */
-    const char *best = pkvi_isa_supported("avx512") ? "avx512"
+    /* the best available: avx512 if supported (and not emulated, which only
+     * PKV_FORCE_ISA picks), else avx2, else scalar */
+    const char *best = pkvi_isa_supported("avx512") && !PKV_AVX512_EMULATED ? "avx512"
                        : pkvi_isa_supported("avx2") ? "avx2"
                                                     : "scalar";
     if (!getenv("PKV_FORCE_ISA"))

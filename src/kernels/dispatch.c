@@ -12,6 +12,9 @@
  *   - A table entry whose attend is NULL (a build without that kernel) is unavailable.
  *   - No global state: the CPU is asked on every call (once per engine creation).
  *     PKV_FORCE_ISA is read here, at engine creation, never later.
+ *   - A build with PKV_AVX512_EMULATED (meson's avx512_emulation, tests only) has an
+ *     AVX-512 table that runs on AVX2 through SIMDe: usable on AVX2 hosts, and chosen
+ *     only through PKV_FORCE_ISA.
  */
 #include "kernels/kernels.h"
 #include "dtype.h"
@@ -105,8 +108,8 @@ bool pkvi_isa_supported(const char *isa)
     const unsigned level = cpu_level();
     if (k == &pkvi_kernels_avx2)
         return level >= CPU_AVX2;
-    if (k == &pkvi_kernels_avx512)
-        return level >= CPU_AVX512;
+    if (k == &pkvi_kernels_avx512) /* a test build's emulated kernel needs AVX2 only */
+        return level >= (PKV_AVX512_EMULATED ? CPU_AVX2 : CPU_AVX512);
 #endif
     return false;
 }
@@ -138,8 +141,10 @@ pkv_status pkvi_kernels_select(const pkvi_kernels **out)
         *out = pkvi_kernels_named(force);
         return PKV_OK;
     }
+    /* An emulated AVX-512 kernel (a test build) runs only where PKV_FORCE_ISA asks. */
     static const char *const best_first[] = {"avx512", "avx2"};
-    for (size_t i = 0; i < sizeof best_first / sizeof best_first[0]; i++)
+    for (size_t i = PKV_AVX512_EMULATED ? 1 : 0; i < sizeof best_first / sizeof best_first[0];
+         i++)
         if (pkvi_isa_supported(best_first[i])) {
             *out = pkvi_kernels_named(best_first[i]);
             return PKV_OK;

@@ -1,0 +1,194 @@
+/*
+ * tests/emu/avx512_simde.h - runs src/kernels/avx512.c on a host without AVX-512, for
+ * tests only (meson option avx512_emulation; docs/reliability.md, "The AVX-512 kernel by emulation").
+ *
+ * meson force-includes this header into avx512.c, compiled for AVX2. SIMDe's portable
+ * AVX-512 (libsimde-dev, its native aliases) stands in for the _mm512_* intrinsics;
+ * below are the fourteen this kernel uses that SIMDe 0.7.4 lacks, written lane by lane from
+ * Intel's definitions. The masked loads and stores touch only the lanes their mask
+ * selects, as the hardware's fault suppression does, so ASan and valgrind see the same
+ * reads. Emulation checks the kernel's logic (tiles, tails, masks, walk, integer dots)
+ * and the numerics as far as SIMDe follows the hardware; it is no substitute for a run
+ * on real AVX-512, and never part of an installed library.
+ */
+#ifndef PAGEDKV_TESTS_AVX512_SIMDE_H
+#define PAGEDKV_TESTS_AVX512_SIMDE_H
+
+#if defined(__AVX512F__)
+#error "avx512_simde.h is for builds without AVX-512 code generation"
+#endif
+
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#define AI_EMU static inline __attribute__((always_inline))
+
+AI_EMU __m512 pkve_from16f(const float x[16])
+{
+    return simde_mm512_loadu_ps(x);
+}
+AI_EMU void pkve_to16f(float x[16], __m512 v)
+{
+    simde_mm512_storeu_ps(x, v);
+}
+AI_EMU __m512i pkve_from16i(const int32_t x[16])
+{
+    return simde_mm512_loadu_si512(x);
+}
+AI_EMU void pkve_to16i(int32_t x[16], __m512i v)
+{
+    simde_mm512_storeu_si512(x, v);
+}
+
+/* 16 halves (f16) to f32: the two 8-lane F16C conversions. */
+AI_EMU __m512 pkve_mm512_cvtph_ps(__m256i h)
+{
+    float x[16];
+    _mm256_storeu_ps(x, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+    _mm256_storeu_ps(x + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+    return pkve_from16f(x);
+}
+#define _mm512_cvtph_ps(h) pkve_mm512_cvtph_ps(h)
+
+/* f32 to f16 with the rounding immediate r, by halves (a macro: r stays immediate). */
+#define _mm512_cvtps_ph(v, r)                                                            \
+    __extension__({                                                                      \
+        float pkve_x_[16];                                                               \
+        pkve_to16f(pkve_x_, (v));                                                        \
+        _mm256_set_m128i(_mm256_cvtps_ph(_mm256_loadu_ps(pkve_x_ + 8), (r)),             \
+                         _mm256_cvtps_ph(_mm256_loadu_ps(pkve_x_), (r)));                \
+    })
+
+AI_EMU __m512i pkve_mm512_cvtepu16_epi32(__m256i h)
+{
+    uint16_t a[16];
+    int32_t x[16];
+    memcpy(a, &h, sizeof a);
+    for (int i = 0; i < 16; i++)
+        x[i] = a[i];
+    return pkve_from16i(x);
+}
+#define _mm512_cvtepu16_epi32(h) pkve_mm512_cvtepu16_epi32(h)
+
+/* Truncation of each 32-bit lane to its low 16 bits (vpmovdw). */
+AI_EMU __m256i pkve_mm512_cvtepi32_epi16(__m512i v)
+{
+    int32_t x[16];
+    uint16_t a[16];
+    pkve_to16i(x, v);
+    for (int i = 0; i < 16; i++)
+        a[i] = (uint16_t)(uint32_t)x[i];
+    __m256i r;
+    memcpy(&r, a, sizeof r);
+    return r;
+}
+#define _mm512_cvtepi32_epi16(v) pkve_mm512_cvtepi32_epi16(v)
+
+AI_EMU __mmask16 pkve_mm512_cmpgt_epu32_mask(__m512i a, __m512i b)
+{
+    int32_t x[16], y[16];
+    pkve_to16i(x, a);
+    pkve_to16i(y, b);
+    unsigned k = 0;
+    for (int i = 0; i < 16; i++)
+        k |= ((uint32_t)x[i] > (uint32_t)y[i] ? 1u : 0u) << i;
+    return (__mmask16)k;
+}
+#define _mm512_cmpgt_epu32_mask(a, b) pkve_mm512_cmpgt_epu32_mask(a, b)
+
+/* Sign and zero extension of 16 bytes to 32-bit lanes, and int32 to f32 (exact below
+ * 2^24, rounded to nearest even above, as vcvtdq2ps under the default MXCSR). */
+AI_EMU __m512i pkve_mm512_cvtepi8_epi32(__m128i b)
+{
+    int8_t a[16];
+    int32_t x[16];
+    memcpy(a, &b, sizeof a);
+    for (int i = 0; i < 16; i++)
+        x[i] = a[i];
+    return pkve_from16i(x);
+}
+#define _mm512_cvtepi8_epi32(b) pkve_mm512_cvtepi8_epi32(b)
+
+AI_EMU __m512i pkve_mm512_cvtepu8_epi32(__m128i b)
+{
+    uint8_t a[16];
+    int32_t x[16];
+    memcpy(a, &b, sizeof a);
+    for (int i = 0; i < 16; i++)
+        x[i] = a[i];
+    return pkve_from16i(x);
+}
+#define _mm512_cvtepu8_epi32(b) pkve_mm512_cvtepu8_epi32(b)
+
+AI_EMU __m512 pkve_mm512_cvtepi32_ps(__m512i v)
+{
+    int32_t x[16];
+    pkve_to16i(x, v);
+    float f[16];
+    _mm256_storeu_ps(f, _mm256_cvtepi32_ps(_mm256_loadu_si256((const void *)x)));
+    _mm256_storeu_ps(f + 8, _mm256_cvtepi32_ps(_mm256_loadu_si256((const void *)(x + 8))));
+    return pkve_from16f(f);
+}
+#define _mm512_cvtepi32_ps(v) pkve_mm512_cvtepi32_ps(v)
+
+/* Four 128-bit lanes picked by imm: two of a, then two of b (SIMDe has no alias). */
+#define _mm512_shuffle_f32x4(a, b, imm) simde_mm512_shuffle_f32x4(a, b, imm)
+
+/* ---- masked loads and stores: only the selected lanes are read or written ---------- */
+
+AI_EMU __m256i pkve_mm256_maskz_loadu_epi16(__mmask16 k, const void *p)
+{
+    uint16_t a[16] = {0};
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy(&a[i], (const uint16_t *)p + i, sizeof a[i]);
+    __m256i r;
+    memcpy(&r, a, sizeof r);
+    return r;
+}
+#define _mm256_maskz_loadu_epi16(k, p) pkve_mm256_maskz_loadu_epi16(k, p)
+
+AI_EMU void pkve_mm256_mask_storeu_epi16(void *p, __mmask16 k, __m256i v)
+{
+    uint16_t a[16];
+    memcpy(a, &v, sizeof a);
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy((uint16_t *)p + i, &a[i], sizeof a[i]);
+}
+#define _mm256_mask_storeu_epi16(p, k, v) pkve_mm256_mask_storeu_epi16(p, k, v)
+
+AI_EMU __m512 pkve_mm512_maskz_loadu_ps(__mmask16 k, const void *p)
+{
+    float x[16] = {0};
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy(&x[i], (const float *)p + i, sizeof x[i]);
+    return pkve_from16f(x);
+}
+#define _mm512_maskz_loadu_ps(k, p) pkve_mm512_maskz_loadu_ps(k, p)
+
+AI_EMU __m128 pkve_mm_maskz_loadu_ps(__mmask8 k, const void *p)
+{
+    float x[4] = {0};
+    for (int i = 0; i < 4; i++)
+        if (k >> i & 1)
+            memcpy(&x[i], (const float *)p + i, sizeof x[i]);
+    return _mm_loadu_ps(x);
+}
+#define _mm_maskz_loadu_ps(k, p) pkve_mm_maskz_loadu_ps(k, p)
+
+AI_EMU void pkve_mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 v)
+{
+    float x[16];
+    pkve_to16f(x, v);
+    for (int i = 0; i < 16; i++)
+        if (k >> i & 1)
+            memcpy((float *)p + i, &x[i], sizeof x[i]);
+}
+#define _mm512_mask_storeu_ps(p, k, v) pkve_mm512_mask_storeu_ps(p, k, v)
+
+#endif /* PAGEDKV_TESTS_AVX512_SIMDE_H */

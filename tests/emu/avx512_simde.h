@@ -62,14 +62,26 @@ AI_EMU __m512 pkve_mm512_cvtph_ps(__m256i h)
                          _mm256_cvtps_ph(_mm256_loadu_ps(pkve_x_), (r)));                \
     })
 
+/* 16 lanes of 8 or 16 bits at p, sign- or zero-extended to 32 (vpmov{s,z}x*d). */
+AI_EMU __m512i pkve_widen16(const void *p, int bits, int is_signed)
+{
+    int32_t x[16];
+    for (int i = 0; i < 16; i++) {
+        if (bits == 8) {
+            const unsigned char b = ((const unsigned char *)p)[i];
+            x[i] = is_signed ? (int32_t)(int8_t)b : (int32_t)b;
+        } else {
+            uint16_t h;
+            memcpy(&h, (const char *)p + 2 * i, sizeof h);
+            x[i] = is_signed ? (int32_t)(int16_t)h : (int32_t)h;
+        }
+    }
+    return pkve_from16i(x);
+}
+
 AI_EMU __m512i pkve_mm512_cvtepu16_epi32(__m256i h)
 {
-    uint16_t a[16];
-    int32_t x[16];
-    memcpy(a, &h, sizeof a);
-    for (int i = 0; i < 16; i++)
-        x[i] = a[i];
-    return pkve_from16i(x);
+    return pkve_widen16(&h, 16, 0);
 }
 #define _mm512_cvtepu16_epi32(h) pkve_mm512_cvtepu16_epi32(h)
 
@@ -103,23 +115,13 @@ AI_EMU __mmask16 pkve_mm512_cmpgt_epu32_mask(__m512i a, __m512i b)
  * 2^24, rounded to nearest even above, as vcvtdq2ps under the default MXCSR). */
 AI_EMU __m512i pkve_mm512_cvtepi8_epi32(__m128i b)
 {
-    int8_t a[16];
-    int32_t x[16];
-    memcpy(a, &b, sizeof a);
-    for (int i = 0; i < 16; i++)
-        x[i] = a[i];
-    return pkve_from16i(x);
+    return pkve_widen16(&b, 8, 1);
 }
 #define _mm512_cvtepi8_epi32(b) pkve_mm512_cvtepi8_epi32(b)
 
 AI_EMU __m512i pkve_mm512_cvtepu8_epi32(__m128i b)
 {
-    uint8_t a[16];
-    int32_t x[16];
-    memcpy(a, &b, sizeof a);
-    for (int i = 0; i < 16; i++)
-        x[i] = a[i];
-    return pkve_from16i(x);
+    return pkve_widen16(&b, 8, 0);
 }
 #define _mm512_cvtepu8_epi32(b) pkve_mm512_cvtepu8_epi32(b)
 

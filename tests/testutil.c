@@ -319,9 +319,9 @@ int pkvt_cpuinfo_has_isa(const char *isa)
     if (strcmp(isa, "avx2") == 0)
         return cpuinfo_flags_have("avx avx2 fma f16c");
     if (strcmp(isa, "avx512") == 0) /* emulated (a test build): AVX2 is enough */
-        return cpuinfo_flags_have(PKV_AVX512_EMULATED
-                                      ? "avx avx2 fma f16c"
-                                      : "avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq");
+        return PKV_AVX512_EMULATED
+                   ? pkvt_cpuinfo_has_isa("avx2")
+                   : cpuinfo_flags_have("avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq");
     return 0;
 }
 

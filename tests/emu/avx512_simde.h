@@ -141,45 +141,42 @@ AI_EMU __m512 pkve_mm512_cvtepi32_ps(__m512i v)
 
 /* ---- masked loads and stores: only the selected lanes are read or written ---------- */
 
+/* Lane i (of n lanes of es bytes) copied from src to dst where bit i of k is set; the
+ * other lanes of dst keep what they hold (zeros, for a maskz load). */
+AI_EMU void pkve_mask_copy(void *dst, const void *src, unsigned k, int n, size_t es)
+{
+    for (int i = 0; i < n; i++)
+        if (k >> i & 1)
+            memcpy((char *)dst + (size_t)i * es, (const char *)src + (size_t)i * es, es);
+}
+
 AI_EMU __m256i pkve_mm256_maskz_loadu_epi16(__mmask16 k, const void *p)
 {
-    uint16_t a[16] = {0};
-    for (int i = 0; i < 16; i++)
-        if (k >> i & 1)
-            memcpy(&a[i], (const uint16_t *)p + i, sizeof a[i]);
-    __m256i r;
-    memcpy(&r, a, sizeof r);
+    __m256i r = _mm256_setzero_si256();
+    pkve_mask_copy(&r, p, k, 16, sizeof(uint16_t));
     return r;
 }
 #define _mm256_maskz_loadu_epi16(k, p) pkve_mm256_maskz_loadu_epi16(k, p)
 
 AI_EMU void pkve_mm256_mask_storeu_epi16(void *p, __mmask16 k, __m256i v)
 {
-    uint16_t a[16];
-    memcpy(a, &v, sizeof a);
-    for (int i = 0; i < 16; i++)
-        if (k >> i & 1)
-            memcpy((uint16_t *)p + i, &a[i], sizeof a[i]);
+    pkve_mask_copy(p, &v, k, 16, sizeof(uint16_t));
 }
 #define _mm256_mask_storeu_epi16(p, k, v) pkve_mm256_mask_storeu_epi16(p, k, v)
 
 AI_EMU __m512 pkve_mm512_maskz_loadu_ps(__mmask16 k, const void *p)
 {
     float x[16] = {0};
-    for (int i = 0; i < 16; i++)
-        if (k >> i & 1)
-            memcpy(&x[i], (const float *)p + i, sizeof x[i]);
+    pkve_mask_copy(x, p, k, 16, sizeof(float));
     return pkve_from16f(x);
 }
 #define _mm512_maskz_loadu_ps(k, p) pkve_mm512_maskz_loadu_ps(k, p)
 
 AI_EMU __m128 pkve_mm_maskz_loadu_ps(__mmask8 k, const void *p)
 {
-    float x[4] = {0};
-    for (int i = 0; i < 4; i++)
-        if (k >> i & 1)
-            memcpy(&x[i], (const float *)p + i, sizeof x[i]);
-    return _mm_loadu_ps(x);
+    __m128 r = _mm_setzero_ps();
+    pkve_mask_copy(&r, p, k, 4, sizeof(float));
+    return r;
 }
 #define _mm_maskz_loadu_ps(k, p) pkve_mm_maskz_loadu_ps(k, p)
 
@@ -187,9 +184,7 @@ AI_EMU void pkve_mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 v)
 {
     float x[16];
     pkve_to16f(x, v);
-    for (int i = 0; i < 16; i++)
-        if (k >> i & 1)
-            memcpy((float *)p + i, &x[i], sizeof x[i]);
+    pkve_mask_copy(p, x, k, 16, sizeof(float));
 }
 #define _mm512_mask_storeu_ps(p, k, v) pkve_mm512_mask_storeu_ps(p, k, v)
 

@@ -119,6 +119,28 @@ AI __m512 ldq(pkv_dtype dt, const char *row, uint32_t c)
     return _mm512_mul_ps(_mm512_set1_ps(qscale(blk)), _mm512_cvtepi32_ps(v));
 }
 
+/* The 32 integers of a whole block (blk: its scale, then its values) as f32, in row
+ * order: Q8 as stored, Q4 nibble - 8 (the offset taken off in bytes, so both halves
+ * are widened by one sign extension each). Exact: times the block's scale they are
+ * ldq's values bit for bit. */
+AI void ldq32_raw(pkv_dtype dt, const char *blk, __m512 v[2])
+{
+    __m128i b0, b1;
+    if (dt == PKV_Q8) {
+        b0 = _mm_loadu_si128((const void *)(blk + 2));
+        b1 = _mm_loadu_si128((const void *)(blk + 18));
+    } else {
+        const __m128i x = _mm_loadu_si128((const void *)(blk + 2));
+        const __m128i m = _mm_set1_epi8(15), o = _mm_set1_epi8(8);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(x, m), o);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m), o);
+        b0 = _mm_unpacklo_epi8(lo, hi); /* values 0..15 */
+        b1 = _mm_unpackhi_epi8(lo, hi); /* values 16..31 */
+    }
+    v[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0));
+    v[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1));
+}
+
 /* The first rem (1..15) values from element c, the other lanes 0. */
 AI __m512 ldqm(pkv_dtype dt, const char *row, uint32_t c, uint32_t rem)
 {
@@ -195,6 +217,23 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
     for (int i = 0; i < 16; i++)
         a[i] = _mm512_setzero_ps();
     uint32_t c = 0;
+    if (QTYPE(dt)) /* whole blocks: each row's scale read and broadcast once per block */
+        for (; c + 32 <= d; c += 32)
+            PKVI_UNROLL
+            for (int t = 0; t < TB; t++) {
+                const char *blk = qblock(dt, (const char *)krow + t * row_bytes, c);
+                const __m512 sc = _mm512_set1_ps(qscale(blk));
+                __m512 kv[2];
+                ldq32_raw(dt, blk, kv);
+                PKVI_UNROLL
+                for (int u = 0; u < 2; u++) {
+                    const __m512 k = _mm512_mul_ps(sc, kv[u]); /* ldq's values */
+                    PKVI_UNROLL
+                    for (int h = 0; h < HB; h++)
+                        a[h * TB + t] = _mm512_fmadd_ps(
+                            _mm512_loadu_ps(qh + (size_t)h * d + c + 16 * u), k, a[h * TB + t]);
+                }
+            }
     for (; c + 16 <= d; c += 16) {
         __m512 qv[4];
         PKVI_UNROLL
@@ -248,11 +287,15 @@ AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
 
 /* ---- PV ------------------------------------------------------------------------------
  * acc[h][c0 .. c0 + 16*CB) = alpha[h] * acc + sum_t w[h][t] * v_t for HB heads and CB
- * chunks; `tail` (CB == 1): only the lanes of k exist. */
+ * chunks; `tail` (CB == 1): only the lanes of k exist. `raw` (Q8/Q4, CB 2 or 4: one
+ * or two whole blocks from c0): w holds each block's weights with the token's block
+ * scale folded in (pv_heads), block j's at w + j * WS_STRIDE, and v_t are the blocks'
+ * integers. */
+#define WS_STRIDE (4 * PKVI_TILE)
 AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32_t n,
                  const float *w, const float *alpha, float *acc, const char *pf,
                  uint32_t ln0, uint32_t ln1, const int HB, const int CB, const bool tail,
-                 const __mmask16 k)
+                 const __mmask16 k, const bool raw)
 {
     const size_t es = dt == PKV_F32 ? 4u : 2u;
     const size_t vrb = QTYPE(dt) ? pkvi_quant_row_bytes(dt, d) : 0; /* a block row's bytes */
@@ -280,6 +323,20 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
             for (size_t off = c0 * es; off < (c0 + 16u * CB) * es && off < d * es; off += 64)
                 _mm_prefetch(pf + t * d * es + off, PF_HINT);
         __m512 vv[4];
+        if (raw) {
+            PKVI_UNROLL
+            for (int j = 0; j < CB / 2; j++)
+                ldq32_raw(dt, qblock(dt, (const char *)vrow + t * vrb, c0 + 32u * (uint32_t)j),
+                          vv + 2 * j);
+            PKVI_UNROLL
+            for (int h = 0; h < HB; h++)
+                PKVI_UNROLL
+                for (int c = 0; c < CB; c++)
+                    a[h][c] = _mm512_fmadd_ps(
+                        _mm512_set1_ps(w[(c / 2) * WS_STRIDE + h * PKVI_TILE + t]), vv[c],
+                        a[h][c]);
+            continue;
+        }
         PKVI_UNROLL
         for (int c = 0; c < CB; c++)
             vv[c] = QTYPE(dt)
@@ -321,15 +378,45 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
     const uint32_t B = d / 64 + (d % 64) / 16 + (d % 16 != 0);
     const uint32_t L = (uint32_t)(((size_t)n * d * sizeof(float) + 63) / 64);
     uint32_t c = 0, b = 0;
+    if (QTYPE(dt)) {
+        /* Whole blocks, two at a time where the row has them: each token's block scale
+         * folded into the weights once per tile, ws[j][h][t] = w[h][t] * dv_t (the
+         * tile's 16 scales of a block widened in one vcvtph2ps), so the inner loop
+         * multiply-adds the blocks' integers: no per-value multiply, no per-token
+         * scale load and broadcast. (w * dv) * q for ldq's w * (dv * q): the products
+         * reassociated, as avx2.c does. */
+        const size_t vrb = pkvi_quant_row_bytes(dt, d), bb = pkvi_quant_block_bytes(dt);
+        _Alignas(64) float ws[2 * WS_STRIDE];
+        while (c + 32 <= d) {
+            const int nblk = c + 64 <= d ? 2 : 1;
+            for (int j = 0; j < nblk; j++) {
+                _Alignas(32) uint16_t sb[PKVI_TILE] = {0};
+                for (uint32_t t = 0; t < n; t++)
+                    memcpy(&sb[t], (const char *)vrow + t * vrb + (c / 32 + (uint32_t)j) * bb, 2);
+                const __m512 sv = _mm512_cvtph_ps(_mm256_load_si256((const void *)sb));
+                PKVI_UNROLL
+                for (int h = 0; h < HB; h++)
+                    _mm512_store_ps(ws + j * WS_STRIDE + h * PKVI_TILE,
+                                    _mm512_mul_ps(_mm512_loadu_ps(w + h * PKVI_TILE), sv));
+            }
+            if (nblk == 2)
+                pv_block(dt, vrow, d, c, n, ws, alpha, acc, pf, 0, 0, HB, 4, false, 0xffff,
+                         true);
+            else
+                pv_block(dt, vrow, d, c, n, ws, alpha, acc, pf, 0, 0, HB, 2, false, 0xffff,
+                         true);
+            c += 32u * (uint32_t)nblk;
+        }
+    }
     for (; c + 64 <= d; c += 64, b++)
         pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, b * L / B, (b + 1) * L / B, HB, 4,
-                 false, 0xffff);
+                 false, 0xffff, false);
     for (; c + 16 <= d; c += 16, b++)
         pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, b * L / B, (b + 1) * L / B, HB, 1,
-                 false, 0xffff);
+                 false, 0xffff, false);
     if (c < d)
         pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, b * L / B, (b + 1) * L / B, HB, 1,
-                 true, (__mmask16)((1u << (d - c)) - 1u));
+                 true, (__mmask16)((1u << (d - c)) - 1u), false);
 }
 
 /* ---- softmax of one tile --------------------------------------------------------------

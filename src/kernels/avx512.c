@@ -516,7 +516,86 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, 
                  l + h, alpha + h);
 }
 
-#include "qdot256.h" /* qk_heads_int: the integer-dot scores (AVX2 instructions) */
+#define PKVI_QD_WIDE 1 /* qdot256.h leaves pairs of whole blocks to qd_wide_blocks */
+#include "qdot256.h" /* qk_heads_int: the integer-dot scores, blocks one at a time */
+
+/* ---- the integer-dot scores, two blocks per vector ------------------------------------
+ * qdot256.h's arithmetic on 512-bit vectors: the K integers of blocks b and b+1 of a
+ * row in one zmm (Q4: each block's low nibbles, then its high ones, the order q is
+ * permuted to), |k| times q with k's sign (a byte mask from k, then a masked negation:
+ * AVX-512 has no vpsignb), vpmaddubsw then vpmaddwd by ones, exact as there. */
+AI __m512i kblocks2_i8(pkv_dtype dt, const char *blk, size_t bb)
+{
+    if (dt == PKV_Q8)
+        return _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const void *)(blk + 2))),
+            _mm256_loadu_si256((const void *)(blk + bb + 2)), 1);
+    const __m256i x = _mm256_set_m128i(_mm_loadu_si128((const void *)(blk + bb + 2)),
+                                       _mm_loadu_si128((const void *)(blk + 2)));
+    /* [x0, x1, x0 >> 4, x1 >> 4] in 128-bit lanes, then [x0, x0 >> 4, x1, x1 >> 4] */
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(x), _mm256_srli_epi16(x, 4), 1);
+    z = _mm512_shuffle_i32x4(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm512_sub_epi8(_mm512_and_si512(z, _mm512_set1_epi8(15)), _mm512_set1_epi8(8));
+}
+
+/* The transposed reduction of qd_hsum8i for two blocks: v[i] holds pair i's int32
+ * partials of block b (lanes 0-7) and b+1 (lanes 8-15); lane i of the result is pair
+ * i's exact isum of block b, lane 8 + i its isum of block b+1. */
+AI __m512i qd_hsum8x2(const __m512i v[8])
+{
+    __m512i t[4], u[2];
+    PKVI_UNROLL
+    for (int i = 0; i < 4; i++) /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
+        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    PKVI_UNROLL
+    for (int i = 0; i < 2; i++) /* per 128-bit lane: the 4 sums of pairs 4i .. 4i+3 */
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
+                                _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+    /* [b: 0-3, b+1: 0-3, b: 4-7, b+1: 4-7], then blocks in halves */
+    const __m512i s = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_shuffle_i32x4(s, s, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
+                           const float *dqv, size_t dpad, uint32_t nb, size_t row_bytes,
+                           const int HB, const int TB, __m256 *acc)
+{
+    const size_t bb = pkvi_quant_block_bytes(dt);
+    const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+    uint32_t b = 0;
+    for (; b + 2 <= nb && (b + 2) * 32 <= d; b += 2) {
+        __m512i pr[8];
+        PKVI_UNROLL
+        for (int i = HB * TB; i < 8; i++)
+            pr[i] = zero;
+        uint32_t sb0[8], sb1[8];
+        PKVI_UNROLL
+        for (int t = 0; t < TB; t++) {
+            const char *blk = krow + t * row_bytes + b * bb;
+            sb0[t] = kblock_scale_bits(blk);
+            sb1[t] = kblock_scale_bits(blk + bb);
+            const __m512i k = kblocks2_i8(dt, blk, bb);
+            const __m512i ka = _mm512_abs_epi8(k);
+            const __mmask64 neg = _mm512_movepi8_mask(k);
+            PKVI_UNROLL
+            for (int h = 0; h < HB; h++) {
+                const __m512i qv = _mm512_loadu_si512((const void *)(qi + h * dpad + b * 32));
+                pr[h * TB + t] = _mm512_madd_epi16(
+                    _mm512_maddubs_epi16(ka, _mm512_mask_sub_epi8(qv, neg, zero, qv)), ones);
+            }
+        }
+        const __m512 dk = _mm512_cvtph_ps(
+            _mm256_set_m128i(qd_lane_scales(sb1, TB), qd_lane_scales(sb0, TB)));
+        const __m512 dq = _mm512_loadu_ps(dqv + 8 * b);
+        const __m512 term = _mm512_mul_ps(_mm512_mul_ps(dk, dq), _mm512_cvtepi32_ps(qd_hsum8x2(pr)));
+        /* block b's terms, then block b+1's: qdot256.h's order */
+        *acc = _mm256_add_ps(*acc, _mm512_castps512_ps256(term));
+        *acc = _mm256_add_ps(*acc, _mm512_extractf32x8_ps(term, 1));
+    }
+    return b;
+}
 
 #define PKVI_WALK_BLOCK_TYPES 1 /* the loads above read Q8 and Q4 */
 #define PKVI_WALK_QUANT_DOT 1

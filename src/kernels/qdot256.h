@@ -10,6 +10,7 @@
 #include "quant.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 /* ---- QK of the integer-dot path (quant_dot = 1; ref.c is its definition) -----------
@@ -69,6 +70,79 @@ AI uint32_t kblock_scale_bits(const char *blk)
     return h;
 }
 
+/* pkvi_quant_query (quant.c, the definition) on 8 lanes: per block of 32, a = max |x|
+ * over finite values (a NaN or an infinity makes the block's scale NaN), dq = a / 127,
+ * qi = clamp(rint(x / dq), -127, 127) by the same correctly rounded division and
+ * round-to-nearest-even, so the same bits; past n, and in a block whose scale is not
+ * positive, qi is 0. The kernel quantizes each call's heads (walk.h prep_head): as a
+ * scalar loop this was 15 us per call of a llama3-8b layer (32 heads), a call per
+ * split-K chunk of 512 tokens. */
+AI void qd_quant_query(uint32_t n, const float *x, int8_t *qi, float *qs)
+{
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 fmax = _mm256_set1_ps(3.40282347e+38f);
+    for (uint32_t i = 0, b = 0; i < n; i += 32, b++) {
+        const uint32_t m = n - i < 32 ? n - i : 32;
+        __m256 v[4], mx = _mm256_setzero_ps();
+        int fin = 1;
+        PKVI_UNROLL
+        for (int u = 0; u < 4; u++) {
+            const uint32_t lo = 8u * (uint32_t)u;
+            v[u] = m >= lo + 8 ? _mm256_loadu_ps(x + i + lo)
+                   : m > lo ? _mm256_maskload_ps(x + i + lo, _mm256_cmpgt_epi32(
+                                  _mm256_set1_epi32((int)(m - lo)),
+                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))
+                            : _mm256_setzero_ps();
+            const __m256 a = _mm256_and_ps(v[u], absm);
+            fin &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ)) == 0xff;
+            mx = _mm256_max_ps(mx, a);
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float dq = fin ? _mm_cvtss_f32(h) / 127.0f : NAN;
+        qs[b] = dq;
+        if (!(dq > 0.0f)) {
+            memset(qi + i, 0, 32);
+            continue;
+        }
+        const __m256 dv = _mm256_set1_ps(dq), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+        __m256i r[4];
+        PKVI_UNROLL
+        for (int u = 0; u < 4; u++)
+            r[u] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(
+                _mm256_div_ps(v[u], dv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))));
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]),
+                                             _mm256_packs_epi32(r[2], r[3]));
+        _mm256_storeu_si256((void *)(qi + i),
+                            _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+}
+
+/* The f16 K scales sb[0..TB) of one block in the 8 lanes i = h * TB + t of the
+ * transposed reduction (lane i: dk of token t). */
+AI __m128i qd_lane_scales(const uint32_t *sb, const int TB)
+{
+    if (TB == 8)
+        return _mm_setr_epi16((short)sb[0], (short)sb[1], (short)sb[2], (short)sb[3],
+                              (short)sb[4], (short)sb[5], (short)sb[6], (short)sb[7]);
+    if (TB == 4)
+        return _mm_set1_epi64x((long long)(sb[0] | sb[1] << 16 |
+                                           (uint64_t)(sb[2] | sb[3] << 16) << 32));
+    if (TB == 2)
+        return _mm_set1_epi32((int)(sb[0] | sb[1] << 16));
+    return _mm_set1_epi16((short)sb[0]);
+}
+
+#if PKVI_QD_WIDE
+/* An including file with wider vectors scores the leading whole blocks itself:
+ * qd_wide_blocks folds blocks [0, b) into acc, exactly as the loop below would, and
+ * returns b. */
+AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
+                           const float *dqv, size_t dpad, uint32_t nb, size_t row_bytes,
+                           const int HB, const int TB, __m256 *acc);
+#endif
+
 /* Integer-dot scores of HB heads (qi rows dpad apart, qs rows nb apart) with TB
  * consecutive K rows; writes s[h * PKVI_TILE + t]. HB * TB == 8 or (TB == 1, any HB).
  * The transposed reduction: per block, the 8 pairs' (head h, token t; lane h * TB + t)
@@ -87,7 +161,11 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
     const size_t bb = pkvi_quant_block_bytes(dt);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
-    for (uint32_t b = 0; b < nb; b++) {
+    uint32_t b0 = 0;
+#if PKVI_QD_WIDE
+    b0 = qd_wide_blocks(dt, krow, d, qi, dqv, dpad, nb, row_bytes, HB, TB, &acc);
+#endif
+    for (uint32_t b = b0; b < nb; b++) {
         const bool full = (b + 1) * 32 <= d;
         __m256i pr[8];
         PKVI_UNROLL
@@ -107,19 +185,7 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
                     _mm256_maddubs_epi16(ka, _mm256_sign_epi8(qv, k)), ones);
             }
         }
-        /* lane i = h * TB + t: dk of token t, dq of head h */
-        __m128i kh;
-        if (TB == 8)
-            kh = _mm_setr_epi16((short)sb[0], (short)sb[1], (short)sb[2], (short)sb[3],
-                                (short)sb[4], (short)sb[5], (short)sb[6], (short)sb[7]);
-        else if (TB == 4)
-            kh = _mm_set1_epi64x((long long)(sb[0] | sb[1] << 16 |
-                                             (uint64_t)(sb[2] | sb[3] << 16) << 32));
-        else if (TB == 2)
-            kh = _mm_set1_epi32((int)(sb[0] | sb[1] << 16));
-        else
-            kh = _mm_set1_epi16((short)sb[0]);
-        const __m256 dk = _mm256_cvtph_ps(kh);
+        const __m256 dk = _mm256_cvtph_ps(qd_lane_scales(sb, TB));
         const __m256 dq = _mm256_load_ps(dqv + 8 * b);
         const __m256 isum = _mm256_cvtepi32_ps(qd_hsum8i(pr));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dk, dq), isum));

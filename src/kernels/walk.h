@@ -312,14 +312,15 @@ typedef struct {
     _Alignas(64) float qs[PREP_SCRATCH_BYTES / 32];
 } prep_scratch;
 
-/* Head q (d values) into slot k of the scratch: quantized (pkvi_quant_query, as ref.c)
+/* Head q (d values) into slot k of the scratch: quantized (qdot256.h's qd_quant_query,
+ * pkvi_quant_query's bits, as ref.c)
  * and qd_permute'd, or q_permute'd. */
 AI void prep_head(const pkv_dtype dt, const bool qd, uint32_t d, const float *q,
                   prep_scratch *ps, size_t k)
 {
     const uint32_t nb = (d + 31) / 32, dpad = nb * 32;
     if (qd) {
-        pkvi_quant_query(d, q, ps->u.qi + k * dpad, ps->qs + k * nb);
+        qd_quant_query(d, q, ps->u.qi + k * dpad, ps->qs + k * nb);
         qd_permute(dt, ps->u.qi + k * dpad, dpad);
     } else {
         q_permute(q, ps->u.qf + k * d, d);

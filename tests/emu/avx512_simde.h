@@ -139,6 +139,20 @@ AI_EMU __m512 pkve_mm512_cvtepi32_ps(__m512i v)
 /* Four 128-bit lanes picked by imm: two of a, then two of b (SIMDe has no alias). */
 #define _mm512_shuffle_f32x4(a, b, imm) simde_mm512_shuffle_f32x4(a, b, imm)
 
+/* SIMDe 0.7.4's native alias of _mm512_madd_epi16 takes its masked form's four
+ * arguments; the plain form's two, to its plain function. */
+#undef _mm512_madd_epi16
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
+
+/* The eight floats of half imm (0: lanes 0-7, 1: lanes 8-15). */
+AI_EMU __m256 pkve_mm512_extractf32x8_ps(__m512 v, int imm)
+{
+    float f[16];
+    pkve_to16f(f, v);
+    return _mm256_loadu_ps(f + 8 * (imm & 1));
+}
+#define _mm512_extractf32x8_ps(v, imm) pkve_mm512_extractf32x8_ps(v, imm)
+
 /* ---- masked loads and stores: only the selected lanes are read or written ---------- */
 
 /* Lane i (of n lanes of es bytes) copied from src to dst where bit i of k is set; the

@@ -26,9 +26,11 @@
  * loads and stores, so nothing past a row is read either.
  *
  * The walk over pages and groups, the one-tile software pipeline and the entry points
- * are kernels/walk.h's, written once for both SIMD files. Q8/Q4 rows are dequantized by
- * ldq/ldqm (exact path); the integer-dot path's scores are qdot256.h's, the AVX2 code
- * compiled here (256-bit: a block of 32 int8 is one ymm; VNNI is not used).
+ * are kernels/walk.h's, written once for both SIMD files. Q8/Q4 rows are read a whole
+ * block at a time where the row has one (ldq32_raw: QK scales them once per block, PV
+ * folds the scale into the weights), else by ldq/ldqm (exact path). The integer-dot
+ * path's scores are qdot256.h's, with pairs of whole blocks in one zmm
+ * (qd_wide_blocks; VNNI is not used).
  *
  * The micro-kernels are written with small arrays of vectors indexed by constant
  * loops; PKVI_UNROLL (kernels.h) makes -O2 builds unroll them too, so the arrays live in

@@ -26,10 +26,11 @@
 
 /* The kernels this run tests, filled by main() before any test runs (Check forks
  * after that, so every test sees them): with PKV_FORCE_ISA=isa only that table
- * (meson registers kernels-scalar, kernels-avx2, kernels-avx512, and pkvt_run turns an
- * ISA the host lacks into a skip), else every table built here that the host runs.
- * all[]: in the order scalar, avx2, avx512; simd_tables[]: the non-scalar ones. */
-#define N_SIMD_MAX 2
+ * (meson registers kernels-scalar, kernels-avx2, kernels-avx512, kernels-avx512vnni,
+ * and pkvt_run turns an ISA the host lacks into a skip), else every table built here
+ * that the host runs. all[]: in the order scalar, avx2, avx512, avx512vnni;
+ * simd_tables[]: the non-scalar ones. */
+#define N_SIMD_MAX 3
 static const pkvi_kernels *all[1 + N_SIMD_MAX];
 static size_t n_all;
 static const pkvi_kernels *simd_tables[N_SIMD_MAX];
@@ -965,23 +966,25 @@ START_TEST(dispatch_select)
     ck_assert(pkvi_isa_supported("scalar"));
     ck_assert(!pkvi_isa_supported("sse9"));
     ck_assert(!pkvi_isa_supported(NULL));
-    /* the best available: avx512 if supported (and not emulated, which only
-     * PKV_FORCE_ISA picks), else avx2, else scalar */
-    const char *best = pkvi_isa_supported("avx512") && !PKV_AVX512_EMULATED ? "avx512"
-                       : pkvi_isa_supported("avx2") ? "avx2"
-                                                    : "scalar";
+    /* the best available: avx512vnni, then avx512 if supported (and not emulated,
+     * which only PKV_FORCE_ISA picks), else avx2, else scalar */
+    const char *best = pkvi_isa_supported("avx512vnni") && !PKV_AVX512_EMULATED ? "avx512vnni"
+                       : pkvi_isa_supported("avx512") && !PKV_AVX512_EMULATED ? "avx512"
+                       : pkvi_isa_supported("avx2")                           ? "avx2"
+                                                                              : "scalar";
     if (!getenv("PKV_FORCE_ISA"))
         ck_assert_str_eq(k->isa, best);
-    printf("dispatch_select: host runs %s (avx2 %s, avx512 %s)\n", k->isa,
-           pkvi_isa_supported("avx2") ? "yes" : "no", pkvi_isa_supported("avx512") ? "yes" : "no");
+    printf("dispatch_select: host runs %s (avx2 %s, avx512 %s, avx512vnni %s)\n", k->isa,
+           pkvi_isa_supported("avx2") ? "yes" : "no", pkvi_isa_supported("avx512") ? "yes" : "no",
+           pkvi_isa_supported("avx512vnni") ? "yes" : "no");
 }
 END_TEST
 
 START_TEST(force_isa)
 {
-    static const char *const names[] = {"scalar", "avx2", "avx512"};
+    static const char *const names[] = {"scalar", "avx2", "avx512", "avx512vnni"};
     char *saved = getenv("PKV_FORCE_ISA") ? strdup(getenv("PKV_FORCE_ISA")) : NULL;
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         ck_assert_int_eq(setenv("PKV_FORCE_ISA", names[i], 1), 0);
         const pkvi_kernels *k = NULL;
         const pkv_status st = pkvi_kernels_select(&k);
@@ -1032,7 +1035,7 @@ static bool under_valgrind(void)
 
 START_TEST(isa_matches_cpuinfo)
 {
-    static const char *const names[] = {"avx2", "avx512"};
+    static const char *const names[] = {"avx2", "avx512", "avx512vnni"};
     size_t checked = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const bool lib = pkvi_isa_supported(names[i]);
@@ -1059,7 +1062,7 @@ START_TEST(isa_matches_cpuinfo)
         checked++;
     }
 #if PKV_HAVE_X86_KERNELS
-    ck_assert_uint_eq(checked, 2);
+    ck_assert_uint_eq(checked, sizeof names / sizeof names[0]);
 #else
     ck_assert_uint_eq(checked, 0);
 #endif

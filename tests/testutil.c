@@ -261,6 +261,7 @@ const char *const pkvt_built_isas[] = {
 #if PKV_HAVE_X86_KERNELS
     "avx2",
     "avx512",
+    "avx512vnni",
 #endif
     NULL,
 };
@@ -322,6 +323,10 @@ int pkvt_cpuinfo_has_isa(const char *isa)
         return PKV_AVX512_EMULATED
                    ? pkvt_cpuinfo_has_isa("avx2")
                    : cpuinfo_flags_have("avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq");
+    if (strcmp(isa, "avx512vnni") == 0)
+        return PKV_AVX512_EMULATED ? pkvt_cpuinfo_has_isa("avx2")
+                                   : pkvt_cpuinfo_has_isa("avx512") == 1 &&
+                                         cpuinfo_flags_have("avx512_vnni") == 1;
     return 0;
 }
 
@@ -839,7 +844,7 @@ static int check_requirements(void)
 {
     const char *isa = getenv("PKV_FORCE_ISA");
     if (isa && *isa) {
-        static const char *const known[] = {"scalar", "avx2", "avx512"};
+        static const char *const known[] = {"scalar", "avx2", "avx512", "avx512vnni"};
         bool ok = false;
         for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
             ok = ok || strcmp(isa, known[i]) == 0;

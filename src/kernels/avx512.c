@@ -2,8 +2,11 @@
  * kernels/avx512.c - the AVX-512 decode kernel and row store (compiled with
  * -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; called only after
  * kernels/dispatch.c saw those features in cpuid and the ZMM state enabled in XCR0).
+ * meson compiles it twice: as pkvi_kernels_avx512, and with -mavx512vnni and
+ * PKVI_AVX512_VNNI as pkvi_kernels_avx512vnni, whose integer-dot scores use vpdpbusd
+ * (the only difference, and the same bits: qd_wide_blocks).
  *
- * Owns: pkvi_kernels_avx512. Does not own: the semantics (kernels/ref.c is the
+ * Owns: pkvi_kernels_avx512 (or pkvi_kernels_avx512vnni). Does not own: the semantics (kernels/ref.c is the
  * specification), the conversions' definition (dtype.c), threading or split-K
  * (decode.c).
  *
@@ -560,24 +563,56 @@ AI __m512i qd_hsum8x2(const __m512i v[8])
     return _mm512_shuffle_i32x4(s, s, _MM_SHUFFLE(3, 1, 2, 0));
 }
 
+#if PKVI_AVX512_VNNI
+/* With VNNI (this file compiled a second time, as the avx512vnni table): vpdpbusd
+ * multiplies unsigned by signed bytes and adds each 4 products into an int32 lane, the
+ * lanes vpmaddubsw + vpmaddwd fill, in one instruction. k is made unsigned, k + 128
+ * (its sign bit flipped), and each lane starts at -128 times
+ * the sum of its 4 q bytes (one vpdpbusd of 128s per head and step), so it ends at
+ * sum k * q exactly (|lane| < 2^18: no wrap): the isums, hence the scores, are the
+ * avx512 table's bit for bit. */
+AI __m512i kblocks2_u8(pkv_dtype dt, const char *blk, size_t bb)
+{
+    return _mm512_xor_si512(kblocks2_i8(dt, blk, bb), _mm512_set1_epi8(-128));
+}
+#endif
+
 AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
                            const float *dqv, size_t dpad, uint32_t nb, size_t row_bytes,
                            const int HB, const int TB, __m256 *acc)
 {
     const size_t bb = pkvi_quant_block_bytes(dt);
-    const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+    const __m512i zero = _mm512_setzero_si512();
+#if !PKVI_AVX512_VNNI
+    const __m512i ones = _mm512_set1_epi16(1);
+#endif
     uint32_t b = 0;
     for (; b + 2 <= nb && (b + 2) * 32 <= d; b += 2) {
         __m512i pr[8];
         PKVI_UNROLL
         for (int i = HB * TB; i < 8; i++)
             pr[i] = zero;
+#if PKVI_AVX512_VNNI
+        __m512i bias[4]; /* per head: -128 * (sum of each lane's 4 q bytes) */
+        PKVI_UNROLL
+        for (int h = 0; h < HB; h++)
+            bias[h] = _mm512_sub_epi32(
+                zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(-128),
+                                          _mm512_loadu_si512((const void *)(qi + h * dpad + b * 32))));
+#endif
         uint32_t sb0[8], sb1[8];
         PKVI_UNROLL
         for (int t = 0; t < TB; t++) {
             const char *blk = krow + t * row_bytes + b * bb;
             sb0[t] = kblock_scale_bits(blk);
             sb1[t] = kblock_scale_bits(blk + bb);
+#if PKVI_AVX512_VNNI
+            const __m512i ku = kblocks2_u8(dt, blk, bb);
+            PKVI_UNROLL
+            for (int h = 0; h < HB; h++)
+                pr[h * TB + t] = _mm512_dpbusd_epi32(
+                    bias[h], ku, _mm512_loadu_si512((const void *)(qi + h * dpad + b * 32)));
+#else
             const __m512i k = kblocks2_i8(dt, blk, bb);
             const __m512i ka = _mm512_abs_epi8(k);
             const __mmask64 neg = _mm512_movepi8_mask(k);
@@ -587,6 +622,7 @@ AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int
                 pr[h * TB + t] = _mm512_madd_epi16(
                     _mm512_maddubs_epi16(ka, _mm512_mask_sub_epi8(qv, neg, zero, qv)), ones);
             }
+#endif
         }
         const __m512 dk = _mm512_cvtph_ps(
             _mm256_set_m128i(qd_lane_scales(sb1, TB), qd_lane_scales(sb0, TB)));
@@ -655,4 +691,8 @@ static void store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
     }
 }
 
+#if PKVI_AVX512_VNNI
+const pkvi_kernels pkvi_kernels_avx512vnni = {"avx512vnni", attend, store_row};
+#else
 const pkvi_kernels pkvi_kernels_avx512 = {"avx512", attend, store_row};
+#endif

@@ -12,9 +12,9 @@
  *   - A table entry whose attend is NULL (a build without that kernel) is unavailable.
  *   - No global state: the CPU is asked on every call (once per engine creation).
  *     PKV_FORCE_ISA is read here, at engine creation, never later.
- *   - A build with PKV_AVX512_EMULATED (meson's avx512_emulation, tests only) has an
- *     AVX-512 table that runs on AVX2 through SIMDe: usable on AVX2 hosts, and chosen
- *     only through PKV_FORCE_ISA.
+ *   - A build with PKV_AVX512_EMULATED (meson's avx512_emulation, tests only) has
+ *     AVX-512 tables (avx512, avx512vnni) that run on AVX2 through SIMDe: usable on
+ *     AVX2 hosts, and chosen only through PKV_FORCE_ISA.
  */
 #include "kernels/kernels.h"
 #include "dtype.h"
@@ -44,8 +44,8 @@ static uint64_t xcr0(void)
     return ((uint64_t)hi << 32) | lo;
 }
 
-/* cpuid leaf 1 ECX and leaf 7.0 EBX; false when a leaf is missing. */
-static bool cpu_leaves(uint32_t *ecx1, uint32_t *ebx7)
+/* cpuid leaf 1 ECX and leaf 7.0 EBX and ECX; false when a leaf is missing. */
+static bool cpu_leaves(uint32_t *ecx1, uint32_t *ebx7, uint32_t *ecx7)
 {
     uint32_t a, b, c, d;
     if (__get_cpuid_max(0, NULL) < 7)
@@ -55,15 +55,17 @@ static bool cpu_leaves(uint32_t *ecx1, uint32_t *ebx7)
     *ecx1 = c;
     __cpuid_count(7, 0, a, b, c, d);
     *ebx7 = b;
+    *ecx7 = c;
     return true;
 }
 
-enum { CPU_AVX2 = 1, CPU_AVX512 = 2 };
+/* Each level includes the ones below it. */
+enum { CPU_AVX2 = 1, CPU_AVX512 = 2, CPU_AVX512VNNI = 3 };
 
 static unsigned cpu_level(void)
 {
-    uint32_t ecx1, ebx7;
-    if (!cpu_leaves(&ecx1, &ebx7))
+    uint32_t ecx1, ebx7, ecx7;
+    if (!cpu_leaves(&ecx1, &ebx7, &ecx7))
         return 0;
     const uint32_t fma = 1u << 12, osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
     if ((ecx1 & (fma | osxsave | avx | f16c)) != (fma | osxsave | avx | f16c))
@@ -78,6 +80,8 @@ static unsigned cpu_level(void)
     if (level == CPU_AVX2 && (ebx7 & (f | dq | bw | vl)) == (f | dq | bw | vl) &&
         (x & 0xe0u) == 0xe0u) /* opmask, upper ZMM0-15, ZMM16-31 */
         level = CPU_AVX512;
+    if (level == CPU_AVX512 && (ecx7 & (1u << 11))) /* AVX512_VNNI (ZMM state checked) */
+        level = CPU_AVX512VNNI;
     return level;
 }
 #endif
@@ -93,6 +97,8 @@ const pkvi_kernels *pkvi_kernels_named(const char *isa)
         return &pkvi_kernels_avx2;
     if (strcmp(isa, "avx512") == 0)
         return &pkvi_kernels_avx512;
+    if (strcmp(isa, "avx512vnni") == 0)
+        return &pkvi_kernels_avx512vnni;
 #endif
     return NULL;
 }
@@ -108,8 +114,11 @@ bool pkvi_isa_supported(const char *isa)
     const unsigned level = cpu_level();
     if (k == &pkvi_kernels_avx2)
         return level >= CPU_AVX2;
-    if (k == &pkvi_kernels_avx512) /* a test build's emulated kernel needs AVX2 only */
+    /* a test build's emulated kernels need AVX2 only */
+    if (k == &pkvi_kernels_avx512)
         return level >= (PKV_AVX512_EMULATED ? CPU_AVX2 : CPU_AVX512);
+    if (k == &pkvi_kernels_avx512vnni)
+        return level >= (PKV_AVX512_EMULATED ? CPU_AVX2 : CPU_AVX512VNNI);
 #endif
     return false;
 }
@@ -142,8 +151,8 @@ pkv_status pkvi_kernels_select(const pkvi_kernels **out)
         return PKV_OK;
     }
     /* An emulated AVX-512 kernel (a test build) runs only where PKV_FORCE_ISA asks. */
-    static const char *const best_first[] = {"avx512", "avx2"};
-    for (size_t i = PKV_AVX512_EMULATED ? 1 : 0; i < sizeof best_first / sizeof best_first[0];
+    static const char *const best_first[] = {"avx512vnni", "avx512", "avx2"};
+    for (size_t i = PKV_AVX512_EMULATED ? 2 : 0; i < sizeof best_first / sizeof best_first[0];
          i++)
         if (pkvi_isa_supported(best_first[i])) {
             *out = pkvi_kernels_named(best_first[i]);

@@ -93,7 +93,7 @@ typedef void (*pkvi_attend_fn)(const pkvi_kparams *p, const void *const *pages,
                                uint32_t n_groups, const pkvi_heads *x);
 
 typedef struct {
-    const char *isa;                 /* "scalar", "avx2", "avx512" */
+    const char *isa;                 /* "scalar", "avx2", "avx512", "avx512vnni" */
     pkvi_attend_fn attend;
     /* store n floats as dtype t (round-to-nearest-even), load them back */
     void (*store_row)(pkv_dtype t, void *dst, const float *src, uint32_t n);
@@ -102,8 +102,11 @@ typedef struct {
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_scalar;
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx2;    /* may be unavailable */
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512;  /* may be unavailable */
+/* avx512's kernel with vpdpbusd in its integer-dot scores: the same results, bit for
+ * bit; needs AVX512-VNNI too (may be unavailable) */
+PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512vnni;
 /* Best kernels the CPU and OS support (cpuid + XGETBV), honouring PKV_FORCE_ISA
- * (scalar|avx2|avx512; a forced ISA the host lacks gives PKV_EINVAL). */
+ * (scalar|avx2|avx512|avx512vnni; a forced ISA the host lacks gives PKV_EINVAL). */
 PKVI_HIDDEN pkv_status pkvi_kernels_select(const pkvi_kernels **out);
 /* The table an engine of storage type dt uses, given the best one k for the host:
  * k: every table built reads every dtype (kept for a table that some day lacks one). */
@@ -111,7 +114,8 @@ PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_for_dtype(const pkvi_kernels *k, pk
 /* PKV_EINVAL when PKV_FORCE_ISA names an ISA this host cannot run (or none at all);
  * *name is the variable's value (NULL when unset). */
 PKVI_HIDDEN pkv_status pkvi_kernels_check_force(const char **name);
-/* The table of an ISA name this build contains ("scalar", "avx2", "avx512"), whether
+/* The table of an ISA name this build contains ("scalar", "avx2", "avx512",
+ * "avx512vnni"), whether
  * or not the host can run it; NULL for a name it does not contain. */
 PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_named(const char *isa);
 /* Whether the host can run `isa` ("scalar" always). */

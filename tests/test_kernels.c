@@ -405,6 +405,57 @@ START_TEST(quant_vs_scalar)
 }
 END_TEST
 
+/* avx512vnni is avx512.c compiled again with vpdpbusd in the integer-dot scores, whose
+ * isums are the same integers: on every path the two tables give the same bits (not
+ * merely results within the bound). Runs where this run tests avx512vnni, against the
+ * avx512 table (a host with VNNI has it). */
+START_TEST(vnni_same_bits)
+{
+    static const uint32_t ds[] = {3, 31, 32, 64, 96, 128, 130};
+    static const uint32_t bts[] = {1, 16};
+    static const pkv_dtype qt[] = {PKV_Q8, PKV_Q4};
+    const pkvi_kernels *plain = pkvi_kernels_named("avx512");
+    size_t compared = 0;
+    for (size_t i = 0; i < N_SIMD; i++) {
+        if (strcmp(simd_tables[i]->isa, "avx512vnni") != 0)
+            continue;
+        ck_assert_msg(plain && pkvi_isa_supported("avx512"),
+                      "avx512vnni runs here but avx512 does not");
+        const uint64_t seed = pkvt_seed();
+        pkvt_rng r;
+        pkvt_rng_init(&r, seed ^ 0x7a);
+        for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++)
+            for (uint32_t hg = 1; hg <= 8; hg *= 2)
+                for (size_t bi = 0; bi < sizeof bts / sizeof bts[0]; bi++)
+                    for (uint32_t qdot = 0; qdot < 2; qdot++) {
+                        const uint32_t d = ds[di], bt = bts[bi], n = 3 * bt + 2;
+                        const pkv_dtype dt = qt[(di + hg + qdot) % 2];
+                        layer L;
+                        layer_build(&L, &r, 2, hg, d, bt, dt, n, 1.0f);
+                        L.kp.quant_dot = qdot;
+                        float *q = pkvt_alloc((size_t)hg * d * sizeof(float));
+                        float *a = pkvt_alloc((size_t)hg * d * sizeof(float));
+                        float *b = pkvt_alloc((size_t)hg * d * sizeof(float));
+                        pkvt_fill(&r, q, (size_t)hg * d, -2.0f, 2.0f);
+                        run_kernel(plain, &L, 1, q, a);
+                        run_kernel(simd_tables[i], &L, 1, q, b);
+                        ck_assert_msg(memcmp(a, b, (size_t)hg * d * sizeof(float)) == 0,
+                                      "avx512vnni and avx512 differ: d=%u hg=%u bt=%u %s "
+                                      "quant_dot %u (seed 0x%llx)",
+                                      d, hg, bt, pkv_dtype_name(dt), qdot,
+                                      (unsigned long long)seed);
+                        compared++;
+                        free(q);
+                        free(a);
+                        free(b);
+                        layer_free(&L);
+                    }
+    }
+    printf("vnni_same_bits: %zu shapes compared bitwise%s\n", compared,
+           compared ? "" : " (this run does not test avx512vnni)");
+}
+END_TEST
+
 /* The walks that prepare a call's q on their stack first (walk.h, 32 KiB: the integer
  * dot quantizes it, AVX2 bf16 permutes it) walk a call too large for it in runs of
  * groups, or of heads of one group: one call over all groups, with such sizes, against
@@ -1159,6 +1210,7 @@ int main(void)
         tcase_add_test(tc, shapes_vs_scalar);
         tcase_add_test(tc, many_heads);
         tcase_add_test(tc, quant_vs_scalar);
+        tcase_add_test(tc, vnni_same_bits);
         tcase_add_test(tc, prepared_q_scratch_runs);
     }
     suite_add_tcase(s, tc);

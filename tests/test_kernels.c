@@ -457,7 +457,7 @@ START_TEST(vnni_same_bits)
 END_TEST
 
 /* The walks that prepare a call's q on their stack first (walk.h, 32 KiB: the integer
- * dot quantizes it, AVX2 bf16 permutes it) walk a call too large for it in runs of
+ * dot quantizes it, AVX2 bf16 and AVX-512 exact Q4 permute it) walk a call too large for it in runs of
  * groups, or of heads of one group: one call over all groups, with such sizes, against
  * the scalar kernel group by group. A run indexing the wrong heads or states is far
  * outside the bound. */
@@ -466,12 +466,16 @@ START_TEST(prepared_q_scratch_runs)
     static const struct {
         uint32_t d, hg, g;
         pkv_dtype dt;
+        uint32_t qdot;
     } cases[] = {
         /* quantized q (int8, d padded to 32): runs of 2 groups; of heads; of 1 head */
-        {200, 64, 5, PKV_Q8}, {1000, 40, 2, PKV_Q4}, {4096, 9, 2, PKV_Q8},
-        /* permuted f32 q: runs of 16 groups; of 40 heads; of 2 heads (d tail 8) */
-        {128, 4, 20, PKV_BF16}, {200, 64, 5, PKV_BF16}, {4096, 9, 2, PKV_BF16},
-        {24, 3, 3, PKV_BF16}, /* one 16-value block and a tail of 8 */
+        {200, 64, 5, PKV_Q8, 1}, {1000, 40, 2, PKV_Q4, 1}, {4096, 9, 2, PKV_Q8, 1},
+        /* permuted f32 q (AVX2 bf16, AVX-512 exact Q4): runs of 16 groups; of 40
+         * heads; of 2 heads (d tail 8) */
+        {128, 4, 20, PKV_BF16, 0}, {200, 64, 5, PKV_BF16, 0}, {4096, 9, 2, PKV_BF16, 0},
+        {24, 3, 3, PKV_BF16, 0}, /* one 16-value block and a tail of 8 */
+        {128, 4, 20, PKV_Q4, 0}, {200, 64, 5, PKV_Q4, 0}, {4096, 9, 2, PKV_Q4, 0},
+        {40, 3, 3, PKV_Q4, 0}, /* one whole block and a tail of 8 */
     };
     const uint64_t seed = pkvt_seed();
     pkvt_rng r;
@@ -479,7 +483,7 @@ START_TEST(prepared_q_scratch_runs)
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const uint32_t d = cases[ci].d, hg = cases[ci].hg, g = cases[ci].g, bt = 4, n = 9;
         const pkv_dtype dt = cases[ci].dt;
-        const bool qdot = dt == PKV_Q8 || dt == PKV_Q4;
+        const bool qdot = cases[ci].qdot != 0;
         layer L;
         layer_build(&L, &r, g, hg, d, bt, dt, n, 1.0f);
         L.kp.quant_dot = qdot;
@@ -516,9 +520,9 @@ START_TEST(prepared_q_scratch_runs)
                                               ref[(size_t)h * d + c]);
                         err = e > err || e != e ? e : err;
                     }
-                ck_assert_msg(err <= tol, "%s %s d=%u hg=%u group %u of %u: %g > %g "
-                              "(seed 0x%llx)", k->isa, qdot ? "quant_dot" : "bf16", d, hg,
-                              gi, g, err, tol,
+                ck_assert_msg(err <= tol, "%s %s%s d=%u hg=%u group %u of %u: %g > %g "
+                              "(seed 0x%llx)", k->isa, pkv_dtype_name(dt),
+                              qdot ? " quant_dot" : "", d, hg, gi, g, err, tol,
                               (unsigned long long)seed);
             }
         }

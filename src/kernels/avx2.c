@@ -94,8 +94,9 @@ AI void acc_st16(float *p, int u, __m256 a)
 
 /* bf16's QK reads q in that order (walk.h prepares it with q_permute; dst != src) */
 #define PKVI_WALK_PERMUTED_BF16 1
-AI void q_permute(const float *src, float *dst, uint32_t d)
+AI void q_permute(const pkv_dtype dt, const float *src, float *dst, uint32_t d)
 {
+    (void)dt; /* bf16 only */
     uint32_t c = 0;
     for (; c + 16 <= d; c += 16)
         for (int u = 0; u < 2; u++) {

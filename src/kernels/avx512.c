@@ -31,7 +31,8 @@
  * The walk over pages and groups, the one-tile software pipeline and the entry points
  * are kernels/walk.h's, written once for both SIMD files. Q8/Q4 rows are read a whole
  * block at a time where the row has one (ldq32_raw: QK scales them once per block, PV
- * folds the scale into the weights), else by ldq/ldqm (exact path). The integer-dot
+ * folds the scale into the weights; Q4's in a permuted order, which q and the block's
+ * accumulators take on too), else by ldq/ldqm (exact path). The integer-dot
  * path's scores are qdot256.h's, with pairs of whole blocks in one zmm
  * (qd_wide_blocks; VNNI is not used).
  *
@@ -124,26 +125,40 @@ AI __m512 ldq(pkv_dtype dt, const char *row, uint32_t c)
     return _mm512_mul_ps(_mm512_set1_ps(qscale(blk)), _mm512_cvtepi32_ps(v));
 }
 
-/* The 32 integers of a whole block (blk: its scale, then its values) as f32, in row
- * order: Q8 as stored, Q4 nibble - 8 (the offset taken off in bytes, so both halves
- * are widened by one sign extension each). Exact: times the block's scale they are
- * ldq's values bit for bit. */
+/* The 32 integers of a whole block (blk: its scale, then its values) as f32: Q8 as
+ * stored, in row order; Q4 nibble - 8 in the block's *permuted* order, values 0, 2, ..,
+ * 30 in v[0] and 1, 3, .., 31 in v[1] (its 16 bytes widened once, then the low and the
+ * high nibbles: 5 operations where row order took 11 - two byte interleaves and a
+ * second widening more), so QK reads q permuted the same way (q_permute) and PV keeps
+ * the block's accumulators in that order while it adds (pv_block). Exact: times the
+ * block's scale they are ldq's values bit for bit. */
 AI void ldq32_raw(pkv_dtype dt, const char *blk, __m512 v[2])
 {
-    __m128i b0, b1;
     if (dt == PKV_Q8) {
-        b0 = _mm_loadu_si128((const void *)(blk + 2));
-        b1 = _mm_loadu_si128((const void *)(blk + 18));
-    } else {
-        const __m128i x = _mm_loadu_si128((const void *)(blk + 2));
-        const __m128i m = _mm_set1_epi8(15), o = _mm_set1_epi8(8);
-        const __m128i lo = _mm_sub_epi8(_mm_and_si128(x, m), o);
-        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m), o);
-        b0 = _mm_unpacklo_epi8(lo, hi); /* values 0..15 */
-        b1 = _mm_unpackhi_epi8(lo, hi); /* values 16..31 */
+        v[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 2))));
+        v[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(blk + 18))));
+        return;
     }
-    v[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0));
-    v[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1));
+    const __m512i y = _mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)(blk + 2)));
+    const __m512i o = _mm512_set1_epi32(8);
+    v[0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(y, _mm512_set1_epi32(15)), o));
+    v[1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(y, 4), o));
+}
+
+/* q in the order the exact Q4 QK reads it (walk.h attend_prep; dst != src): each whole
+ * block of 32 as [values 0, 2, .., 30 | 1, 3, .., 31] (ldq32_raw's order), the rest of
+ * the row (a shorter last block, read by ldq/ldqm) as it is. */
+#define PKVI_WALK_PERMUTED_Q4 1
+AI void q_permute(const pkv_dtype dt, const float *src, float *dst, uint32_t d)
+{
+    uint32_t c = 0;
+    if (dt == PKV_Q4)
+        for (; c + 32 <= d; c += 32)
+            for (uint32_t j = 0; j < 16; j++) {
+                dst[c + j] = src[c + 2 * j];
+                dst[c + 16 + j] = src[c + 2 * j + 1];
+            }
+    memcpy(dst + c, src + c, (size_t)(d - c) * sizeof(float));
 }
 
 /* The first rem (1..15) values from element c, the other lanes 0. */
@@ -291,7 +306,26 @@ AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
 }
 
 /* ---- PV ------------------------------------------------------------------------------
- * acc[h][c0 .. c0 + 16*CB) = alpha[h] * acc + sum_t w[h][t] * v_t for HB heads and CB
+ * A whole block's 32 accumulators, two vectors in row order, into ldq32_raw's Q4
+ * order (values 0, 2, .., 30, then 1, 3, .., 31), and back: once per block, head and
+ * tile, where the unpack they spare is once per block and token. */
+AI void q4_acc_split(__m512 *a0, __m512 *a1)
+{
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512 e = _mm512_permutex2var_ps(*a0, ev, *a1);
+    *a1 = _mm512_permutex2var_ps(*a0, _mm512_add_epi32(ev, _mm512_set1_epi32(1)), *a1);
+    *a0 = e;
+}
+
+AI void q4_acc_join(__m512 *a0, __m512 *a1)
+{
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512 r = _mm512_permutex2var_ps(*a0, lo, *a1);
+    *a1 = _mm512_permutex2var_ps(*a0, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), *a1);
+    *a0 = r;
+}
+
+/* acc[h][c0 .. c0 + 16*CB) = alpha[h] * acc + sum_t w[h][t] * v_t for HB heads and CB
  * chunks; `tail` (CB == 1): only the lanes of k exist. `raw` (Q8/Q4, CB 2 or 4: one
  * or two whole blocks from c0): w holds each block's weights with the token's block
  * scale folded in (pv_heads), block j's at w + j * WS_STRIDE, and v_t are the blocks'
@@ -314,6 +348,10 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
             a[h][c] = _mm512_mul_ps(tail ? _mm512_maskz_loadu_ps(k, p) : _mm512_loadu_ps(p),
                                     al);
         }
+        if (raw && dt == PKV_Q4) /* ldq32_raw's order */
+            PKVI_UNROLL
+            for (int j = 0; j < CB / 2; j++)
+                q4_acc_split(&a[h][2 * j], &a[h][2 * j + 1]);
     }
     for (uint32_t t = 0; t < n; t++) {
         if (pf && dt == PKV_F32) /* step t's part of lines [ln0, ln1) ahead */
@@ -360,6 +398,12 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
     /* Make the compiler recompute the row addresses here instead of keeping HB*CB
      * pointers live across the token loop (they spilled, and V chunks with them). */
     __asm__("" : "+r"(acc));
+    if (raw && dt == PKV_Q4)
+        PKVI_UNROLL
+        for (int h = 0; h < HB; h++)
+            PKVI_UNROLL
+            for (int j = 0; j < CB / 2; j++)
+                q4_acc_join(&a[h][2 * j], &a[h][2 * j + 1]);
     PKVI_UNROLL
     for (int h = 0; h < HB; h++)
         PKVI_UNROLL

@@ -16,8 +16,9 @@
  *   qk_heads_int(dt, krow, row_bytes, d, n, qi, qs, dpad, nb, s, pf, HB)
  *                      integer-dot scores of HB quantized heads (qi: [HB][dpad] int8,
  *                      in the order qd_permute gives; qs: [HB][nb] block scales)
- * and, with PKVI_WALK_PERMUTED_BF16 1 (a bf16 QK that reads q in a kernel order):
- *   q_permute(src, dst, d)
+ * and, with PKVI_WALK_PERMUTED_BF16 1 (a bf16 QK that reads q in a kernel order) or
+ * PKVI_WALK_PERMUTED_Q4 1 (the same for the exact Q4 QK):
+ *   q_permute(dt, src, dst, d)
  *                      one head's q in that order (attend_prep prepares it per call)
  * so each file is compiled with its own -m flags (STYLE.md) and the code is written
  * once. Defines `attend`, a pkvi_attend_fn.
@@ -268,7 +269,7 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const pkvi_kparams *p,
 #define WALK_EXACT(dt) \
     attend_impl(dt, false, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL)
 
-#if PKVI_WALK_QUANT_DOT || PKVI_WALK_PERMUTED_BF16
+#if PKVI_WALK_QUANT_DOT || PKVI_WALK_PERMUTED_BF16 || PKVI_WALK_PERMUTED_Q4
 /* Bytes of prepared q a call holds on its stack - quantized (int8; the scales add 1/8
  * of it), or permuted f32: every group of a decode of usual shapes (llama3-8b: 8 x 4
  * heads x 128, 4 KiB of int8, 16 KiB of f32) at once; a larger call (prefill tiles
@@ -278,10 +279,10 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const pkvi_kparams *p,
 #define PREP_SCRATCH_BYTES (32u << 10)
 _Static_assert(PREP_SCRATCH_BYTES / (PKVI_MAX_HEAD_DIM * sizeof(float)) >= 1,
                "attend_prep's runs need room for at least one head of f32 q");
-#if !PKVI_WALK_PERMUTED_BF16
-AI void q_permute(const float *src, float *dst, uint32_t d)
+#if !PKVI_WALK_PERMUTED_BF16 && !PKVI_WALK_PERMUTED_Q4
+AI void q_permute(const pkv_dtype dt, const float *src, float *dst, uint32_t d)
 {
-    (void)src, (void)dst, (void)d;
+    (void)dt, (void)src, (void)dst, (void)d;
 }
 #endif
 
@@ -323,7 +324,7 @@ AI void prep_head(const pkv_dtype dt, const bool qd, uint32_t d, const float *q,
         qd_quant_query(d, q, ps->u.qi + k * dpad, ps->qs + k * nb);
         qd_permute(dt, ps->u.qi + k * dpad, dpad);
     } else {
-        q_permute(q, ps->u.qf + k * d, d);
+        q_permute(dt, q, ps->u.qf + k * d, d);
     }
 }
 
@@ -386,7 +387,11 @@ WALK_FN(attend_f16, WALK_EXACT(PKV_F16))
 WALK_FN(attend_bf16, WALK_BF16)
 #if PKVI_WALK_BLOCK_TYPES
 WALK_FN(attend_q8, WALK_EXACT(PKV_Q8))
+#if PKVI_WALK_PERMUTED_Q4 /* its QK reads q permuted: walk with q prepared */
+WALK_FN(attend_q4, attend_prep(PKV_Q4, false, p, pages, n_pages, last_tokens, group0, n_groups, x))
+#else
 WALK_FN(attend_q4, WALK_EXACT(PKV_Q4))
+#endif
 #endif
 
 #if PKVI_WALK_QUANT_DOT

@@ -406,14 +406,15 @@ START_TEST(quant_vs_scalar)
 END_TEST
 
 /* avx512vnni is avx512.c compiled again with vpdpbusd in the integer-dot scores, whose
- * isums are the same integers: on every path the two tables give the same bits (not
- * merely results within the bound). Runs where this run tests avx512vnni, against the
- * avx512 table (a host with VNNI has it). */
+ * isums are the same integers: on every dtype and path the two tables give the same
+ * bits (not merely results within the bound), -mavx512vnni having changed nothing
+ * else. Runs where this run tests avx512vnni, against the avx512 table (a host with
+ * VNNI has it). */
 START_TEST(vnni_same_bits)
 {
     static const uint32_t ds[] = {3, 31, 32, 64, 96, 128, 130};
     static const uint32_t bts[] = {1, 16};
-    static const pkv_dtype qt[] = {PKV_Q8, PKV_Q4};
+    static const pkv_dtype qt[] = {PKV_Q8, PKV_Q4, PKV_F32, PKV_F16, PKV_BF16};
     const pkvi_kernels *plain = pkvi_kernels_named("avx512");
     size_t compared = 0;
     for (size_t i = 0; i < N_SIMD; i++) {
@@ -427,9 +428,12 @@ START_TEST(vnni_same_bits)
         for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++)
             for (uint32_t hg = 1; hg <= 8; hg *= 2)
                 for (size_t bi = 0; bi < sizeof bts / sizeof bts[0]; bi++)
-                    for (uint32_t qdot = 0; qdot < 2; qdot++) {
+                    for (size_t ti = 0; ti < sizeof qt / sizeof qt[0] * 2; ti++) {
                         const uint32_t d = ds[di], bt = bts[bi], n = 3 * bt + 2;
-                        const pkv_dtype dt = qt[(di + hg + qdot) % 2];
+                        const pkv_dtype dt = qt[ti / 2];
+                        const uint32_t qdot = (uint32_t)(ti % 2);
+                        if (qdot && dt != PKV_Q8 && dt != PKV_Q4)
+                            continue;
                         layer L;
                         layer_build(&L, &r, 2, hg, d, bt, dt, n, 1.0f);
                         L.kp.quant_dot = qdot;

@@ -6,9 +6,9 @@
  * PKVI_AVX512_VNNI as pkvi_kernels_avx512vnni, whose integer-dot scores use vpdpbusd
  * (the only difference, and the same bits: qd_wide_blocks).
  *
- * Owns: pkvi_kernels_avx512 (or pkvi_kernels_avx512vnni). Does not own: the semantics (kernels/ref.c is the
- * specification), the conversions' definition (dtype.c), threading or split-K
- * (decode.c).
+ * Owns: pkvi_kernels_avx512 (or pkvi_kernels_avx512vnni). Does not own: the semantics
+ * (kernels/ref.c is the specification), the conversions' definition (dtype.c),
+ * threading or split-K (decode.c).
  *
  * Same tiling as the reference: per page, tiles of at most PKVI_TILE positions that
  * start at the page's first row; per tile the running state is rescaled once. What
@@ -32,9 +32,9 @@
  * are kernels/walk.h's, written once for both SIMD files. Q8/Q4 rows are read a whole
  * block at a time where the row has one (ldq32_raw: QK scales them once per block, PV
  * folds the scale into the weights; Q4's in a permuted order, which q and the block's
- * accumulators take on too), else by ldq/ldqm (exact path). The integer-dot
- * path's scores are qdot256.h's, with pairs of whole blocks in one zmm
- * (qd_wide_blocks; VNNI is not used).
+ * accumulators take on too), else by ldq/ldqm (exact path). The integer-dot path's
+ * scores are qdot256.h's, with pairs of whole blocks in one zmm (qd_wide_blocks:
+ * vpmaddubsw + vpmaddwd, or vpdpbusd in the avx512vnni build).
  *
  * The micro-kernels are written with small arrays of vectors indexed by constant
  * loops; PKVI_UNROLL (kernels.h) makes -O2 builds unroll them too, so the arrays live in

@@ -377,8 +377,13 @@ AI void attend_prep(const pkv_dtype dt, const bool qd, const pkvi_kparams *p,
 
 /* bf16 on a kernel whose QK reads q permuted (PKVI_WALK_PERMUTED_BF16) walks with q
  * prepared */
+#if PKVI_WALK_QUANT_DOT || PKVI_WALK_PERMUTED_BF16 || PKVI_WALK_PERMUTED_Q4
+/* the walk of dtype dt with the call's q prepared first: quantized (qd) or permuted */
+#define WALK_PREP(dt, qd) \
+    attend_prep(dt, qd, p, pages, n_pages, last_tokens, group0, n_groups, x)
+#endif
 #if PKVI_WALK_PERMUTED_BF16
-#define WALK_BF16 attend_prep(PKV_BF16, false, p, pages, n_pages, last_tokens, group0, n_groups, x)
+#define WALK_BF16 WALK_PREP(PKV_BF16, false)
 #else
 #define WALK_BF16 WALK_EXACT(PKV_BF16)
 #endif
@@ -388,16 +393,15 @@ WALK_FN(attend_bf16, WALK_BF16)
 #if PKVI_WALK_BLOCK_TYPES
 WALK_FN(attend_q8, WALK_EXACT(PKV_Q8))
 #if PKVI_WALK_PERMUTED_Q4 /* its QK reads q permuted: walk with q prepared */
-WALK_FN(attend_q4, attend_prep(PKV_Q4, false, p, pages, n_pages, last_tokens, group0, n_groups, x))
+WALK_FN(attend_q4, WALK_PREP(PKV_Q4, false))
 #else
 WALK_FN(attend_q4, WALK_EXACT(PKV_Q4))
 #endif
 #endif
 
 #if PKVI_WALK_QUANT_DOT
-#define WALK_QD(dt) attend_prep(dt, true, p, pages, n_pages, last_tokens, group0, n_groups, x)
-WALK_FN(attend_qd_q8, WALK_QD(PKV_Q8))
-WALK_FN(attend_qd_q4, WALK_QD(PKV_Q4))
+WALK_FN(attend_qd_q8, WALK_PREP(PKV_Q8, true))
+WALK_FN(attend_qd_q4, WALK_PREP(PKV_Q4, true))
 #endif
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,

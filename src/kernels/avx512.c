@@ -436,13 +436,20 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
          * reassociated, as avx2.c does. */
         const size_t vrb = pkvi_quant_row_bytes(dt, d), bb = pkvi_quant_block_bytes(dt);
         _Alignas(64) float ws[2 * WS_STRIDE];
+        /* the tile's 16 scales of a block in one gather: 4 bytes at each row's block
+         * start (a whole block: 34 or 18 bytes), the low 2 of each kept; rows past n
+         * are masked off, never read */
+        const __m512i rows = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32((int)vrb));
+        const __mmask16 live = (__mmask16)((1u << n) - 1u);
         while (c + 32 <= d) {
             const int nblk = c + 64 <= d ? 2 : 1;
             for (int j = 0; j < nblk; j++) {
-                _Alignas(32) uint16_t sb[PKVI_TILE] = {0};
-                for (uint32_t t = 0; t < n; t++)
-                    memcpy(&sb[t], (const char *)vrow + t * vrb + (c / 32 + (uint32_t)j) * bb, 2);
-                const __m512 sv = _mm512_cvtph_ps(_mm256_load_si256((const void *)sb));
+                const __m512i g = _mm512_mask_i32gather_epi32(
+                    _mm512_setzero_si512(), live, rows,
+                    (const char *)vrow + (c / 32 + (uint32_t)j) * bb, 1);
+                const __m512 sv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
                 PKVI_UNROLL
                 for (int h = 0; h < HB; h++)
                     _mm512_store_ps(ws + j * WS_STRIDE + h * PKVI_TILE,

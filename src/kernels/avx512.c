@@ -227,7 +227,8 @@ AI __m512 hsum16(const __m512 v[16])
  * Unscaled dots of HB heads (q rows qh, stride d) with TB consecutive K rows (krow);
  * writes s[h * PKVI_TILE + t]. HB * TB <= 16. */
 AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, float *s,
-                 const char *pf, size_t row_bytes, const int HB, const int TB)
+                 const char *pf, size_t row_bytes, const float *ksc, const int HB,
+                 const int TB)
 {
     if (pf)
         for (size_t off = 0; off < TB * row_bytes; off += 64)
@@ -242,7 +243,7 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
             PKVI_UNROLL
             for (int t = 0; t < TB; t++) {
                 const char *blk = qblock(dt, (const char *)krow + t * row_bytes, c);
-                const __m512 sc = _mm512_set1_ps(qscale(blk));
+                const __m512 sc = _mm512_set1_ps(ksc[(c / 32) * PKVI_TILE + (uint32_t)t]);
                 __m512 kv[2];
                 ldq32_raw(dt, blk, kv);
                 PKVI_UNROLL
@@ -291,18 +292,46 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
                               (__mmask16)(((1u << TB) - 1u) << (h * TB)), r);
 }
 
+/* The f16 scales of one whole block of a tile's n (<= 16) rows, widened (lane t: row
+ * t's; 0 past n): one masked gather of the 4 bytes at each row's block start (a whole
+ * block is 34 or 18 bytes), rows past n never read, the low 2 bytes kept. Where a
+ * scalar load, a conversion and a broadcast per row and block were: in QK, Q8 exact
+ * 36.2 -> 32.0 ns per position and group in cache; in PV, 38.4 -> 36.2 (16 two-byte
+ * copies read back as one vector; docs/numerics.md). */
+AI __m512 block_scales16(const char *blk0, size_t row_bytes, uint32_t n)
+{
+    const __m512i rows = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32((int)row_bytes));
+    const __mmask16 live = (__mmask16)((1u << n) - 1u);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, rows, blk0, 1)));
+}
+
+/* ksc[b * 16 + t]: the scale of whole block b of K row t, for the n rows of a tile */
+AI void ksc_gather(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n, uint32_t d,
+                   float *ksc)
+{
+    for (uint32_t b = 0; (b + 1) * 32 <= d; b++)
+        _mm512_store_ps(ksc + b * PKVI_TILE,
+                        block_scales16(krow + b * pkvi_quant_block_bytes(dt), row_bytes, n));
+}
+
 /* Scores of n tokens for HB heads: blocks of TB tokens, then one token at a time. */
 AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
                  uint32_t n, const float *qh, float *s, const char *pf, const int HB)
 {
     const int TB = 16 / HB;
+    _Alignas(64) float ksc[PKVI_MAX_HEAD_DIM / 32 * PKVI_TILE]; /* Q8/Q4: ksc_gather */
+    if (QTYPE(dt))
+        ksc_gather(dt, krow, row_bytes, n, d, ksc);
     uint32_t t = 0;
     for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
         qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
-                 pf ? pf + t * row_bytes : NULL, row_bytes, HB, TB);
+                 pf ? pf + t * row_bytes : NULL, row_bytes, ksc + t, HB, TB);
     for (; t < n; t++)
         qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
-                 pf ? pf + t * row_bytes : NULL, row_bytes, HB, 1);
+                 pf ? pf + t * row_bytes : NULL, row_bytes, ksc + t, HB, 1);
 }
 
 /* ---- PV ------------------------------------------------------------------------------
@@ -430,26 +459,17 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
     if (QTYPE(dt)) {
         /* Whole blocks, two at a time where the row has them: each token's block scale
          * folded into the weights once per tile, ws[j][h][t] = w[h][t] * dv_t (the
-         * tile's 16 scales of a block widened in one vcvtph2ps), so the inner loop
+         * tile's 16 scales of a block: block_scales16), so the inner loop
          * multiply-adds the blocks' integers: no per-value multiply, no per-token
          * scale load and broadcast. (w * dv) * q for ldq's w * (dv * q): the products
          * reassociated, as avx2.c does. */
         const size_t vrb = pkvi_quant_row_bytes(dt, d), bb = pkvi_quant_block_bytes(dt);
         _Alignas(64) float ws[2 * WS_STRIDE];
-        /* the tile's 16 scales of a block in one gather: 4 bytes at each row's block
-         * start (a whole block: 34 or 18 bytes), the low 2 of each kept; rows past n
-         * are masked off, never read */
-        const __m512i rows = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32((int)vrb));
-        const __mmask16 live = (__mmask16)((1u << n) - 1u);
         while (c + 32 <= d) {
             const int nblk = c + 64 <= d ? 2 : 1;
             for (int j = 0; j < nblk; j++) {
-                const __m512i g = _mm512_mask_i32gather_epi32(
-                    _mm512_setzero_si512(), live, rows,
-                    (const char *)vrow + (c / 32 + (uint32_t)j) * bb, 1);
-                const __m512 sv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+                const __m512 sv = block_scales16(
+                    (const char *)vrow + (c / 32 + (uint32_t)j) * bb, vrb, n);
                 PKVI_UNROLL
                 for (int h = 0; h < HB; h++)
                     _mm512_store_ps(ws + j * WS_STRIDE + h * PKVI_TILE,

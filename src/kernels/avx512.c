@@ -4,7 +4,7 @@
  * kernels/dispatch.c saw those features in cpuid and the ZMM state enabled in XCR0).
  * meson compiles it twice: as pkvi_kernels_avx512, and with -mavx512vnni and
  * PKVI_AVX512_VNNI as pkvi_kernels_avx512vnni, whose integer-dot scores use vpdpbusd
- * (the only difference, and the same bits: qd_wide_blocks).
+ * (the only difference, and the same bits: qd_wide_blocks, qd_tile_scores).
  *
  * Owns: pkvi_kernels_avx512 (or pkvi_kernels_avx512vnni). Does not own: the semantics
  * (kernels/ref.c is the specification), the conversions' definition (dtype.c),
@@ -34,7 +34,10 @@
  * folds the scale into the weights; Q4's in a permuted order, which q and the block's
  * accumulators take on too), else by ldq/ldqm (exact path). The integer-dot path's
  * scores are qdot256.h's, with pairs of whole blocks in one zmm (qd_wide_blocks:
- * vpmaddubsw + vpmaddwd, or vpdpbusd in the avx512vnni build).
+ * vpmaddubsw + vpmaddwd, or vpdpbusd in the avx512vnni build); the avx512vnni build
+ * scores a tile of rows whose blocks are all whole at once, transposed so that
+ * vpdpbusd adds into 16 tokens' lanes and no reduction across lanes is left
+ * (qd_tile_scores).
  *
  * The micro-kernels are written with small arrays of vectors indexed by constant
  * loops; PKVI_UNROLL (kernels.h) makes -O2 builds unroll them too, so the arrays live in
@@ -301,14 +304,18 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
  * scalar load, a conversion and a broadcast per row and block were: in QK, Q8 exact
  * 36.2 -> 32.0 ns per position and group in cache; in PV, 38.4 -> 36.2 (16 two-byte
  * copies read back as one vector; docs/numerics.md). */
+AI __m512 block_scales16_at(const char *blk0, __m512i rows, __mmask16 live)
+{
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, rows, blk0, 1)));
+}
+
 AI __m512 block_scales16(const char *blk0, size_t row_bytes, uint32_t n)
 {
     const __m512i rows = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32((int)row_bytes));
-    const __mmask16 live = (__mmask16)((1u << n) - 1u);
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, rows, blk0, 1)));
+    return block_scales16_at(blk0, rows, (__mmask16)((1u << n) - 1u));
 }
 
 /* ksc[b * 16 + t]: the scale of whole block b of K row t, for the n rows of a tile */
@@ -596,6 +603,148 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, 
 }
 
 #define PKVI_QD_WIDE 1 /* qdot256.h leaves pairs of whole blocks to qd_wide_blocks */
+
+#if PKVI_AVX512_VNNI
+/* ---- the integer-dot scores of a whole tile, transposed (avx512vnni) ----------------
+ * Where every block of the row is whole (d % 32 == 0), the tile's rows are transposed
+ * a block at a time so that lane t of vector j holds 4 bytes j of row t's block: then
+ * one vpdpbusd per 4 values and head, with the head's 4 q bytes broadcast, adds into
+ * 16 tokens' lanes at once, and the block's isums come out per token with no
+ * reduction across lanes (qd_wide_blocks spends most of its operations on that). q is
+ * the unsigned operand, q + 128 (a byte xor), so k keeps its sign and each lane ends
+ * at isum + 128 * sum(k): sum(k) per token is one more vpdpbusd per 4 values (with
+ * ones), shared by the heads. The isums are exact, the score terms (dk * dq) * isum
+ * are summed in block order: ref.c's arithmetic, bit for bit. */
+
+/* The tile's token order in lane t: QD_T8 for Q8's 8x8 transposes (row t's lanes in
+ * 128-bit groups 0, 2, 1, 3), the identity for Q4's 4x4 ones. An involution. */
+#define QD_T8 _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)
+
+/* Q8 block b of rows 0..n-1 (rows past n read as 0, never loaded): kt[j] lane t =
+ * bytes 4j .. 4j+3 of the block of row QD_T8[t]. An 8x8 dword transpose on each
+ * 256-bit half: rows i and i + 8 in one vector, then unpacks and a lane shuffle. */
+AI void qd_kt_q8(const char *blk0, size_t row_bytes, uint32_t n, __m512i kt[8])
+{
+    __m512i z[8], t[8], u[8];
+    PKVI_UNROLL
+    for (uint32_t i = 0; i < 8; i++) {
+        const __m256i lo = i < n ? _mm256_loadu_si256((const void *)(blk0 + i * row_bytes + 2))
+                                 : _mm256_setzero_si256();
+        const __m256i hi = i + 8 < n
+                               ? _mm256_loadu_si256((const void *)(blk0 + (i + 8) * row_bytes + 2))
+                               : _mm256_setzero_si256();
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    PKVI_UNROLL
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);
+    }
+    PKVI_UNROLL
+    for (int i = 0; i < 8; i += 4) { /* u[i + k]: rows i .. i+3 (and +8), dwords k, k + 4 */
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    PKVI_UNROLL
+    for (int k = 0; k < 4; k++) {
+        kt[k] = _mm512_shuffle_i32x4(u[k], u[4 + k], _MM_SHUFFLE(2, 0, 2, 0));
+        kt[k + 4] = _mm512_shuffle_i32x4(u[k], u[4 + k], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* Q4 block b of rows 0..n-1: kt[j] lane t = row t's integers (nibble - 8) at
+ * positions 4j .. 4j+3 of kblock_i8's order (low nibbles, then high: the order q is
+ * permuted to). A 4x4 dword transpose of the packed bytes in each 128-bit lane (rows
+ * t, t + 4, t + 8, t + 12 in one vector), then the nibbles split. */
+AI void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512i kt[8])
+{
+    __m512i z[4], t[4];
+    PKVI_UNROLL
+    for (uint32_t i = 0; i < 4; i++) {
+        __m128i r[4];
+        PKVI_UNROLL
+        for (uint32_t L = 0; L < 4; L++)
+            r[L] = i + 4 * L < n
+                       ? _mm_loadu_si128((const void *)(blk0 + (i + 4 * L) * row_bytes + 2))
+                       : _mm_setzero_si128();
+        z[i] = _mm512_inserti32x4(
+            _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(r[0]), r[1], 1), r[2],
+                               2),
+            r[3], 3);
+    }
+    t[0] = _mm512_unpacklo_epi32(z[0], z[1]);
+    t[1] = _mm512_unpackhi_epi32(z[0], z[1]);
+    t[2] = _mm512_unpacklo_epi32(z[2], z[3]);
+    t[3] = _mm512_unpackhi_epi32(z[2], z[3]);
+    const __m512i p[4] = {_mm512_unpacklo_epi64(t[0], t[2]), _mm512_unpackhi_epi64(t[0], t[2]),
+                          _mm512_unpacklo_epi64(t[1], t[3]), _mm512_unpackhi_epi64(t[1], t[3])};
+    const __m512i m = _mm512_set1_epi8(15), e = _mm512_set1_epi8(8);
+    PKVI_UNROLL
+    for (int j = 0; j < 4; j++) {
+        kt[j] = _mm512_sub_epi8(_mm512_and_si512(p[j], m), e);
+        kt[j + 4] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(p[j], 4), m), e);
+    }
+}
+
+AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
+                       uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
+                       uint32_t nb, float *s, const char *pf, const int HB)
+{
+    if (d % 32 != 0)
+        return false;
+    if (pf)
+        for (size_t off = 0; off < n * row_bytes; off += 64)
+            _mm_prefetch(pf + off, PF_HINT);
+    const size_t bb = pkvi_quant_block_bytes(dt);
+    /* lane t's row, and whether it exists */
+    const __m512i ord = dt == PKV_Q8 ? QD_T8
+                        : _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i rows = _mm512_mullo_epi32(ord, _mm512_set1_epi32((int)row_bytes));
+    const __mmask16 live = _mm512_cmpgt_epu32_mask(_mm512_set1_epi32((int)n), ord);
+    const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi8(-128);
+    __m512 acc[4];
+    PKVI_UNROLL
+    for (int h = 0; h < HB; h++)
+        acc[h] = _mm512_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        const char *blk0 = krow + b * bb;
+        __m512i kt[8];
+        if (dt == PKV_Q8)
+            qd_kt_q8(blk0, row_bytes, n, kt);
+        else
+            qd_kt_q4(blk0, row_bytes, n, kt);
+        __m512i ks = _mm512_setzero_si512(); /* per token: sum of its 32 integers */
+        PKVI_UNROLL
+        for (int j = 0; j < 8; j++)
+            ks = _mm512_dpbusd_epi32(ks, ones, kt[j]);
+        const __m512i bias = _mm512_slli_epi32(ks, 7);
+        const __m512 dk = block_scales16_at(blk0, rows, live);
+        PKVI_UNROLL
+        for (int h = 0; h < HB; h++) {
+            const int8_t *qb = qi + h * dpad + b * 32;
+            __m512i a = _mm512_setzero_si512();
+            PKVI_UNROLL
+            for (int j = 0; j < 8; j++) {
+                int32_t q4;
+                memcpy(&q4, qb + 4 * j, sizeof q4);
+                a = _mm512_dpbusd_epi32(a, _mm512_xor_si512(_mm512_set1_epi32(q4), flip), kt[j]);
+            }
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, bias));
+            const __m512 term = _mm512_mul_ps(_mm512_mul_ps(dk, _mm512_set1_ps(qs[h * nb + b])), isum);
+            acc[h] = _mm512_add_ps(acc[h], term);
+        }
+    }
+    const __mmask16 nk = (__mmask16)((1u << n) - 1u);
+    PKVI_UNROLL
+    for (int h = 0; h < HB; h++)
+        _mm512_mask_storeu_ps(s + h * PKVI_TILE, nk,
+                              dt == PKV_Q8 ? _mm512_permutexvar_ps(QD_T8, acc[h]) : acc[h]);
+    return true;
+}
+#define PKVI_QD_TILE 1
+#endif
 #include "qdot256.h" /* qk_heads_int: the integer-dot scores, blocks one at a time */
 
 /* ---- the integer-dot scores, two blocks per vector ------------------------------------

@@ -215,10 +215,24 @@ AI void qd_lanes(const float *qs, uint32_t nb, float *dqv, const int HB, const i
     }
 }
 
+#if PKVI_QD_TILE
+/* An including file may score a whole tile at once where every block of the row is
+ * whole: qd_tile_scores writes s[h * PKVI_TILE + t] for the n rows and HB heads as
+ * qk_block_int would (the same bits) and returns true, or returns false and writes
+ * nothing. Defined by that file before it includes this one. */
+AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
+                       uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
+                       uint32_t nb, float *s, const char *pf, const int HB);
+#endif
+
 AI void qk_heads_int(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
                      uint32_t n, const int8_t *qi, const float *qs, size_t dpad, uint32_t nb,
                      float *s, const char *pf, const int HB)
 {
+#if PKVI_QD_TILE
+    if (qd_tile_scores(dt, krow, row_bytes, d, n, qi, qs, dpad, nb, s, pf, HB))
+        return;
+#endif
     const int TB = 8 / HB;
     _Alignas(32) float dqv[8 * (PKVI_MAX_HEAD_DIM / 32)];
     uint32_t t = 0;

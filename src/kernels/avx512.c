@@ -694,10 +694,8 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
 {
     if (d % 32 != 0)
         return false;
-    if (pf)
-        for (size_t off = 0; off < n * row_bytes; off += 64)
-            _mm_prefetch(pf + off, PF_HINT);
     const size_t bb = pkvi_quant_block_bytes(dt);
+    const size_t lines = (n * row_bytes + 63) / 64; /* prefetched a share per block */
     /* lane t's row, and whether it exists */
     const __m512i ord = dt == PKV_Q8 ? QD_T8
                         : _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -710,6 +708,9 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
         acc[h] = _mm512_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         const char *blk0 = krow + b * bb;
+        if (pf)
+            for (size_t ln = b * lines / nb; ln < (b + 1) * lines / nb; ln++)
+                _mm_prefetch(pf + ln * 64, PF_HINT);
         __m512i kt[8];
         if (dt == PKV_Q8)
             qd_kt_q8(blk0, row_bytes, n, kt);

@@ -112,10 +112,10 @@ static inline void fold_state(float *m, float *l, float *restrict o, float mc, f
 /* fold_state of a chunk state into the empty state (m = -inf, l = 0, o = 0) without
  * reading it, where mc is finite: a = e^-inf = 0 and w = e^0 = 1, so l = 0 * 0 + lc * 1
  * and o = 0 * 0 + ac * 1, which are lc + 0 and ac + 0 (-0 becomes +0): the same bits.
- * False, and nothing written, where mc is not finite (the caller folds). A decode of
- * within one chunk (chunk_pages) needs no fold at all; this spares it the
- * zeroing and the fold's multiplies, about half of the merge, itself 1-2 us of a
- * llama3-8b layer's decode at 64 tokens (docs/numerics.md). */
+ * False, and nothing written, where mc is not finite (the caller folds). A decode
+ * within one chunk (chunk_pages) needs no fold at all; this spares it the zeroing and
+ * the fold's multiplies, about half of the merge, itself 1-2 us of a llama3-8b
+ * layer's decode at 64 tokens (docs/numerics.md). */
 static inline bool first_state(float *m, float *l, float *restrict o, float mc, float lc,
                                const float *restrict ac, uint32_t d)
 {
@@ -357,9 +357,10 @@ static void merge_task(void *ctx, uint32_t task)
         float *m = run_st + jh, *l = run_st + H + jh;
         float *o = run_st + 2 * (size_t)H + (size_t)jh * dv;
         uint32_t c = 0;
-        if (j->w0 == 0) { /* the first wave: the empty state, or the sink logit's */
-            if (!sigma && nc > 0 &&
-                first_state(m, l, o, wave[jh], wave[H + jh], wave + 2 * (size_t)H + (size_t)jh * dv, dv))
+        if (j->w0 == 0) { /* the first wave: chunk 0's state where first_state can take
+                             it, else the empty state, or the sink logit's */
+            const float *ac0 = wave + 2 * (size_t)H + (size_t)jh * dv;
+            if (!sigma && nc > 0 && first_state(m, l, o, wave[jh], wave[H + jh], ac0, dv))
                 c = 1;
             else {
                 *m = sigma ? sigma[jh - q * hg] : -INFINITY;

@@ -304,6 +304,9 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
  * scalar load, a conversion and a broadcast per row and block were: in QK, Q8 exact
  * 36.2 -> 32.0 ns per position and group in cache; in PV, 38.4 -> 36.2 (16 two-byte
  * copies read back as one vector; docs/numerics.md). */
+/* lane i holds i: a tile's tokens in row order */
+#define LANES16 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+
 AI __m512 block_scales16_at(const char *blk0, __m512i rows, __mmask16 live)
 {
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
@@ -312,9 +315,7 @@ AI __m512 block_scales16_at(const char *blk0, __m512i rows, __mmask16 live)
 
 AI __m512 block_scales16(const char *blk0, size_t row_bytes, uint32_t n)
 {
-    const __m512i rows = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32((int)row_bytes));
+    const __m512i rows = _mm512_mullo_epi32(LANES16, _mm512_set1_epi32((int)row_bytes));
     return block_scales16_at(blk0, rows, (__mmask16)((1u << n) - 1u));
 }
 
@@ -697,8 +698,7 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
     const size_t bb = pkvi_quant_block_bytes(dt);
     const size_t lines = (n * row_bytes + 63) / 64; /* prefetched a share per block */
     /* lane t's row, and whether it exists */
-    const __m512i ord = dt == PKV_Q8 ? QD_T8
-                        : _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i ord = dt == PKV_Q8 ? QD_T8 : LANES16;
     const __m512i rows = _mm512_mullo_epi32(ord, _mm512_set1_epi32((int)row_bytes));
     const __mmask16 live = _mm512_cmpgt_epu32_mask(_mm512_set1_epi32((int)n), ord);
     const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi8(-128);
@@ -733,7 +733,8 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
                 a = _mm512_dpbusd_epi32(a, _mm512_xor_si512(_mm512_set1_epi32(q4), flip), kt[j]);
             }
             const __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, bias));
-            const __m512 term = _mm512_mul_ps(_mm512_mul_ps(dk, _mm512_set1_ps(qs[h * nb + b])), isum);
+            const __m512 dkq = _mm512_mul_ps(dk, _mm512_set1_ps(qs[h * nb + b]));
+            const __m512 term = _mm512_mul_ps(dkq, isum);
             acc[h] = _mm512_add_ps(acc[h], term);
         }
     }

@@ -153,6 +153,10 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
         return reject(why, n, PKV_EINVAL,
                       "PKV_FORCE_ISA=%s: this CPU (and OS) cannot run it, or it is not "
                       "one of scalar, avx2, avx512", isa);
+    uint32_t l2;
+    if (pkvi_prefetch_l2(&l2) != PKV_OK)
+        return reject(why, n, PKV_EINVAL, "PKV_PREFETCH=%s: not one of l1, l2",
+                      getenv("PKV_PREFETCH"));
     if (out)
         *out = c;
     if (why && n)
@@ -250,6 +254,9 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     if (st != PKV_OK)
         goto fail;
     e->kern = pkvi_kernels_for_dtype(e->kern, c.kv_dtype);
+    st = pkvi_prefetch_l2(&e->kp.pf_l2);
+    if (st != PKV_OK)
+        goto fail;
     pkvi_prefix_init(&e->prefix, c.n_layers, c.block_tokens,
                      c.prefix_cache_bytes / e->page_bytes);
     st = pkvi_pool_init(&e->pool, e->page_bytes, c.mem_budget);

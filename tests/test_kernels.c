@@ -1180,6 +1180,76 @@ START_TEST(engine_each_isa)
 }
 END_TEST
 
+/* Where the walk's prefetches go (PKV_PREFETCH=l1|l2, else the CPU's default) moves
+ * no bit: every table, every dtype and both Q8/Q4 paths decode the same bits with
+ * either, over enough pages that the prefetch targets lie inside the walk. */
+START_TEST(prefetch_level_same_bits)
+{
+    const uint64_t seed = pkvt_seed();
+    const uint32_t h = 8, g = 2, d = 64, n = 300;
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed ^ 0x9f);
+    float *K = pkvt_alloc((size_t)n * g * d * sizeof(float));
+    float *V = pkvt_alloc((size_t)n * g * d * sizeof(float));
+    float *q = pkvt_alloc((size_t)h * d * sizeof(float));
+    float *out[2] = {pkvt_alloc((size_t)h * d * sizeof(float)),
+                     pkvt_alloc((size_t)h * d * sizeof(float))};
+    pkvt_fill(&r, K, (size_t)n * g * d, -1, 1);
+    pkvt_fill(&r, V, (size_t)n * g * d, -1, 1);
+    pkvt_fill(&r, q, (size_t)h * d, -2, 2);
+    const pkv_dtype all_dt[] = {PKV_F32, PKV_F16, PKV_BF16, PKV_Q8, PKV_Q4};
+    char *saved_isa = getenv("PKV_FORCE_ISA") ? strdup(getenv("PKV_FORCE_ISA")) : NULL;
+    char *saved_pf = getenv("PKV_PREFETCH") ? strdup(getenv("PKV_PREFETCH")) : NULL;
+    for (size_t i = 0; i < n_all; i++)
+        for (size_t di = 0; di < sizeof all_dt / sizeof all_dt[0]; di++)
+            for (uint32_t qd = 0; qd < (all_dt[di] >= PKV_Q8 ? 2u : 1u); qd++) {
+                for (int lv = 0; lv < 2; lv++) {
+                    setenv("PKV_FORCE_ISA", all[i]->isa, 1);
+                    setenv("PKV_PREFETCH", lv ? "l2" : "l1", 1);
+                    pkv_config c = pkv_config_default();
+                    c.n_layers = 1, c.n_heads = h, c.n_kv_heads = g, c.head_dim = d;
+                    c.block_tokens = 16, c.kv_dtype = all_dt[di], c.n_threads = 1;
+                    c.quant_dot = qd;
+                    pkv_engine *e = pkvt_engine_cfg(&c);
+                    pkv_session *s = pkvt_session(e);
+                    for (uint32_t t = 0; t < n; t++)
+                        ck_assert_int_eq(pkv_append(s, 0, K + (size_t)t * g * d,
+                                                    V + (size_t)t * g * d),
+                                         PKV_OK);
+                    ck_assert_int_eq(pkv_decode(s, 0, q, out[lv]), PKV_OK);
+                    pkv_session_destroy(s);
+                    pkv_engine_destroy(e);
+                }
+                ck_assert_msg(memcmp(out[0], out[1], (size_t)h * d * sizeof(float)) == 0,
+                              "%s %s quant_dot %u: l1 and l2 prefetch differ (seed 0x%llx)",
+                              all[i]->isa, pkv_dtype_name(all_dt[di]), qd,
+                              (unsigned long long)seed);
+            }
+    /* a value that is neither is refused at engine creation */
+    setenv("PKV_PREFETCH", "l3", 1);
+    pkv_config c = pkv_config_default();
+    c.n_layers = 1, c.n_heads = h, c.n_kv_heads = g, c.head_dim = d;
+    pkv_engine *bad = NULL;
+    ck_assert_int_eq(pkv_engine_create(&c, &bad), PKV_EINVAL);
+    ck_assert_ptr_null(bad);
+    if (saved_isa)
+        setenv("PKV_FORCE_ISA", saved_isa, 1);
+    else
+        unsetenv("PKV_FORCE_ISA");
+    if (saved_pf)
+        setenv("PKV_PREFETCH", saved_pf, 1);
+    else
+        unsetenv("PKV_PREFETCH");
+    free(saved_isa);
+    free(saved_pf);
+    free(K);
+    free(V);
+    free(q);
+    free(out[0]);
+    free(out[1]);
+}
+END_TEST
+
 /* Which tables this run tests (see all[] above). None when PKV_FORCE_ISA names a table
  * this build or host lacks: pkvt_run then reports the skip (or the bad name). */
 static void pick_kernels(void)
@@ -1213,6 +1283,7 @@ int main(void)
     tcase_add_test(tc, groups_and_stacked_heads);
     tcase_add_test(tc, vs_double_reference);
     tcase_add_test(tc, engine_each_isa);
+    tcase_add_test(tc, prefetch_level_same_bits);
     if (N_SIMD > 0) { /* SIMD against scalar: nothing to compare in the scalar run */
         tcase_add_test(tc, store_row_bitwise);
         tcase_add_test(tc, shapes_vs_scalar);

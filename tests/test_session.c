@@ -973,6 +973,20 @@ START_TEST(config_explain_names_the_reason)
     ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL);
     setenv("PKV_FORCE_ISA", "scalar", 1);
     ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_OK);
+    /* where the kernels' prefetches go: l1 or l2, nothing else */
+    const char *old_pf = getenv("PKV_PREFETCH");
+    char *saved_pf = old_pf ? strdup(old_pf) : NULL;
+    setenv("PKV_PREFETCH", "L2", 1);
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "PKV_PREFETCH=L2"));
+    setenv("PKV_PREFETCH", "l2", 1);
+    ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_OK);
+    if (saved_pf) {
+        setenv("PKV_PREFETCH", saved_pf, 1);
+        free(saved_pf);
+    } else {
+        unsetenv("PKV_PREFETCH");
+    }
     if (saved) {
         setenv("PKV_FORCE_ISA", saved, 1);
         free(saved);

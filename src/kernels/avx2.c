@@ -28,7 +28,13 @@
 #define AI static inline __attribute__((always_inline))
 
 /* Software prefetch of the page ahead: the scheme and the measurements of avx512.c. */
-#define PF_HINT _MM_HINT_T0
+AI void pf_line(const char *a, const bool l2) /* as avx512.c's */
+{
+    if (l2)
+        _mm_prefetch(a, _MM_HINT_T1);
+    else
+        _mm_prefetch(a, _MM_HINT_T0);
+}
 #define PF_AHEAD_BYTES 4096u
 
 /* ---- loads: 8 values of the page's dtype from element i of row base, as f32 ------ */
@@ -293,11 +299,11 @@ AI float hadd8(__m256 v)
  * Unscaled dots of HB heads (q rows qh, stride d) with TB consecutive K rows; writes
  * s[h * PKVI_TILE + t]. HB * TB <= 8. */
 AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, float *s,
-                 const char *pf, size_t row_bytes, const int HB, const int TB)
+                 const char *pf, const bool l2, size_t row_bytes, const int HB, const int TB)
 {
     if (pf)
         for (size_t off = 0; off < TB * row_bytes; off += 64)
-            _mm_prefetch(pf + off, PF_HINT);
+            pf_line(pf + off, l2);
     __m256 a[8];
     PKVI_UNROLL
     for (int i = 0; i < 8; i++)
@@ -401,23 +407,23 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
 }
 
 AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
-                 uint32_t n, const float *qh, float *s, const char *pf, const int HB)
+                 uint32_t n, const float *qh, float *s, const char *pf, const bool l2, const int HB)
 {
     const int TB = 8 / HB;
     uint32_t t = 0;
     for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
         qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
-                 pf ? pf + t * row_bytes : NULL, row_bytes, HB, TB);
+                 pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, TB);
     for (; t < n; t++)
         qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
-                 pf ? pf + t * row_bytes : NULL, row_bytes, HB, 1);
+                 pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, 1);
 }
 
 /* ---- PV ------------------------------------------------------------------------------
  * acc[h][c0 .. c0 + 8*CB) = alpha[h] * acc + sum_t w[h][t] * v_t for HB heads; with
  * rem (1..7, CB == 1) only the first rem lanes exist. */
 AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32_t n,
-                 const float *w, const float *alpha, float *acc, const char *pf,
+                 const float *w, const float *alpha, float *acc, const char *pf, const bool l2,
                  const int HB, const int CB, const uint32_t rem, const bool raw)
 {
     const size_t es = dt == PKV_F32 ? 4u : 2u;
@@ -449,7 +455,7 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
     }
     for (uint32_t t = 0; t < n; t++) {
         if (pfb)
-            _mm_prefetch(pfb + t * stride, PF_HINT);
+            pf_line(pfb + t * stride, l2);
         __m256 vv[2];
         if (bf16x)
             ld16_bf16(vrow, (size_t)t * d + c0, vv);
@@ -490,7 +496,7 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
 }
 
 AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const float *w,
-                 const float *alpha, float *acc, const char *pf, const int HB)
+                 const float *alpha, float *acc, const char *pf, const bool l2, const int HB)
 {
     uint32_t c = 0;
     if (QTYPE(dt)) {
@@ -513,16 +519,16 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
                 _mm256_store_ps(ws + h * PKVI_TILE + 8,
                                 _mm256_mul_ps(_mm256_load_ps(w + h * PKVI_TILE + 8), s1));
             }
-            pv_block(dt, vrow, d, c, n, ws, alpha, acc, pf, HB, 2, 0, true);
-            pv_block(dt, vrow, d, c + 16, n, ws, alpha, acc, pf, HB, 2, 0, true);
+            pv_block(dt, vrow, d, c, n, ws, alpha, acc, pf, l2, HB, 2, 0, true);
+            pv_block(dt, vrow, d, c + 16, n, ws, alpha, acc, pf, l2, HB, 2, 0, true);
         }
     }
     for (; c + 16 <= d; c += 16)
-        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 2, 0, false);
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, l2, HB, 2, 0, false);
     for (; c + 8 <= d; c += 8)
-        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, 0, false);
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, l2, HB, 1, 0, false);
     if (c < d)
-        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, HB, 1, d - c, false);
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, l2, HB, 1, d - c, false);
 }
 
 /* ---- softmax of one tile (as ref.c; l uses a fused multiply-add) -------------------

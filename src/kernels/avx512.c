@@ -63,9 +63,15 @@
  * page at page start 9.6; T1 two and four pages ahead 11.9-15.1. T0 keeps ~24 lines in
  * flight (the L1 miss buffers), which caps one core near 23 GB/s even on contiguous
  * pages; see docs/numerics.md "Performance". */
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T0
-#endif
+/* One line of the unit ahead: into L1 (T0), or with l2 (pkvi_kparams.pf_l2) into L2
+ * only (T1), which on Zen 4 leaves the L1 miss buffers to the demand loads. */
+AI void pf_line(const char *a, const bool l2)
+{
+    if (l2)
+        _mm_prefetch(a, _MM_HINT_T1);
+    else
+        _mm_prefetch(a, _MM_HINT_T0);
+}
 #ifndef PF_AHEAD_BYTES
 #define PF_AHEAD_BYTES 4096u
 #endif
@@ -233,12 +239,12 @@ AI __m512 hsum16(const __m512 v[16])
  * Unscaled dots of HB heads (q rows qh, stride d) with TB consecutive K rows (krow);
  * writes s[h * PKVI_TILE + t]. HB * TB <= 16. */
 AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, float *s,
-                 const char *pf, size_t row_bytes, const float *ksc, const int HB,
+                 const char *pf, const bool l2, size_t row_bytes, const float *ksc, const int HB,
                  const int TB)
 {
     if (pf)
         for (size_t off = 0; off < TB * row_bytes; off += 64)
-            _mm_prefetch(pf + off, PF_HINT);
+            pf_line(pf + off, l2);
     __m512 a[16];
     PKVI_UNROLL
     for (int i = 0; i < 16; i++)
@@ -330,7 +336,7 @@ AI void ksc_gather(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
 
 /* Scores of n tokens for HB heads: blocks of TB tokens, then one token at a time. */
 AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
-                 uint32_t n, const float *qh, float *s, const char *pf, const int HB)
+                 uint32_t n, const float *qh, float *s, const char *pf, const bool l2, const int HB)
 {
     const int TB = 16 / HB;
     _Alignas(64) float ksc[PKVI_MAX_HEAD_DIM / 32 * PKVI_TILE]; /* Q8/Q4: ksc_gather */
@@ -339,10 +345,10 @@ AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
     uint32_t t = 0;
     for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
         qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
-                 pf ? pf + t * row_bytes : NULL, row_bytes, ksc + t, HB, TB);
+                 pf ? pf + t * row_bytes : NULL, l2, row_bytes, ksc + t, HB, TB);
     for (; t < n; t++)
         qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,
-                 pf ? pf + t * row_bytes : NULL, row_bytes, ksc + t, HB, 1);
+                 pf ? pf + t * row_bytes : NULL, l2, row_bytes, ksc + t, HB, 1);
 }
 
 /* ---- PV ------------------------------------------------------------------------------
@@ -372,7 +378,7 @@ AI void q4_acc_join(__m512 *a0, __m512 *a1)
  * integers. */
 #define WS_STRIDE (4 * PKVI_TILE)
 AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32_t n,
-                 const float *w, const float *alpha, float *acc, const char *pf,
+                 const float *w, const float *alpha, float *acc, const char *pf, const bool l2,
                  uint32_t ln0, uint32_t ln1, const int HB, const int CB, const bool tail,
                  const __mmask16 k, const bool raw)
 {
@@ -397,14 +403,14 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
         if (pf && dt == PKV_F32) /* step t's part of lines [ln0, ln1) ahead */
             for (uint32_t ln = ln0 + t * (ln1 - ln0) / n; ln < ln0 + (t + 1) * (ln1 - ln0) / n;
                  ln++)
-                _mm_prefetch(pf + (size_t)ln * 64, PF_HINT);
+                pf_line(pf + (size_t)ln * 64, l2);
         else if (pf && QTYPE(dt)) { /* the first block's call asks for row t ahead */
             if (c0 == 0)
                 for (size_t off = 0; off < vrb; off += 64)
-                    _mm_prefetch(pf + t * vrb + off, PF_HINT);
+                    pf_line(pf + t * vrb + off, l2);
         } else if (pf) /* this block's bytes of row t, in the page `dist` ahead */
             for (size_t off = c0 * es; off < (c0 + 16u * CB) * es && off < d * es; off += 64)
-                _mm_prefetch(pf + t * d * es + off, PF_HINT);
+                pf_line(pf + t * d * es + off, l2);
         __m512 vv[4];
         if (raw) {
             PKVI_UNROLL
@@ -462,7 +468,7 @@ AI void pv_block(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t c0, uint32
  * half types prefetch each block's own columns, row by row (in address order: -6-8%);
  * so does avx2.c, whose eight 64-byte blocks per f32 row measured -12% with shares. */
 AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const float *w,
-                 const float *alpha, float *acc, const char *pf, const int HB)
+                 const float *alpha, float *acc, const char *pf, const bool l2, const int HB)
 {
     const uint32_t B = d / 64 + (d % 64) / 16 + (d % 16 != 0);
     const uint32_t L = (uint32_t)(((size_t)n * d * sizeof(float) + 63) / 64);
@@ -487,22 +493,22 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
                                     _mm512_mul_ps(_mm512_loadu_ps(w + h * PKVI_TILE), sv));
             }
             if (nblk == 2)
-                pv_block(dt, vrow, d, c, n, ws, alpha, acc, pf, 0, 0, HB, 4, false, 0xffff,
+                pv_block(dt, vrow, d, c, n, ws, alpha, acc, pf, l2, 0, 0, HB, 4, false, 0xffff,
                          true);
             else
-                pv_block(dt, vrow, d, c, n, ws, alpha, acc, pf, 0, 0, HB, 2, false, 0xffff,
+                pv_block(dt, vrow, d, c, n, ws, alpha, acc, pf, l2, 0, 0, HB, 2, false, 0xffff,
                          true);
             c += 32u * (uint32_t)nblk;
         }
     }
     for (; c + 64 <= d; c += 64, b++)
-        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, b * L / B, (b + 1) * L / B, HB, 4,
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, l2, b * L / B, (b + 1) * L / B, HB, 4,
                  false, 0xffff, false);
     for (; c + 16 <= d; c += 16, b++)
-        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, b * L / B, (b + 1) * L / B, HB, 1,
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, l2, b * L / B, (b + 1) * L / B, HB, 1,
                  false, 0xffff, false);
     if (c < d)
-        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, b * L / B, (b + 1) * L / B, HB, 1,
+        pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, l2, b * L / B, (b + 1) * L / B, HB, 1,
                  true, (__mmask16)((1u << (d - c)) - 1u), false);
 }
 
@@ -691,7 +697,7 @@ AI void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512i kt[8])
 
 AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
                        uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
-                       uint32_t nb, float *s, const char *pf, const int HB)
+                       uint32_t nb, float *s, const char *pf, const bool l2, const int HB)
 {
     if (d % 32 != 0)
         return false;
@@ -710,7 +716,7 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
         const char *blk0 = krow + b * bb;
         if (pf)
             for (size_t ln = b * lines / nb; ln < (b + 1) * lines / nb; ln++)
-                _mm_prefetch(pf + ln * 64, PF_HINT);
+                pf_line(pf + ln * 64, l2);
         __m512i kt[8];
         if (dt == PKV_Q8)
             qd_kt_q8(blk0, row_bytes, n, kt);

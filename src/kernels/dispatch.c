@@ -1,7 +1,7 @@
 /*
  * kernels/dispatch.c - which kernel table an engine uses.
  *
- * Owns: pkvi_kernels_select and pkvi_isa_supported. Does not own the kernels
+ * Owns: pkvi_kernels_select, pkvi_isa_supported and pkvi_prefetch_l2. Does not own the kernels
  * (ref.c, avx2.c, avx512.c) nor where the choice is stored (engine.c keeps it).
  *
  * Invariants:
@@ -11,7 +11,7 @@
  *     not enable ZMM state must not run the AVX-512 kernel.
  *   - A table entry whose attend is NULL (a build without that kernel) is unavailable.
  *   - No global state: the CPU is asked on every call (once per engine creation).
- *     PKV_FORCE_ISA is read here, at engine creation, never later.
+ *     PKV_FORCE_ISA and PKV_PREFETCH are read here, at engine creation, never later.
  *   - A build with PKV_AVX512_EMULATED (meson's avx512_emulation, tests only) has
  *     AVX-512 tables (avx512, avx512vnni) that run on AVX2 through SIMDe: usable on
  *     AVX2 hosts, and chosen only through PKV_FORCE_ISA.
@@ -85,6 +85,38 @@ static unsigned cpu_level(void)
     return level;
 }
 #endif
+
+#if PKVI_X86
+/* AMD family 19h with AVX-512: Zen 4 (Zen 3, the same family, has no AVX-512). */
+static bool cpu_zen4(void)
+{
+    uint32_t a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d))
+        return false;
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
+    if (!amd || !__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    const uint32_t family = ((a >> 8) & 0xfu) + ((a >> 20) & 0xffu);
+    return family == 0x19u && cpu_level() >= CPU_AVX512;
+}
+#endif
+
+pkv_status pkvi_prefetch_l2(uint32_t *out)
+{
+    const char *force = getenv("PKV_PREFETCH");
+    if (force && *force) {
+        if (strcmp(force, "l1") != 0 && strcmp(force, "l2") != 0)
+            return PKV_EINVAL;
+        *out = force[1] == '2';
+        return PKV_OK;
+    }
+#if PKVI_X86
+    *out = cpu_zen4();
+#else
+    *out = 0;
+#endif
+    return PKV_OK;
+}
 
 const pkvi_kernels *pkvi_kernels_named(const char *isa)
 {

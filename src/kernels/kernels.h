@@ -50,6 +50,8 @@ typedef struct {
     uint32_t quant_dot;     /* 1 (Q8/Q4 pages only): scores from integer dot products of
                              * the K rows' integers with q quantized per head into int8
                              * blocks (pkvi_quant_query); 0: the exact f32 dot */
+    uint32_t pf_l2;         /* 1: software prefetches of the unit ahead go to L2 (T1),
+                             * 0: to L1 (T0); pkvi_prefetch_l2 picks it per CPU */
     size_t group_stride;    /* bytes between consecutive groups in a page: bt*(dk+dv)*size */
     size_t v_offset;        /* bytes from a group's K rows to its V rows: bt*dk*size, or
                              * (bt-r)*dk*size + r*dv*size for a walk starting at row r */
@@ -118,6 +120,12 @@ PKVI_HIDDEN pkv_status pkvi_kernels_check_force(const char **name);
  * "avx512vnni"), whether
  * or not the host can run it; NULL for a name it does not contain. */
 PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_named(const char *isa);
+/* Where the SIMD walks' software prefetches of the unit ahead go (pkvi_kparams.pf_l2):
+ * 1 (L2, T1) on Zen 4, where T1 fills L2 only and leaves the L1 miss buffers to the
+ * demand loads (128k tokens of a llama3-8b layer, f16, one thread: 57-73 -> 32-33 ms),
+ * else 0 (L1, T0: measured best on Zen 5 and Intel, docs/numerics.md). PKV_PREFETCH=l1
+ * or l2 forces it; any other non-empty value is PKV_EINVAL. Results never change. */
+PKVI_HIDDEN pkv_status pkvi_prefetch_l2(uint32_t *out);
 /* Whether the host can run `isa` ("scalar" always). */
 PKVI_HIDDEN bool pkvi_isa_supported(const char *isa);
 

@@ -2,7 +2,7 @@
  * kernels/qdot256.h - the integer-dot scores of quant_dot = 1 in 256-bit vectors
  * (AVX2 instructions; avx512.c compiles them too, with its own flags): qk_heads_int,
  * the function walk.h calls for PKVI_WALK_QUANT_DOT. Included by avx2.c and avx512.c
- * after they define AI and PF_HINT. ref.c is the definition.
+ * after they define AI and pf_line. ref.c is the definition.
  */
 #ifndef PKV_KERNELS_QDOT256_H
 #define PKV_KERNELS_QDOT256_H
@@ -152,12 +152,12 @@ AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int
  * block b, the 8 lanes' dq_b (0 in lanes past HB * TB): qk_heads_int lays them out once
  * per tile, not once per block of every token pair. */
 AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
-                     const float *dqv, size_t dpad, uint32_t nb, float *s, const char *pf,
+                     const float *dqv, size_t dpad, uint32_t nb, float *s, const char *pf, const bool l2,
                      size_t row_bytes, const int HB, const int TB)
 {
     if (pf)
         for (size_t off = 0; off < TB * row_bytes; off += 64)
-            _mm_prefetch(pf + off, PF_HINT);
+            pf_line(pf + off, l2);
     const size_t bb = pkvi_quant_block_bytes(dt);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
@@ -222,15 +222,15 @@ AI void qd_lanes(const float *qs, uint32_t nb, float *dqv, const int HB, const i
  * nothing. Defined by that file before it includes this one. */
 AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
                        uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
-                       uint32_t nb, float *s, const char *pf, const int HB);
+                       uint32_t nb, float *s, const char *pf, const bool l2, const int HB);
 #endif
 
 AI void qk_heads_int(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
                      uint32_t n, const int8_t *qi, const float *qs, size_t dpad, uint32_t nb,
-                     float *s, const char *pf, const int HB)
+                     float *s, const char *pf, const bool l2, const int HB)
 {
 #if PKVI_QD_TILE
-    if (qd_tile_scores(dt, krow, row_bytes, d, n, qi, qs, dpad, nb, s, pf, HB))
+    if (qd_tile_scores(dt, krow, row_bytes, d, n, qi, qs, dpad, nb, s, pf, l2, HB))
         return;
 #endif
     const int TB = 8 / HB;
@@ -240,13 +240,13 @@ AI void qk_heads_int(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t 
         qd_lanes(qs, nb, dqv, HB, TB);
         for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
             qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, dpad, nb, s + t,
-                         pf ? pf + t * row_bytes : NULL, row_bytes, HB, TB);
+                         pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, TB);
     }
     if (t < n) {
         qd_lanes(qs, nb, dqv, HB, 1);
         for (; t < n; t++)
             qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, dpad, nb, s + t,
-                         pf ? pf + t * row_bytes : NULL, row_bytes, HB, 1);
+                         pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, 1);
     }
 }
 

@@ -387,8 +387,12 @@ static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
     j.e = e;
     j.n = n;
     j.sets = sets;
-    /* work ~ K/V bytes x queries; in double: only a threshold, and it cannot wrap */
+    /* work ~ K/V values x queries, counted as f16 bytes (2 a value), the unit the split
+     * thresholds were measured in: in cache, where they matter, a decode costs its
+     * arithmetic, which follows values, not stored bytes (Q4 has a quarter of f16's
+     * bytes and more work per value). In double: only a threshold, it cannot wrap. */
     double bytes = 0;
+    const double value_bytes = 2.0 * ((double)e->cfg.head_dim + (double)PKVI_DV(&e->kp));
     uint64_t waves_end = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (sets[i].C > waves_end)
@@ -396,8 +400,7 @@ static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
         uint64_t attended = 0;
         for (uint32_t r = 0; r < sets[i].n_runs; r++)
             attended += sets[i].runs[r].p1 - sets[i].runs[r].p0;
-        bytes += (double)attended * e->cfg.n_kv_heads *
-                 (double)(e->row_bytes + e->row_bytes_v) * sets[i].nq;
+        bytes += (double)attended * e->cfg.n_kv_heads * value_bytes * sets[i].nq;
     }
     const bool parallel = go_parallel(e, bytes);
     pkvi_threads *pool = parallel ? e->threads : NULL;

@@ -41,7 +41,8 @@
  * the context - the number of chunks of a decode is not bounded (chunk c holds the
  * absolute pages [c * chunk_pages, (c + 1) * chunk_pages)). */
 #define PKVI_MAX_CHUNKS 64u
-/* Below this many K/V bytes in a whole decode call (times queries for prefill) the
+/* Below this many K/V values in a whole decode call (times queries for prefill),
+ * counted as f16 bytes (2 a value, whatever the page dtype), the
  * calling thread works alone (decode.c, through the engine's split_awake and
  * split_asleep). Measured on the 2-core VM (llama3-8b layer, f16): with the worker
  * awake (threads.c polls for a while after each run), 2 threads tie with 1 at 1 MiB

@@ -808,6 +808,11 @@ AI __m512i kblocks2_u8(pkv_dtype dt, const char *blk, size_t bb)
 }
 #endif
 
+AI uint32_t qd_wide_count(uint32_t d, uint32_t nb) /* qd_wide_blocks' loop bound */
+{
+    return (d / 32 < nb ? d / 32 : nb) & ~1u;
+}
+
 AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
                            const float *dqv, size_t dpad, uint32_t nb, size_t row_bytes,
                            const int HB, const int TB, __m256 *acc)

@@ -30,6 +30,16 @@ AI __m256i kblock_i8(pkv_dtype dt, const char *blk)
     return _mm256_sub_epi8(_mm256_and_si256(w, _mm256_set1_epi8(15)), _mm256_set1_epi8(8));
 }
 
+/* A Q4 block's nibbles as stored, k + 8 in 0..15 (low nibbles, then high): the
+ * unsigned operand of vpmaddubsw, so q needs no sign transfer and k no abs. A pair of
+ * products sums to at most 2 * 15 * 127 = 3810 (no saturation), and qd_lane_bias
+ * takes the 8 * sum(q) that the +8 adds back out of the exact isum. */
+AI __m256i kblock_u4(const char *blk)
+{
+    const __m128i x = _mm_loadu_si128((const void *)(blk + 2));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
+}
+
 /* The last block of m < 32 values: its bytes copied into a zeroed block first (rows
  * end there: nothing past them is read). q is 0 past m, so what the copy leaves in
  * those lanes adds 0. */
@@ -37,7 +47,7 @@ AI __m256i kblock_i8_tail(pkv_dtype dt, const char *blk, uint32_t m)
 {
     _Alignas(32) char tmp[34] = {0};
     memcpy(tmp, blk, 2 + (dt == PKV_Q8 ? m : (m + 1) / 2));
-    return kblock_i8(dt, tmp);
+    return dt == PKV_Q4 ? kblock_u4(tmp) : kblock_i8(dt, tmp);
 }
 
 AI float kblock_scale(const char *blk)
@@ -141,6 +151,8 @@ AI __m128i qd_lane_scales(const uint32_t *sb, const int TB)
 AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
                            const float *dqv, size_t dpad, uint32_t nb, size_t row_bytes,
                            const int HB, const int TB, __m256 *acc);
+/* How many blocks qd_wide_blocks scores for head_dim d (nb blocks). */
+AI uint32_t qd_wide_count(uint32_t d, uint32_t nb);
 #endif
 
 /* Integer-dot scores of HB heads (qi rows dpad apart, qs rows nb apart) with TB
@@ -152,7 +164,7 @@ AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int
  * block b, the 8 lanes' dq_b (0 in lanes past HB * TB): qk_heads_int lays them out once
  * per tile, not once per block of every token pair. */
 AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
-                     const float *dqv, size_t dpad, uint32_t nb, float *s, const char *pf, const bool l2,
+                     const float *dqv, const int32_t *qbv, size_t dpad, uint32_t nb, float *s, const char *pf, const bool l2,
                      size_t row_bytes, const int HB, const int TB)
 {
     if (pf)
@@ -176,18 +188,23 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
         for (int t = 0; t < TB; t++) {
             const char *blk = krow + t * row_bytes + b * bb;
             sb[t] = kblock_scale_bits(blk);
-            const __m256i k = full ? kblock_i8(dt, blk) : kblock_i8_tail(dt, blk, d - b * 32);
-            const __m256i ka = _mm256_abs_epi8(k);
+            const __m256i k = full ? (dt == PKV_Q4 ? kblock_u4(blk) : kblock_i8(dt, blk))
+                                   : kblock_i8_tail(dt, blk, d - b * 32);
+            const __m256i ka = dt == PKV_Q4 ? k : _mm256_abs_epi8(k);
             PKVI_UNROLL
             for (int h = 0; h < HB; h++) {
                 const __m256i qv = _mm256_load_si256((const void *)(qi + h * dpad + b * 32));
                 pr[h * TB + t] = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(ka, _mm256_sign_epi8(qv, k)), ones);
+                    _mm256_maddubs_epi16(ka, dt == PKV_Q4 ? qv : _mm256_sign_epi8(qv, k)),
+                    ones);
             }
         }
         const __m256 dk = _mm256_cvtph_ps(qd_lane_scales(sb, TB));
         const __m256 dq = _mm256_load_ps(dqv + 8 * b);
-        const __m256 isum = _mm256_cvtepi32_ps(qd_hsum8i(pr));
+        __m256i is = qd_hsum8i(pr);
+        if (dt == PKV_Q4) /* (k + 8) . q - 8 * sum(q) = k . q, exact */
+            is = _mm256_sub_epi32(is, _mm256_load_si256((const void *)(qbv + 8 * b)));
+        const __m256 isum = _mm256_cvtepi32_ps(is);
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dk, dq), isum));
     }
     _Alignas(32) float r[8];
@@ -215,6 +232,36 @@ AI void qd_lanes(const float *qs, uint32_t nb, float *dqv, const int HB, const i
     }
 }
 
+/* Q4 (kblock_u4): qbv[8 * b + h * TB + t] = 8 * sum of head h's 32 integers of block
+ * b, for blocks [b0, nb), 0 in the lanes past HB * TB. |8 * sum| < 2^15: exact. */
+AI void qd_lane_bias(const int8_t *qi, size_t dpad, uint32_t b0, uint32_t nb, int32_t *qbv,
+                     const int HB, const int TB)
+{
+    const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+    for (uint32_t b = b0; b < nb; b++) {
+        int32_t sum[4] = {0};
+        PKVI_UNROLL
+        for (int h = 0; h < HB; h++) {
+            const __m256i v = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(
+                    one8, _mm256_load_si256((const void *)(qi + h * dpad + b * 32))),
+                one16);
+            __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+            x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+            sum[h] = 8 * _mm_cvtsi128_si32(x);
+        }
+        PKVI_UNROLL
+        for (int h = 0; h < HB; h++)
+            PKVI_UNROLL
+            for (int t = 0; t < TB; t++)
+                qbv[8 * b + (uint32_t)(h * TB + t)] = sum[h];
+        PKVI_UNROLL
+        for (int i = HB * TB; i < 8; i++)
+            qbv[8 * b + (uint32_t)i] = 0;
+    }
+}
+
 #if PKVI_QD_TILE
 /* An including file may score a whole tile at once where every block of the row is
  * whole: qd_tile_scores writes s[h * PKVI_TILE + t] for the n rows and HB heads as
@@ -235,17 +282,29 @@ AI void qk_heads_int(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t 
 #endif
     const int TB = 8 / HB;
     _Alignas(32) float dqv[8 * (PKVI_MAX_HEAD_DIM / 32)];
+    _Alignas(32) int32_t qbv[8 * (PKVI_MAX_HEAD_DIM / 32)]; /* Q4: qd_lane_bias */
+    /* the first block qk_block_int's own loop scores (after the including file's wide
+     * ones) */
+#if PKVI_QD_WIDE
+    const uint32_t b0 = qd_wide_count(d, nb);
+#else
+    const uint32_t b0 = 0;
+#endif
     uint32_t t = 0;
     if (n >= (uint32_t)TB) {
         qd_lanes(qs, nb, dqv, HB, TB);
+        if (dt == PKV_Q4)
+            qd_lane_bias(qi, dpad, b0, nb, qbv, HB, TB);
         for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
-            qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, dpad, nb, s + t,
+            qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, qbv, dpad, nb, s + t,
                          pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, TB);
     }
     if (t < n) {
         qd_lanes(qs, nb, dqv, HB, 1);
+        if (dt == PKV_Q4)
+            qd_lane_bias(qi, dpad, b0, nb, qbv, HB, 1);
         for (; t < n; t++)
-            qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, dpad, nb, s + t,
+            qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, qbv, dpad, nb, s + t,
                          pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, 1);
     }
 }

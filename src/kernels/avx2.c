@@ -407,7 +407,8 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
 }
 
 AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
-                 uint32_t n, const float *qh, float *s, const char *pf, const bool l2, const int HB)
+                 uint32_t n, const float *qh, float *s, const char *pf, const bool l2,
+                 const int HB)
 {
     const int TB = 8 / HB;
     uint32_t t = 0;

@@ -336,7 +336,8 @@ AI void ksc_gather(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
 
 /* Scores of n tokens for HB heads: blocks of TB tokens, then one token at a time. */
 AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
-                 uint32_t n, const float *qh, float *s, const char *pf, const bool l2, const int HB)
+                 uint32_t n, const float *qh, float *s, const char *pf, const bool l2,
+                 const int HB)
 {
     const int TB = 16 / HB;
     _Alignas(64) float ksc[PKVI_MAX_HEAD_DIM / 32 * PKVI_TILE]; /* Q8/Q4: ksc_gather */

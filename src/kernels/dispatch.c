@@ -93,7 +93,8 @@ static bool cpu_zen4(void)
     uint32_t a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d))
         return false;
-    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
+    /* "AuthenticAMD" in EBX, EDX, ECX */
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
     if (!amd || !__get_cpuid(1, &a, &b, &c, &d))
         return false;
     const uint32_t family = ((a >> 8) & 0xfu) + ((a >> 20) & 0xffu);

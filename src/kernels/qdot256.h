@@ -164,7 +164,8 @@ AI uint32_t qd_wide_count(uint32_t d, uint32_t nb);
  * block b, the 8 lanes' dq_b (0 in lanes past HB * TB): qk_heads_int lays them out once
  * per tile, not once per block of every token pair. */
 AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
-                     const float *dqv, const int32_t *qbv, size_t dpad, uint32_t nb, float *s, const char *pf, const bool l2,
+                     const float *dqv, const int32_t *qbv, size_t dpad, uint32_t nb, float *s,
+                     const char *pf, const bool l2,
                      size_t row_bytes, const int HB, const int TB)
 {
     if (pf)
@@ -246,7 +247,8 @@ AI void qd_lane_bias(const int8_t *qi, size_t dpad, uint32_t b0, uint32_t nb, in
                 _mm256_maddubs_epi16(
                     one8, _mm256_load_si256((const void *)(qi + h * dpad + b * 32))),
                 one16);
-            __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            __m128i x =
+                _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
             x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
             x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
             sum[h] = 8 * _mm_cvtsi128_si32(x);

@@ -57,36 +57,37 @@ AI void tile_qk(const pkv_dtype dt, const bool qd, const pkvi_kparams *p, const 
     const uint32_t d = p->head_dim, hg = p->hg;
     const size_t row = row_bytes_of(dt, d);
     const char *pk = t->pfk; /* only the first head block prefetches: same rows for all */
+    const bool l2 = p->pf_l2;
     uint32_t h = 0;
 #if PKVI_WALK_QUANT_DOT
     if (qd) {
         const uint32_t nb = (d + 31) / 32, dp = nb * 32;
         for (; h + 4 <= hg; h += 4, pk = NULL)
             qk_heads_int(dt, t->k, row, d, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
-                         dp, nb, s + h * PKVI_TILE, pk, p->pf_l2, 4);
+                         dp, nb, s + h * PKVI_TILE, pk, l2, 4);
         if (hg - h >= 2) {
             qk_heads_int(dt, t->k, row, d, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
-                         dp, nb, s + h * PKVI_TILE, pk, p->pf_l2, 2);
+                         dp, nb, s + h * PKVI_TILE, pk, l2, 2);
             h += 2;
             pk = NULL;
         }
         if (h < hg)
             qk_heads_int(dt, t->k, row, d, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
-                         dp, nb, s + h * PKVI_TILE, pk, p->pf_l2, 1);
+                         dp, nb, s + h * PKVI_TILE, pk, l2, 1);
         return;
     }
 #else
     (void)qd;
 #endif
     for (; h + 4 <= hg; h += 4, pk = NULL)
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, p->pf_l2, 4);
+        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 4);
     if (hg - h >= 2) {
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, p->pf_l2, 2);
+        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 2);
         h += 2;
         pk = NULL;
     }
     if (h < hg)
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, p->pf_l2, 1);
+        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 1);
 }
 
 /* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads. */
@@ -95,16 +96,18 @@ AI void tile_pv(const pkv_dtype dt, const pkvi_kparams *p, const tile *t, const 
 {
     const uint32_t d = PKVI_DV(p), hg = p->hg;
     const char *pv = t->pfv;
+    const bool l2 = p->pf_l2;
+    float *acc = t->acc;
     uint32_t h = 0;
     for (; h + 4 <= hg; h += 4, pv = NULL)
-        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, t->acc + (size_t)h * d, pv, p->pf_l2, 4);
+        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, l2, 4);
     if (hg - h >= 2) {
-        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, t->acc + (size_t)h * d, pv, p->pf_l2, 2);
+        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, l2, 2);
         h += 2;
         pv = NULL;
     }
     if (h < hg)
-        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, t->acc + (size_t)h * d, pv, p->pf_l2, 1);
+        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, l2, 1);
 }
 
 /*

@@ -1128,6 +1128,75 @@ START_TEST(isa_matches_cpuinfo)
 }
 END_TEST
 
+/* Whether the first processor of /proc/cpuinfo has the word w in its flags line. */
+static bool flags_have(const char *flags, const char *w)
+{
+    const size_t n = strlen(w);
+    for (const char *p = strstr(flags, w); p; p = strstr(p + 1, w))
+        if ((p == flags || p[-1] == ' ' || p[-1] == '\t') && (p[n] == ' ' || p[n] == '\n' ||
+                                                              p[n] == '\0'))
+            return true;
+    return false;
+}
+
+/* The default prefetch level against /proc/cpuinfo: L2 exactly on Zen 4 (AuthenticAMD,
+ * cpu family 25, AVX-512 F/BW/VL/DQ), L1 elsewhere; PKV_PREFETCH overrides it. */
+START_TEST(prefetch_rule_matches_cpuinfo)
+{
+    char *saved = getenv("PKV_PREFETCH") ? strdup(getenv("PKV_PREFETCH")) : NULL;
+    unsetenv("PKV_PREFETCH");
+    uint32_t l2 = 7;
+    ck_assert_int_eq(pkvi_prefetch_l2(&l2), PKV_OK);
+    FILE *fp = fopen("/proc/cpuinfo", "r");
+    ck_assert_ptr_nonnull(fp);
+    char line[8192], vendor[64] = "", flags[8192] = "";
+    int family = -1;
+    while (fgets(line, sizeof line, fp) && line[0] != '\n') {
+        const char *v = strchr(line, ':');
+        if (!v)
+            continue;
+        v += v[1] == ' ' ? 2 : 1;
+        if (strncmp(line, "vendor_id", 9) == 0)
+            snprintf(vendor, sizeof vendor, "%.*s", (int)strcspn(v, "\n"), v);
+        else if (strncmp(line, "cpu family", 10) == 0)
+            family = atoi(v);
+        else if (strncmp(line, "flags", 5) == 0)
+            snprintf(flags, sizeof flags, "%s", v);
+    }
+    fclose(fp);
+    const bool zen4 = strcmp(vendor, "AuthenticAMD") == 0 && family == 25 &&
+                      flags_have(flags, "avx512f") && flags_have(flags, "avx512bw") &&
+                      flags_have(flags, "avx512vl") && flags_have(flags, "avx512dq");
+#if PKV_HAVE_X86_KERNELS
+    if (under_valgrind()) /* its CPU offers no AVX-512: one way only */
+        ck_assert_msg(!l2 || zen4, "L2 prefetch on a CPU /proc/cpuinfo says is not Zen 4");
+    else
+        ck_assert_msg(l2 == (uint32_t)zen4, "prefetch level %s, /proc/cpuinfo: %s family %d%s",
+                      l2 ? "L2" : "L1", vendor, family,
+                      zen4 ? " with AVX-512 (Zen 4)" : "");
+#else
+    ck_assert_uint_eq(l2, 0);
+#endif
+    printf("prefetch_rule_matches_cpuinfo: %s family %d -> %s\n", vendor, family,
+           l2 ? "L2" : "L1");
+    setenv("PKV_PREFETCH", "l2", 1);
+    ck_assert_int_eq(pkvi_prefetch_l2(&l2), PKV_OK);
+    ck_assert_uint_eq(l2, 1);
+    setenv("PKV_PREFETCH", "l1", 1);
+    ck_assert_int_eq(pkvi_prefetch_l2(&l2), PKV_OK);
+    ck_assert_uint_eq(l2, 0);
+    setenv("PKV_PREFETCH", "t1", 1);
+    l2 = 5;
+    ck_assert_int_eq(pkvi_prefetch_l2(&l2), PKV_EINVAL);
+    ck_assert_uint_eq(l2, 5); /* nothing written on failure */
+    if (saved)
+        setenv("PKV_PREFETCH", saved, 1);
+    else
+        unsetenv("PKV_PREFETCH");
+    free(saved);
+}
+END_TEST
+
 /* End to end: each ISA through the engine (append + decode) against the double
  * reference, and the ISAs against each other. */
 START_TEST(engine_each_isa)
@@ -1297,6 +1366,7 @@ int main(void)
     TCase *td = tcase_create("dispatch");
     tcase_add_test(td, dispatch_select);
     tcase_add_test(td, isa_matches_cpuinfo);
+    tcase_add_test(td, prefetch_rule_matches_cpuinfo);
     tcase_add_test(td, force_isa);
     suite_add_tcase(s, td);
     return pkvt_run(s);

@@ -663,7 +663,7 @@ AI void qd_kt_q8(const char *blk0, size_t row_bytes, uint32_t n, __m512i kt[8])
 }
 
 /* Q4 block b of rows 0..n-1: kt[j] lane t = row t's integers (nibble - 8) at
- * positions 4j .. 4j+3 of kblock_i8's order (low nibbles, then high: the order q is
+ * positions 4j .. 4j+3 of kblock_bytes' order (low nibbles, then high: the order q is
  * permuted to). A 4x4 dword transpose of the packed bytes in each 128-bit lane (rows
  * t, t + 4, t + 8, t + 12 in one vector), then the nibbles split. */
 AI void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512i kt[8])
@@ -823,8 +823,9 @@ AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int
 #if !PKVI_AVX512_VNNI
     const __m512i ones = _mm512_set1_epi16(1);
 #endif
+    const uint32_t end = qd_wide_count(d, nb);
     uint32_t b = 0;
-    for (; b + 2 <= nb && (b + 2) * 32 <= d; b += 2) {
+    for (; b < end; b += 2) {
         __m512i pr[8];
         PKVI_UNROLL
         for (int i = HB * TB; i < 8; i++)

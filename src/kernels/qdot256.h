@@ -14,28 +14,19 @@
 #include <string.h>
 
 /* ---- QK of the integer-dot path (quant_dot = 1; ref.c is its definition) -----------
- * A K block's 32 integers as int8 (Q8 as stored; Q4 as nibble - 8, low nibbles then
- * high, the order walk.h's qd_permute gives q), and q's block: vpmaddubsw(|k|,
- * sign(q, k)) multiplies the pairs exactly (|k| <= 128, |q| <= 127: a pair sums to at
- * most 32512, no saturation), vpmaddwd by ones adds them into 8 int32 lanes, exact.
- * Each lane, converted (exactly: < 2^24) and times dk * dq, is summed with fused
+ * A K block's 32 integers as vpmaddubsw's first (unsigned) operand, and q's block as
+ * its second: for Q8, |k| with q carrying k's sign (|k| <= 128, |q| <= 127: a pair
+ * sums to at most 32512, no saturation); for Q4, the nibbles as stored, k + 8 in 0..15
+ * (low nibbles, then high: the order walk.h's qd_permute gives q), times q itself (a
+ * pair sums to at most 2 * 15 * 127 = 3810), and qd_lane_bias's 8 * sum(q) comes off
+ * the sum afterwards. vpmaddwd by ones adds the pairs into 8 int32 lanes, exact. Each
+ * lane, converted (exactly: < 2^24) and times dk * dq, is summed with fused
  * multiply-adds across blocks. So a score differs from ref.c's only by the order of
  * the f32 additions of its block terms. */
-AI __m256i kblock_i8(pkv_dtype dt, const char *blk)
+AI __m256i kblock_bytes(pkv_dtype dt, const char *blk)
 {
     if (dt == PKV_Q8)
         return _mm256_loadu_si256((const void *)(blk + 2));
-    const __m128i x = _mm_loadu_si128((const void *)(blk + 2));
-    const __m256i w = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
-    return _mm256_sub_epi8(_mm256_and_si256(w, _mm256_set1_epi8(15)), _mm256_set1_epi8(8));
-}
-
-/* A Q4 block's nibbles as stored, k + 8 in 0..15 (low nibbles, then high): the
- * unsigned operand of vpmaddubsw, so q needs no sign transfer and k no abs. A pair of
- * products sums to at most 2 * 15 * 127 = 3810 (no saturation), and qd_lane_bias
- * takes the 8 * sum(q) that the +8 adds back out of the exact isum. */
-AI __m256i kblock_u4(const char *blk)
-{
     const __m128i x = _mm_loadu_si128((const void *)(blk + 2));
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
 }
@@ -43,11 +34,11 @@ AI __m256i kblock_u4(const char *blk)
 /* The last block of m < 32 values: its bytes copied into a zeroed block first (rows
  * end there: nothing past them is read). q is 0 past m, so what the copy leaves in
  * those lanes adds 0. */
-AI __m256i kblock_i8_tail(pkv_dtype dt, const char *blk, uint32_t m)
+AI __m256i kblock_bytes_tail(pkv_dtype dt, const char *blk, uint32_t m)
 {
     _Alignas(32) char tmp[34] = {0};
     memcpy(tmp, blk, 2 + (dt == PKV_Q8 ? m : (m + 1) / 2));
-    return dt == PKV_Q4 ? kblock_u4(tmp) : kblock_i8(dt, tmp);
+    return kblock_bytes(dt, tmp);
 }
 
 AI float kblock_scale(const char *blk)
@@ -189,8 +180,7 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
         for (int t = 0; t < TB; t++) {
             const char *blk = krow + t * row_bytes + b * bb;
             sb[t] = kblock_scale_bits(blk);
-            const __m256i k = full ? (dt == PKV_Q4 ? kblock_u4(blk) : kblock_i8(dt, blk))
-                                   : kblock_i8_tail(dt, blk, d - b * 32);
+            const __m256i k = full ? kblock_bytes(dt, blk) : kblock_bytes_tail(dt, blk, d - b * 32);
             const __m256i ka = dt == PKV_Q4 ? k : _mm256_abs_epi8(k);
             PKVI_UNROLL
             for (int h = 0; h < HB; h++) {
@@ -233,34 +223,27 @@ AI void qd_lanes(const float *qs, uint32_t nb, float *dqv, const int HB, const i
     }
 }
 
-/* Q4 (kblock_u4): qbv[8 * b + h * TB + t] = 8 * sum of head h's 32 integers of block
- * b, for blocks [b0, nb), 0 in the lanes past HB * TB. |8 * sum| < 2^15: exact. */
+/* Q4 (kblock_bytes): qbv[8 * b + h * TB + t] = 8 * the sum of head h's 32 integers of
+ * block b, for blocks [b0, nb), 0 in the lanes past HB * TB: the lanes of
+ * qk_block_int's reduction, by the same tree (qd_hsum8i). |8 * sum| < 2^15: exact. */
 AI void qd_lane_bias(const int8_t *qi, size_t dpad, uint32_t b0, uint32_t nb, int32_t *qbv,
                      const int HB, const int TB)
 {
     const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
     for (uint32_t b = b0; b < nb; b++) {
-        int32_t sum[4] = {0};
+        __m256i pr[8];
         PKVI_UNROLL
         for (int h = 0; h < HB; h++) {
-            const __m256i v = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(
-                    one8, _mm256_load_si256((const void *)(qi + h * dpad + b * 32))),
-                one16);
-            __m128i x =
-                _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-            x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
-            x = _mm_add_epi32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
-            sum[h] = 8 * _mm_cvtsi128_si32(x);
-        }
-        PKVI_UNROLL
-        for (int h = 0; h < HB; h++)
+            const __m256i qv = _mm256_load_si256((const void *)(qi + h * dpad + b * 32));
+            const __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, qv), one16);
             PKVI_UNROLL
             for (int t = 0; t < TB; t++)
-                qbv[8 * b + (uint32_t)(h * TB + t)] = sum[h];
+                pr[h * TB + t] = v;
+        }
         PKVI_UNROLL
         for (int i = HB * TB; i < 8; i++)
-            qbv[8 * b + (uint32_t)i] = 0;
+            pr[i] = _mm256_setzero_si256();
+        _mm256_store_si256((void *)(qbv + 8 * b), _mm256_slli_epi32(qd_hsum8i(pr), 3));
     }
 }
 

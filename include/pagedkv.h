@@ -136,14 +136,15 @@ typedef struct pkv_session pkv_session;
  *   head_dim or head_dim_v > 4096, n_threads > 1024); a budget smaller than one page;
  *   spill_dir not an existing directory; a layer_cfg entry with sink_tokens or
  *   rollback_tokens but no window, a negative or non-finite softcap, or a non-finite
- *   sink logit; PKV_FORCE_ISA naming kernels this host cannot run.
- *   pkv_config_explain says which.
+ *   sink logit; PKV_FORCE_ISA naming kernels this host cannot run; PKV_PREFETCH set
+ *   to anything but l1 or l2. pkv_config_explain says which.
  * PKV_ENOMEM: the allocator failed. PKV_EIO: the spill file could not be created. */
 PKV_API pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out);
 /* Why pkv_engine_create would refuse cfg: runs the same checks (geometry, limits,
- * dtype, scale, variants, page size, budget, spill_dir, and PKV_FORCE_ISA, the
- * environment variable that forces the kernels: scalar, avx2, avx512 or avx512vnni)
- * and returns
+ * dtype, scale, variants, page size, budget, spill_dir, PKV_FORCE_ISA, the
+ * environment variable that forces the kernels: scalar, avx2, avx512 or avx512vnni, and
+ * PKV_PREFETCH, which forces where the kernels' software prefetches go: l1 or l2; it
+ * never changes a result, docs/reliability.md) and returns
  * the same status, writing a one-line English reason into why (why_size bytes,
  * NUL-terminated; "" on PKV_OK; why may be NULL). Creates nothing and allocates
  * nothing; thread-safe. PKV_OK does not promise creation: memory and the spill file

@@ -1,0 +1,216 @@
+/*
+ * bench_ab.c - two builds of libpagedkv in one process, decoding the same layer in
+ * turn: a benchmark (built, never run as a test) for changes whose effect is smaller
+ * than a shared host's drift. Runs of separate processes minutes apart swung up to
+ * 1.7x on the Zen 4 host of issue 17; here each round times build A, then build B,
+ * loops decodes each, so both see the same minute, and the median of the per-round
+ * ratios is what it reports. Public header only (the two libraries by dlopen).
+ *   bench_ab LIB_A LIB_B [ctx=4096] [dtypes=f16,q8,q8i] [rounds=21] [loops=10]
+ * One llama3-8b layer (h 32, g 8, d 128), one thread, K/V and q from a fixed seed.
+ * Prints per dtype (q8i/q4i: quant_dot = 1) the best ns per position and KV group of
+ * each build, the median of B/A, and whether the two outputs are the same bits (else
+ * their largest difference over the largest |output|). Run the same library under two
+ * paths (a copy) to see the host's noise floor: about +-2% on that host.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, strtok_r */
+#include "pagedkv.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef pkv_config (*config_default_fn)(void);
+typedef pkv_status (*engine_create_fn)(const pkv_config *, pkv_engine **);
+typedef void (*engine_destroy_fn)(pkv_engine *);
+typedef pkv_status (*session_create_fn)(pkv_engine *, pkv_session **);
+typedef void (*session_destroy_fn)(pkv_session *);
+typedef pkv_status (*append_fn)(pkv_session *, uint32_t, const float *, const float *);
+typedef pkv_status (*decode_fn)(pkv_session *, uint32_t, const float *, float *);
+
+typedef struct {
+    config_default_fn config_default;
+    engine_create_fn engine_create;
+    engine_destroy_fn engine_destroy;
+    session_create_fn session_create;
+    session_destroy_fn session_destroy;
+    append_fn append;
+    decode_fn decode;
+} api;
+
+enum { H = 32, G = 8, D = 128, MAX_ROUNDS = 101 };
+
+static int load(const char *path, api *a)
+{
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "bench_ab: %s\n", dlerror());
+        return -1;
+    }
+    /* POSIX guarantees a dlsym result converts to a function pointer; memcpy says so
+     * without a cast ISO C leaves undefined */
+#define SYM(field, name)                                                                   \
+    do {                                                                                   \
+        void *p_ = dlsym(h, name);                                                         \
+        memcpy(&a->field, &p_, sizeof p_);                                                 \
+    } while (0)
+    SYM(config_default, "pkv_config_default");
+    SYM(engine_create, "pkv_engine_create");
+    SYM(engine_destroy, "pkv_engine_destroy");
+    SYM(session_create, "pkv_session_create");
+    SYM(session_destroy, "pkv_session_destroy");
+    SYM(append, "pkv_append");
+    SYM(decode, "pkv_decode");
+#undef SYM
+    if (!a->config_default || !a->engine_create || !a->engine_destroy || !a->session_create ||
+        !a->session_destroy || !a->append || !a->decode) {
+        fprintf(stderr, "bench_ab: %s lacks a pagedkv symbol\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static uint64_t rng;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+/* dtype name (q8i / q4i: quant_dot = 1) into c; -1 if unknown */
+static int parse_dtype(const char *s, pkv_config *c)
+{
+    static const struct { const char *name; pkv_dtype t; uint32_t qd; } tab[] = {
+        {"f32", PKV_F32, 0}, {"f16", PKV_F16, 0}, {"bf16", PKV_BF16, 0}, {"q8", PKV_Q8, 0},
+        {"q4", PKV_Q4, 0},   {"q8i", PKV_Q8, 1},  {"q4i", PKV_Q4, 1}};
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcmp(s, tab[i].name)) {
+            c->kv_dtype = tab[i].t;
+            c->quant_dot = tab[i].qd;
+            return 0;
+        }
+    return -1;
+}
+
+/* A session of ctx positions of random K/V (the same for every build: seeded). */
+static int setup(const api *a, const char *dt, uint32_t ctx, pkv_engine **e, pkv_session **s)
+{
+    pkv_config c = a->config_default();
+    c.n_layers = 1;
+    c.n_heads = H;
+    c.n_kv_heads = G;
+    c.head_dim = D;
+    c.n_threads = 1;
+    if (parse_dtype(dt, &c) != 0) {
+        fprintf(stderr, "bench_ab: unknown dtype '%s'\n", dt);
+        return -1;
+    }
+    if (a->engine_create(&c, e) != PKV_OK || a->session_create(*e, s) != PKV_OK) {
+        fprintf(stderr, "bench_ab: engine or session refused (%s)\n", dt);
+        return -1;
+    }
+    float k[G * D], v[G * D];
+    rng = 88172645463325252ull;
+    for (uint32_t t = 0; t < ctx; t++) {
+        for (int i = 0; i < G * D; i++) {
+            k[i] = frand();
+            v[i] = frand();
+        }
+        if (a->append(*s, 0, k, v) != PKV_OK) {
+            fprintf(stderr, "bench_ab: append failed at %u\n", t);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench_ab LIB_A LIB_B [ctx=4096] [dtypes=f16,q8,q8i] "
+                        "[rounds=21] [loops=10]\n");
+        return 2;
+    }
+    const uint32_t ctx = argc > 3 ? (uint32_t)strtoul(argv[3], NULL, 10) : 4096;
+    const char *dtypes = argc > 4 ? argv[4] : "f16,q8,q8i";
+    int rounds = argc > 5 ? atoi(argv[5]) : 21, loops = argc > 6 ? atoi(argv[6]) : 10;
+    if (ctx == 0 || rounds < 1 || loops < 1) {
+        fprintf(stderr, "bench_ab: ctx, rounds and loops must be positive\n");
+        return 2;
+    }
+    rounds = rounds > MAX_ROUNDS ? MAX_ROUNDS : rounds;
+    api lib[2];
+    if (load(argv[1], &lib[0]) != 0 || load(argv[2], &lib[1]) != 0)
+        return 1;
+    printf("A %s\nB %s\nctx %u, one llama3-8b layer, 1 thread, %d rounds of %d decodes each\n",
+           argv[1], argv[2], ctx, rounds, loops);
+    printf("%-5s %10s %10s %8s  %s\n", "dtype", "A ns", "B ns", "B/A", "outputs");
+    char list[256];
+    snprintf(list, sizeof list, "%s", dtypes);
+    static float q[H * D], out[2][H * D];
+    for (char *save = NULL, *dt = strtok_r(list, ",", &save); dt; dt = strtok_r(NULL, ",", &save)) {
+        pkv_engine *e[2] = {NULL, NULL};
+        pkv_session *s[2] = {NULL, NULL};
+        int bad = 0;
+        for (int b = 0; b < 2 && !bad; b++)
+            bad = setup(&lib[b], dt, ctx, &e[b], &s[b]) != 0;
+        for (int i = 0; i < H * D; i++)
+            q[i] = frand();
+        double best[2] = {1e30, 1e30}, ratio[MAX_ROUNDS];
+        for (int r = 0; r < rounds && !bad; r++) {
+            double t[2];
+            for (int b = 0; b < 2; b++) {
+                const double t0 = now();
+                for (int l = 0; l < loops; l++)
+                    bad |= lib[b].decode(s[b], 0, q, out[b]) != PKV_OK;
+                t[b] = (now() - t0) / loops;
+                best[b] = t[b] < best[b] ? t[b] : best[b];
+            }
+            ratio[r] = t[1] / t[0];
+        }
+        if (!bad) {
+            qsort(ratio, (size_t)rounds, sizeof ratio[0], cmpd);
+            double md = 0, mo = 0;
+            for (int i = 0; i < H * D; i++) {
+                md = fmax(md, fabs((double)out[0][i] - out[1][i]));
+                mo = fmax(mo, fabs((double)out[0][i]));
+            }
+            const double per = 1e9 / ((double)ctx * G);
+            char same[64];
+            if (memcmp(out[0], out[1], sizeof out[0]) == 0)
+                snprintf(same, sizeof same, "same bits");
+            else
+                snprintf(same, sizeof same, "differ: %.2g of max|out|", md / mo);
+            printf("%-5s %10.2f %10.2f %8.3f  %s\n", dt, best[0] * per, best[1] * per,
+                   ratio[rounds / 2], same);
+        } else {
+            fprintf(stderr, "bench_ab: %s failed\n", dt);
+        }
+        for (int b = 0; b < 2; b++) {
+            if (s[b])
+                lib[b].session_destroy(s[b]);
+            if (e[b])
+                lib[b].engine_destroy(e[b]);
+        }
+        if (bad)
+            return 1;
+    }
+    return 0;
+}

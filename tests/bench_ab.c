@@ -187,10 +187,13 @@ int main(int argc, char **argv)
         }
         if (!bad) {
             qsort(ratio, (size_t)rounds, sizeof ratio[0], cmpd);
+            /* comparisons, not fmax: aarch64 gcc 12 (CI's cross build) crashes
+             * vectorizing an fmax reduction here (internal compiler error) */
             double md = 0, mo = 0;
             for (int i = 0; i < H * D; i++) {
-                md = fmax(md, fabs((double)out[0][i] - out[1][i]));
-                mo = fmax(mo, fabs((double)out[0][i]));
+                const double dif = fabs((double)out[0][i] - out[1][i]), o = fabs(out[0][i]);
+                md = dif > md || dif != dif ? dif : md;
+                mo = o > mo ? o : mo;
             }
             const double per = 1e9 / ((double)ctx * G);
             char same[64];

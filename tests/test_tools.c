@@ -451,6 +451,20 @@ START_TEST(bench_json)
         ck_assert_uint_eq(pkvt_json_u64(p.out, k), 2 * g * 256 * row_bytes(ti, d));
     }
     ck_assert(pkvt_json_find(p.out, "llc_bytes") != NULL);
+    /* sessions this small fit together: every round timed all five rows */
+    ck_assert(pkvt_json_is(p.out, "rows_together", "true"));
+    pkvt_proc_free(&p);
+
+    /* --in-turn: the same rows, one after another, said so */
+    p = pkvt_tool((const char *[]){"bench", "--json", "--model-preset", "mqa", "--ctx", "600",
+                                  "--dtype", "f16,q8", "--threads", "1", "--reps", "2",
+                                  "--bw-mib", "8", "--prefill", "0", "--no-naive",
+                                  "--no-scalar", "--in-cache", "0", "--in-turn", NULL}, NULL);
+    ck_assert_msg(p.status == 0, "bench --in-turn: exit %d: %s", p.status, p.err);
+    ck_assert(pkvt_json_is(p.out, "rows_together", "false"));
+    ck_assert_uint_eq(pkvt_json_len(p.out, "decode"), 2 + int_ok[0]);
+    ck_assert(pkvt_json_is(p.out, "decode[0].dtype", "\"f16\"") &&
+              pkvt_json_num(p.out, "decode[0].vs_f16") == 1.0);
     pkvt_proc_free(&p);
 
     /* the table: a roofline line for every dtype of the default list */

@@ -40,6 +40,7 @@ typedef struct {
     uint32_t in_cache;               /* tokens of the in-cache measurement; 0: none */
     uint64_t bw_mib, scalar_max_ctx, naive_max_bytes;
     bool json, scalar, naive, force;
+    bool in_turn;                  /* --in-turn: rows one after another, always */
 } bench_opts;
 
 /* Decode paths: the exact one (every dtype) and SPEC §9's integer dot products
@@ -126,7 +127,15 @@ typedef struct {
     double peak[MAX_LIST];
     const char *isa;
     uint64_t llc_bytes;                /* bench_llc_bytes(): 0 unknown */
+    bool together;                     /* a context's rows timed round by round (all
+                                        * their sessions fit in memory), else in turn */
 } bench;
+
+/* One decode row to time: a dtype and its path. */
+typedef struct {
+    pkv_dtype dt;
+    uint32_t path;
+} bench_variant;
 
 /* Logical CPUs online, at most BENCH_MAX_THREADS. */
 uint32_t bench_online_cpus(void);

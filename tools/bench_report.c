@@ -74,6 +74,7 @@ void bench_print_json(const bench *b)
     JSON_U64S(W, {"online_cpus", bench_online_cpus()}, {"reps", o->reps},
               {"bw_buffer_bytes", b->bw.vecs * sizeof(bench_vec)},
               {"llc_bytes", b->llc_bytes});
+    json_bool(W, "rows_together", b->together);
     json_open(W, "peak_fma", '[');
     for (uint32_t i = 0; i < o->n_threads; i++) {
         json_open(W, NULL, '{');
@@ -243,8 +244,10 @@ void bench_print_table(const bench *b)
 {
     const bench_opts *o = b->o;
     printf("pagedkv bench %s: kernels %s; ratio = GB/s of K/V streamed / DRAM read GB/s "
-           "measured in the same rounds (%u rounds, medians)\n",
-           pkv_version(), b->isa ? b->isa : "?", o->reps);
+           "measured in the same rounds (%u rounds, medians; %s)\n",
+           pkv_version(), b->isa ? b->isa : "?", o->reps,
+           b->together ? "each round times every row of a context and thread count in turn"
+                       : "rows one after another: their sessions do not fit in memory at once");
     const cli_preset *last = NULL;
     for (uint32_t i = 0; i < b->n_rows; i++) {
         const bench_row *r = &b->rows[i];

@@ -17,6 +17,9 @@
  *     far beyond any last-level cache) split over the same number of threads.
  *   - Rounds interleave bandwidth, ours and naive, so slow drifts of a shared machine
  *     hit all of them alike; each row's ratio uses the bandwidth of its own rounds.
+ *     Where the sessions of all rows of a context fit in 3/4 of MemAvailable, every
+ *     round times each of those rows in turn (run_rows), so their ratios to each
+ *     other (vs f16) are of the same moments; else the rows run one after another.
  *     The scalar reference runs right after and shares its row's bandwidth figure.
  *   - warm: right after each timed decode, the fastest of 3 more run back to back;
  *     its FLOP rate (4 * h * d * ctx per decode) over the peak FMA rate is the
@@ -70,7 +73,8 @@ static void usage(FILE *f)
 "same run with the same number of threads, the library's scalar reference kernel\n"
 "(PKV_FORCE_ISA=scalar) and a naive implementation (plain loops over contiguous f32,\n"
 "no paging); then pkv_prefill tokens/s and its FLOP rate next to a measured peak FMA\n"
-"rate. Medians over --reps rounds that interleave bandwidth, ours and naive.\n"
+"rate. Medians over --reps rounds that interleave bandwidth, ours and naive, and\n"
+"every row of a context (dtype, path) where their sessions fit in memory at once.\n"
 "Then the roofline of every row (SPEC §9): the DRAM bound (its bytes over the\n"
 "bandwidth of the same rounds) and the compute bound (its arithmetic over the FMA\n"
 "peak, and for the integer path the int8 dot peak, both measured in this run), which\n"
@@ -97,17 +101,20 @@ static void usage(FILE *f)
 "  --no-naive           skip the naive implementation\n"
 "  --scalar-max-ctx N   skip the scalar reference above this context (default 32768:\n"
 "                       its ratio is flat in the context and 128k costs ~20 s; 0 = no limit)\n"
+"  --in-turn            time the rows of a context one after another (what bench does\n"
+"                       when their sessions do not fit in memory at once, below)\n"
 "  --force              run even when the largest context's buffers (below) exceed\n"
 "                       the memory available now (MemAvailable)\n"
 "  --json               one JSON object on stdout instead of the table\n"
 "  --help               this text\n"
 "\n"
 "Before allocating anything, bench adds up the most it will hold at once: the\n"
-"bandwidth buffer, the K/V of the largest context (every dtype's session is built\n"
-"and destroyed in turn; the largest counts) and, for the naive kernel, its f32 copy\n"
-"and scores. Above the memory available now (MemAvailable in /proc/meminfo, what a\n"
-"shared machine's other programs leave) it refuses (exit 2) unless --force: bench\n"
-"has no budget and no spill.\n"
+"bandwidth buffer, the K/V of the largest context in the largest dtype and, for the\n"
+"naive kernel, its f32 copy and scores. Above the memory available now (MemAvailable\n"
+"in /proc/meminfo, what a shared machine's other programs leave) it refuses (exit 2)\n"
+"unless --force: bench has no budget and no spill. Where every row's session of a\n"
+"context fits in 3/4 of MemAvailable, they live together and are timed round by\n"
+"round; otherwise one at a time (the table's first line says which).\n"
 "\n"
 "spill mode (SPEC §5: spill and restore next to the disk's own speed):\n"
 "  --spill              instead of decode: two sessions of --spill-mib MiB each on an\n"
@@ -119,7 +126,8 @@ static void usage(FILE *f)
 "  (--spill --json keys: tool, version, spill_dir, spill {mib_per_session, reps,\n"
 "  backends (list of {backend, spill_restore_gbs, plain_seq_gbs, ratio})})\n"
 "\n"
-"JSON keys (decode mode): tool, version, isa, online_cpus, reps, bw_buffer_bytes, peak_fma (list of\n"
+"JSON keys (decode mode): tool, version, isa, online_cpus, reps, bw_buffer_bytes, llc_bytes,\n"
+"rows_together (true: each round timed every row of a context), peak_fma (list of\n"
 "{threads, gflops}), peak_int8 ({kind, list of {threads, gops}}), integer_path (list of\n"
 "{dtype, available, reason}), decode (list of {preset, heads, kv_heads, head_dim,\n"
 "block_tokens, ctx, dtype, path, threads, kv_bytes, ours_us, ours_gbs, bw_gbs, ours_ratio,\n"
@@ -263,6 +271,7 @@ static int parse(int argc, char **argv, bench_opts *o)
         {.name = "no-scalar", .kind = OPT_CLEAR, .dst = &o->scalar},
         {.name = "no-naive", .kind = OPT_CLEAR, .dst = &o->naive},
         {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
+        {.name = "in-turn", .kind = OPT_FLAG, .dst = &o->in_turn},
         {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
     };
     int rc = cli_parse(CMD, argc, argv, opts_, sizeof opts_ / sizeof opts_[0], usage, NULL,
@@ -302,11 +311,12 @@ static int parse(int argc, char **argv, bench_opts *o)
 }
 
 /* The most bench holds at once, in bytes (UINT64_MAX on overflow): the bandwidth
- * buffer, plus for the worst preset and context the largest dtype's K/V (sessions are
- * built and destroyed in turn, so only one lives at a time; the formula is a lower
- * bound of its pages) and the naive kernel's f32 K/V and per-thread scores, which live
- * through all the rows of that context. */
-static uint64_t peak_bytes(const bench_opts *o)
+ * buffer, plus for the worst preset and context the K/V of the sessions that live at
+ * once - the largest dtype's when rows are timed in turn, every row's (all) when they
+ * are timed round by round; the formula is a lower bound of their pages - and the
+ * naive kernel's f32 K/V and per-thread scores, which live through all the rows of
+ * that context. */
+static uint64_t peak_bytes(const bench_opts *o, bool all)
 {
     uint32_t tmax = 1;
     for (uint32_t i = 0; i < o->n_threads; i++)
@@ -321,8 +331,14 @@ static uint64_t peak_bytes(const bench_opts *o)
                                                 o->block_tokens, o->dtypes[di], 1);
                 if (cli_kv_bytes(&c, o->ctx[ci], 1, &one) != PKV_OK)
                     return UINT64_MAX;
-                kv = one > kv ? one : kv;
+                if (!all)
+                    kv = one > kv ? one : kv;
+                else /* Q8/Q4: the exact and the integer path's sessions */
+                    for (int k = bench_is_block(o->dtypes[di]) ? 2 : 1; k > 0; k--)
+                        kv = kv > UINT64_MAX - one ? UINT64_MAX : kv + one;
             }
+            if (kv == UINT64_MAX)
+                return UINT64_MAX;
             if (pkv_kv_cache_bytes(1, p->kv_heads, p->head_dim, o->ctx[ci], 1, sizeof(float),
                                    &naive) != PKV_OK)
                 return UINT64_MAX;
@@ -399,6 +415,142 @@ static pkv_status time_warm(pkv_session *s, const float *q, float *out, double *
     return st;
 }
 
+/* Rows ng of one preset, context and thread count T (the ti-th), built together and
+ * timed round by round: in each round, for each row in turn, the bandwidth sweep, one
+ * timed decode and the warm ones. So a shared machine's drift, which moves separate
+ * runs minutes apart by up to 1.7x (docs/numerics.md), falls on every row of a round
+ * alike, and the rows' ratios to each other (vs f16) are of the same moments. nj:
+ * the naive kernel, timed in every other round beside the first row (or NULL). The
+ * scalar reference of each row runs after, one row at a time. */
+static int run_rows(bench *b, const cli_preset *p, uint64_t ctx, uint32_t T, uint32_t ti,
+                    const bench_variant *vs, uint32_t ng, const float *kv,
+                    uint32_t pool_tokens, const float *q, float *out, bench_naive *nj,
+                    double *naive_t, double *naive_bw, double *naive_sum, uint32_t *n_naive,
+                    uint64_t naive_bytes)
+{
+    const bench_opts *o = b->o;
+    const uint32_t h = p->heads, d = p->head_dim, R = o->reps;
+    pkv_engine *e[2 * MAX_LIST] = {NULL};
+    pkv_session *s[2 * MAX_LIST] = {NULL};
+    double *ours = malloc((size_t)ng * R * sizeof *ours);
+    double *bws = malloc((size_t)ng * R * sizeof *bws);
+    double *warms = malloc((size_t)ng * R * sizeof *warms);
+    int rc = CLI_OK;
+    pkv_status st = PKV_OK;
+    if (!ours || !bws || !warms) {
+        rc = cli_fail(CMD, "out of memory");
+        goto done;
+    }
+    for (uint32_t j = 0; j < ng && rc == CLI_OK; j++) {
+        bench_row *r = &b->rows[b->n_rows + j];
+        memset(r, 0, sizeof *r);
+        r->p = p;
+        r->ctx = ctx;
+        r->dt = vs[j].dt;
+        r->path = vs[j].path;
+        r->threads = T;
+        r->kv_bytes = bench_kv_bytes(p, r->dt, ctx);
+        r->scalar_us = r->scalar_gbs = r->scalar_bw_gbs = NAN;
+        r->naive_us = r->naive_gbs = r->naive_bw_gbs = NAN;
+        st = build(o, p, r->dt, r->path, T, false, ctx, kv, pool_tokens, &e[j], &s[j]);
+        if (st != PKV_OK) {
+            char why[256] = "";
+            pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim, o->block_tokens,
+                                      r->dt, T);
+            c.quant_dot = r->path == BENCH_INTEGER;
+            if (st == PKV_EINVAL)
+                pkv_config_explain(&c, why, sizeof why);
+            rc = cli_fail(CMD, "building a %s session of %llu tokens: %s%s%s",
+                          pkv_dtype_name(r->dt), (unsigned long long)ctx, pkv_status_str(st),
+                          why[0] ? ": " : "", why);
+            break;
+        }
+        pkv_config cfg;
+        pkv_stats stats;
+        if (pkv_engine_config(e[j], &cfg) == PKV_OK)
+            r->bt = cfg.block_tokens;
+        if (pkv_engine_stats(e[j], &stats) == PKV_OK)
+            b->isa = stats.isa;
+        double first; /* untimed: the first decode of a session */
+        st = time_decode(s[j], q, out, &first);
+    }
+    for (uint32_t k = 0; k < R && rc == CLI_OK && st == PKV_OK; k++)
+        for (uint32_t j = 0; j < ng && st == PKV_OK; j++) {
+            bws[j * R + k] = bench_bw_measure(&b->bw, T);
+            st = time_decode(s[j], q, out, &ours[j * R + k]);
+            if (st == PKV_OK)
+                st = time_warm(s[j], q, out, &warms[j * R + k]);
+            if (j == 0 && nj && *n_naive < SLOW_REPS && *naive_sum < SLOW_BUDGET &&
+                k % 2 == 0) {
+                naive_t[*n_naive] = bench_team_run(T, bench_naive_part, nj);
+                *naive_sum += naive_t[*n_naive];
+                naive_bw[(*n_naive)++] = bws[j * R + k];
+            }
+        }
+    for (uint32_t j = 0; j < ng; j++)
+        if (e[j])
+            destroy(&e[j], &s[j]);
+    if (rc != CLI_OK)
+        goto done;
+    if (st != PKV_OK) {
+        rc = cli_fail(CMD, "pkv_decode: %s", pkv_status_str(st));
+        goto done;
+    }
+    for (uint32_t j = 0; j < ng; j++) {
+        bench_row *r = &b->rows[b->n_rows + j];
+        const double tm = bench_median(ours + j * R, R);
+        r->ours_us = tm * 1e6;
+        r->ours_gbs = (double)r->kv_bytes / tm / 1e9;
+        r->bw_gbs = bench_median(bws + j * R, R);
+        r->warm_us = bench_median(warms + j * R, R) * 1e6;
+        /* q.k and p.v: 2 FMAs = 4 FLOPs per query head, position and element */
+        r->warm_gflops = 4.0 * h * d * (double)ctx / r->warm_us / 1e3;
+        r->peak = b->peak[ti];
+        r->peak_int8 = b->peak_int8[ti];
+        if (j == 0 && nj && *n_naive > 0) {
+            double tn[SLOW_REPS], bn[SLOW_REPS];
+            memcpy(tn, naive_t, sizeof tn);
+            memcpy(bn, naive_bw, sizeof bn);
+            const double t = bench_median(tn, *n_naive);
+            r->naive_us = t * 1e6;
+            r->naive_gbs = (double)naive_bytes / t / 1e9;
+            r->naive_bw_gbs = bench_median(bn, *n_naive);
+        }
+        if (o->scalar && (o->scalar_max_ctx == 0 || ctx <= o->scalar_max_ctx)) {
+            pkv_engine *se;
+            pkv_session *ss;
+            pkv_stats stats;
+            st = build(o, p, r->dt, r->path, T, true, ctx, kv, pool_tokens, &se, &ss);
+            if (st == PKV_OK && (st = pkv_engine_stats(se, &stats)) == PKV_OK &&
+                strcmp(stats.isa, "scalar") != 0)
+                st = PKV_EINVAL;
+            const uint32_t cap = R < SLOW_REPS ? R : SLOW_REPS;
+            double sc[SLOW_REPS], sum = 0;
+            uint32_t n = 0;
+            for (; n < cap && sum < SLOW_BUDGET && st == PKV_OK; n++) {
+                st = time_decode(ss, q, out, &sc[n]);
+                sum += sc[n];
+            }
+            destroy(&se, &ss);
+            if (st != PKV_OK) {
+                rc = cli_fail(CMD, "scalar reference (PKV_FORCE_ISA=scalar): %s",
+                              pkv_status_str(st));
+                goto done;
+            }
+            const double t = bench_median(sc, n);
+            r->scalar_us = t * 1e6;
+            r->scalar_gbs = (double)r->kv_bytes / t / 1e9;
+            r->scalar_bw_gbs = r->bw_gbs; /* the same thread count, moments before */
+        }
+    }
+    b->n_rows += ng;
+done:
+    free(ours);
+    free(bws);
+    free(warms);
+    return rc;
+}
+
 /* All rows of one preset and context. */
 static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
 {
@@ -456,110 +608,28 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
         double naive_t[SLOW_REPS], naive_bw[SLOW_REPS], naive_sum = 0;
         uint32_t n_naive = 0;
         /* every dtype on the exact path; Q8/Q4 on the integer one too where it exists */
+        bench_variant vs[2 * MAX_LIST];
+        uint32_t nv = 0;
         for (uint32_t vi = 0; vi < 2 * o->n_dtypes; vi++) {
-            const uint32_t di = vi / 2, path = vi % 2;
-            const pkv_dtype dt = o->dtypes[di];
+            const uint32_t path = vi % 2;
+            const pkv_dtype dt = o->dtypes[vi / 2];
             if (path == BENCH_INTEGER && !(bench_is_block(dt) && b->int_ok[dt]))
                 continue;
-            if (b->n_rows >= sizeof b->rows / sizeof b->rows[0])
-                break;
-            bench_row *r = &b->rows[b->n_rows];
-            memset(r, 0, sizeof *r);
-            r->p = p;
-            r->ctx = ctx;
-            r->dt = dt;
-            r->path = path;
-            r->threads = T;
-            r->kv_bytes = bench_kv_bytes(p, dt, ctx);
-            r->scalar_us = r->scalar_gbs = r->scalar_bw_gbs = NAN;
-            r->naive_us = r->naive_gbs = r->naive_bw_gbs = NAN;
-
-            pkv_engine *e;
-            pkv_session *s;
-            pkv_status st = build(o, p, dt, path, T, false, ctx, kv, pool_tokens, &e, &s);
-            if (st != PKV_OK) {
-                destroy(&e, &s);
-                char why[256] = "";
-                pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
-                                          o->block_tokens, dt, T);
-                c.quant_dot = path == BENCH_INTEGER;
-                if (st == PKV_EINVAL)
-                    pkv_config_explain(&c, why, sizeof why);
-                rc = cli_fail(CMD, "building a %s session of %llu tokens: %s%s%s",
-                              pkv_dtype_name(dt), (unsigned long long)ctx, pkv_status_str(st),
-                              why[0] ? ": " : "", why);
-                goto done;
-            }
-            pkv_config cfg;
-            pkv_stats stats;
-            if (pkv_engine_config(e, &cfg) == PKV_OK)
-                r->bt = cfg.block_tokens;
-            if (pkv_engine_stats(e, &stats) == PKV_OK)
-                b->isa = stats.isa;
-            double warm;
-            st = time_decode(s, q, out, &warm);
-            double ours[1000], bws[1000], warms[1000];
-            for (uint32_t k = 0; k < o->reps && st == PKV_OK; k++) {
-                bws[k] = bench_bw_measure(&b->bw, T);
-                st = time_decode(s, q, out, &ours[k]);
-                if (st == PKV_OK)
-                    st = time_warm(s, q, out, &warms[k]);
-                if (vi == 0 && do_naive && n_naive < SLOW_REPS && naive_sum < SLOW_BUDGET &&
-                    k % 2 == 0) {
-                    naive_t[n_naive] = bench_team_run(T, bench_naive_part, &nj);
-                    naive_sum += naive_t[n_naive];
-                    naive_bw[n_naive++] = bws[k];
-                }
-            }
-            destroy(&e, &s);
-            if (st != PKV_OK) {
-                rc = cli_fail(CMD, "pkv_decode: %s", pkv_status_str(st));
-                goto done;
-            }
-            const double tm = bench_median(ours, o->reps);
-            r->ours_us = tm * 1e6;
-            r->ours_gbs = (double)r->kv_bytes / tm / 1e9;
-            r->bw_gbs = bench_median(bws, o->reps);
-            r->warm_us = bench_median(warms, o->reps) * 1e6;
-            /* q.k and p.v: 2 FMAs = 4 FLOPs per query head, position and element */
-            r->warm_gflops = 4.0 * h * d * (double)ctx / r->warm_us / 1e3;
-            r->peak = b->peak[ti];
-            r->peak_int8 = b->peak_int8[ti];
-            if (n_naive > 0) {
-                double tn[SLOW_REPS], bn[SLOW_REPS];
-                memcpy(tn, naive_t, sizeof tn);
-                memcpy(bn, naive_bw, sizeof bn);
-                const double t = bench_median(tn, n_naive);
-                r->naive_us = t * 1e6;
-                r->naive_gbs = (double)naive_bytes / t / 1e9;
-                r->naive_bw_gbs = bench_median(bn, n_naive);
-            }
-
-            if (o->scalar && (o->scalar_max_ctx == 0 || ctx <= o->scalar_max_ctx)) {
-                st = build(o, p, dt, path, T, true, ctx, kv, pool_tokens, &e, &s);
-                if (st == PKV_OK && (st = pkv_engine_stats(e, &stats)) == PKV_OK &&
-                    strcmp(stats.isa, "scalar") != 0)
-                    st = PKV_EINVAL;
-                const uint32_t cap = o->reps < SLOW_REPS ? o->reps : SLOW_REPS;
-                double sc[SLOW_REPS], sum = 0;
-                uint32_t n = 0;
-                for (; n < cap && sum < SLOW_BUDGET && st == PKV_OK; n++) {
-                    st = time_decode(s, q, out, &sc[n]);
-                    sum += sc[n];
-                }
-                destroy(&e, &s);
-                if (st != PKV_OK) {
-                    rc = cli_fail(CMD, "scalar reference (PKV_FORCE_ISA=scalar): %s",
-                                  pkv_status_str(st));
-                    goto done;
-                }
-                const double t = bench_median(sc, n);
-                r->scalar_us = t * 1e6;
-                r->scalar_gbs = (double)r->kv_bytes / t / 1e9;
-                r->scalar_bw_gbs = r->bw_gbs; /* the same thread count, moments before */
-            }
-            b->n_rows++;
+            vs[nv++] = (bench_variant){dt, path};
         }
+        /* the rows timed together: all of them, a round at a time, where their sessions
+         * fit in memory at once (b->together), else one at a time */
+        const uint32_t group = b->together ? nv : 1;
+        for (uint32_t v0 = 0; v0 < nv && rc == CLI_OK; v0 += group) {
+            const uint32_t ng = nv - v0 < group ? nv - v0 : group;
+            if (b->n_rows + ng > sizeof b->rows / sizeof b->rows[0])
+                break;
+            rc = run_rows(b, p, ctx, T, ti, vs + v0, ng, kv, pool_tokens, q, out,
+                          do_naive && v0 == 0 ? &nj : NULL, naive_t, naive_bw, &naive_sum,
+                          &n_naive, naive_bytes);
+        }
+        if (rc != CLI_OK)
+            goto done;
     }
 done:
     for (uint32_t t = 0; t < BENCH_MAX_THREADS; t++)
@@ -725,8 +795,9 @@ int cmd_bench(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc != CLI_OK)
         return rc == CLI_HELP ? CLI_OK : rc;
+    const uint64_t avail = cli_avail_mem_bytes();
     if (cli_memory_guard(CMD, "the largest context",
-                         peak_bytes(&o), cli_avail_mem_bytes(),
+                         peak_bytes(&o, false), avail,
                          "the available part (MemAvailable) of the machine's physical memory",
                          o.force) != CLI_OK)
         return CLI_USAGE;
@@ -736,6 +807,9 @@ int cmd_bench(int argc, char **argv)
         return cli_fail(CMD, "out of memory");
     b->o = &o;
     b->llc_bytes = bench_llc_bytes();
+    /* every row of a context at once where they fit in 3/4 of what is available */
+    const uint64_t all = peak_bytes(&o, true);
+    b->together = !o.in_turn && avail > 0 && all != UINT64_MAX && all <= avail / 4 * 3;
     b->bw.vecs = (size_t)(o.bw_mib << 20) / sizeof(bench_vec);
     bench_vec *buf = aligned_alloc(64, b->bw.vecs * sizeof(bench_vec));
     if (!buf) {

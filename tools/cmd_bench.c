@@ -704,56 +704,6 @@ done:
 /* The in-cache figure of every dtype, path and thread count: a session of
  * o->in_cache tokens, one untimed decode, then --reps times the fastest of WARM_CALLS
  * back-to-back decodes; the median. */
-/* In-cache rows ng of thread count o->threads[ti], built together and timed round by
- * round (run_rows' scheme): per round, each row's fastest of WARM_CALLS decodes. */
-static int incache_rows(bench *b, const cli_preset *p, uint32_t ti, const bench_variant *vs,
-                        uint32_t ng, const float *kv, uint32_t pool_tokens, const float *q,
-                        float *out)
-{
-    const bench_opts *o = b->o;
-    const uint32_t R = o->reps;
-    pkv_engine *e[2 * MAX_LIST] = {NULL};
-    pkv_session *s[2 * MAX_LIST] = {NULL};
-    double *w = malloc((size_t)ng * R * sizeof *w);
-    pkv_status st = w ? PKV_OK : PKV_ENOMEM;
-    uint32_t j = 0, bad = 0;
-    for (; j < ng && st == PKV_OK; j++) {
-        double t;
-        st = build(o, p, vs[j].dt, vs[j].path, o->threads[ti], false, o->in_cache, kv,
-                   pool_tokens, &e[j], &s[j]);
-        if (st == PKV_OK)
-            st = time_decode(s[j], q, out, &t); /* untimed: the session's first */
-        bad = j;
-    }
-    for (uint32_t k = 0; k < R && st == PKV_OK; k++)
-        for (j = 0; j < ng && st == PKV_OK; j++) {
-            st = time_warm(s[j], q, out, &w[j * R + k]);
-            bad = j;
-        }
-    for (j = 0; j < ng; j++)
-        if (e[j] || s[j])
-            destroy(&e[j], &s[j]);
-    if (st != PKV_OK) {
-        free(w);
-        return cli_fail(CMD, "in-cache decode (%s, %s path): %s", pkv_dtype_name(vs[bad].dt),
-                        bench_path_name(vs[bad].path), pkv_status_str(st));
-    }
-    for (j = 0; j < ng; j++) {
-        bench_incache_row *r = &b->inc[b->n_inc++];
-        r->p = p;
-        r->dt = vs[j].dt;
-        r->path = vs[j].path;
-        r->threads = o->threads[ti];
-        r->tokens = o->in_cache;
-        r->kv_bytes = bench_kv_bytes(p, r->dt, o->in_cache);
-        r->us = bench_median(w + j * R, R) * 1e6;
-        r->peak = b->peak[ti];
-        r->peak_int8 = b->peak_int8[ti];
-    }
-    free(w);
-    return CLI_OK;
-}
-
 static int run_incache(bench *b, const cli_preset *p)
 {
     const bench_opts *o = b->o;
@@ -769,31 +719,40 @@ static int run_incache(bench *b, const cli_preset *p)
     }
     bench_fill_uniform(&seed, kv, (size_t)pool_tokens * 2 * g * d);
     bench_fill_uniform(&seed, q, (size_t)h * d);
-    for (uint32_t ti = 0; ti < o->n_threads && rc == CLI_OK; ti++) {
-        bench_variant vs[2 * MAX_LIST];
-        uint32_t nv = 0;
-        uint64_t total = 0;
+    for (uint32_t ti = 0; ti < o->n_threads; ti++)
         for (uint32_t vi = 0; vi < 2 * o->n_dtypes; vi++) {
-            const uint32_t path = vi % 2;
-            const pkv_dtype dt = o->dtypes[vi / 2];
+            const uint32_t di = vi / 2, path = vi % 2;
+            const pkv_dtype dt = o->dtypes[di];
             if (path == BENCH_INTEGER && !(bench_is_block(dt) && b->int_ok[dt]))
                 continue;
-            vs[nv++] = (bench_variant){dt, path};
-            const uint64_t one = bench_kv_bytes(p, dt, o->in_cache);
-            total = total > UINT64_MAX - one ? UINT64_MAX : total + one;
-        }
-        /* as run_rows: every row in each round where they fit (each row's whole
-         * figure takes milliseconds, a moment a shared machine's hiccup can fill) */
-        const uint64_t avail = cli_avail_mem_bytes();
-        const uint32_t group =
-            !o->in_turn && avail > 0 && total <= avail / 4 * 3 ? nv : 1;
-        for (uint32_t v0 = 0; v0 < nv && rc == CLI_OK; v0 += group) {
-            const uint32_t ng = nv - v0 < group ? nv - v0 : group;
-            if (b->n_inc + ng > sizeof b->inc / sizeof b->inc[0])
+            if (b->n_inc >= sizeof b->inc / sizeof b->inc[0])
                 goto done;
-            rc = incache_rows(b, p, ti, vs + v0, ng, kv, pool_tokens, q, out);
+            pkv_engine *e;
+            pkv_session *s;
+            pkv_status st = build(o, p, dt, path, o->threads[ti], false, o->in_cache, kv,
+                                  pool_tokens, &e, &s);
+            double t, w[1000];
+            if (st == PKV_OK)
+                st = time_decode(s, q, out, &t);
+            for (uint32_t k = 0; k < o->reps && st == PKV_OK; k++)
+                st = time_warm(s, q, out, &w[k]);
+            destroy(&e, &s);
+            if (st != PKV_OK) {
+                rc = cli_fail(CMD, "in-cache decode (%s, %s path): %s", pkv_dtype_name(dt),
+                              bench_path_name(path), pkv_status_str(st));
+                goto done;
+            }
+            bench_incache_row *r = &b->inc[b->n_inc++];
+            r->p = p;
+            r->dt = dt;
+            r->path = path;
+            r->threads = o->threads[ti];
+            r->tokens = o->in_cache;
+            r->kv_bytes = bench_kv_bytes(p, dt, o->in_cache);
+            r->us = bench_median(w, o->reps) * 1e6;
+            r->peak = b->peak[ti];
+            r->peak_int8 = b->peak_int8[ti];
         }
-    }
 done:
     free(kv);
     free(q);

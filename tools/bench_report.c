@@ -247,7 +247,8 @@ void bench_print_table(const bench *b)
            "measured in the same rounds (%u rounds, medians; %s)\n",
            pkv_version(), b->isa ? b->isa : "?", o->reps,
            b->together ? "each round times every row of a context and thread count in turn"
-                       : "rows one after another: their sessions do not fit in memory at once");
+           : o->in_turn ? "rows one after another (--in-turn)"
+                        : "rows one after another: their sessions do not fit in memory at once");
     const cli_preset *last = NULL;
     for (uint32_t i = 0; i < b->n_rows; i++) {
         const bench_row *r = &b->rows[i];

@@ -415,18 +415,32 @@ static pkv_status time_warm(pkv_session *s, const float *q, float *out, double *
     return st;
 }
 
+/* The decode rows of a context or of the in-cache figure: every dtype on the exact
+ * path; Q8/Q4 on the integer one too where the engine takes it. Returns how many. */
+static uint32_t bench_variants(const bench *b, bench_variant *vs)
+{
+    uint32_t nv = 0;
+    for (uint32_t vi = 0; vi < 2 * b->o->n_dtypes; vi++) {
+        const uint32_t path = vi % 2;
+        const pkv_dtype dt = b->o->dtypes[vi / 2];
+        if (path == BENCH_INTEGER && !(bench_is_block(dt) && b->int_ok[dt]))
+            continue;
+        vs[nv++] = (bench_variant){dt, path};
+    }
+    return nv;
+}
+
 /* Rows ng of one preset, context and thread count T (the ti-th), built together and
  * timed round by round: in each round, for each row in turn, the bandwidth sweep, one
  * timed decode and the warm ones. So a shared machine's drift, which moves separate
  * runs minutes apart by up to 1.7x (docs/numerics.md), falls on every row of a round
  * alike, and the rows' ratios to each other (vs f16) are of the same moments. nj:
- * the naive kernel, timed in every other round beside the first row (or NULL). The
- * scalar reference of each row runs after, one row at a time. */
+ * the naive kernel, timed in every other round beside the first row (or NULL: the
+ * caller passes it with the first rows of each thread count only). The scalar
+ * reference of each row runs after, one row at a time. */
 static int run_rows(bench *b, const cli_preset *p, uint64_t ctx, uint32_t T, uint32_t ti,
                     const bench_variant *vs, uint32_t ng, const float *kv,
-                    uint32_t pool_tokens, const float *q, float *out, bench_naive *nj,
-                    double *naive_t, double *naive_bw, double *naive_sum, uint32_t *n_naive,
-                    uint64_t naive_bytes)
+                    uint32_t pool_tokens, const float *q, float *out, bench_naive *nj)
 {
     const bench_opts *o = b->o;
     const uint32_t h = p->heads, d = p->head_dim, R = o->reps;
@@ -435,13 +449,15 @@ static int run_rows(bench *b, const cli_preset *p, uint64_t ctx, uint32_t T, uin
     double *ours = malloc((size_t)ng * R * sizeof *ours);
     double *bws = malloc((size_t)ng * R * sizeof *bws);
     double *warms = malloc((size_t)ng * R * sizeof *warms);
+    double naive_t[SLOW_REPS], naive_bw[SLOW_REPS], naive_sum = 0;
+    uint32_t n_naive = 0;
     int rc = CLI_OK;
     pkv_status st = PKV_OK;
     if (!ours || !bws || !warms) {
         rc = cli_fail(CMD, "out of memory");
         goto done;
     }
-    for (uint32_t j = 0; j < ng && rc == CLI_OK; j++) {
+    for (uint32_t j = 0; j < ng && rc == CLI_OK && st == PKV_OK; j++) {
         bench_row *r = &b->rows[b->n_rows + j];
         memset(r, 0, sizeof *r);
         r->p = p;
@@ -480,11 +496,11 @@ static int run_rows(bench *b, const cli_preset *p, uint64_t ctx, uint32_t T, uin
             st = time_decode(s[j], q, out, &ours[j * R + k]);
             if (st == PKV_OK)
                 st = time_warm(s[j], q, out, &warms[j * R + k]);
-            if (j == 0 && nj && *n_naive < SLOW_REPS && *naive_sum < SLOW_BUDGET &&
+            if (j == 0 && nj && n_naive < SLOW_REPS && naive_sum < SLOW_BUDGET &&
                 k % 2 == 0) {
-                naive_t[*n_naive] = bench_team_run(T, bench_naive_part, nj);
-                *naive_sum += naive_t[*n_naive];
-                naive_bw[(*n_naive)++] = bws[j * R + k];
+                naive_t[n_naive] = bench_team_run(T, bench_naive_part, nj);
+                naive_sum += naive_t[n_naive];
+                naive_bw[n_naive++] = bws[j * R + k];
             }
         }
     for (uint32_t j = 0; j < ng; j++)
@@ -507,14 +523,11 @@ static int run_rows(bench *b, const cli_preset *p, uint64_t ctx, uint32_t T, uin
         r->warm_gflops = 4.0 * h * d * (double)ctx / r->warm_us / 1e3;
         r->peak = b->peak[ti];
         r->peak_int8 = b->peak_int8[ti];
-        if (j == 0 && nj && *n_naive > 0) {
-            double tn[SLOW_REPS], bn[SLOW_REPS];
-            memcpy(tn, naive_t, sizeof tn);
-            memcpy(bn, naive_bw, sizeof bn);
-            const double t = bench_median(tn, *n_naive);
+        if (j == 0 && n_naive > 0) { /* its f32 K and V, each n * g * d */
+            const double t = bench_median(naive_t, n_naive);
             r->naive_us = t * 1e6;
-            r->naive_gbs = (double)naive_bytes / t / 1e9;
-            r->naive_bw_gbs = bench_median(bn, *n_naive);
+            r->naive_gbs = 2.0 * nj->n * nj->g * nj->d * sizeof(float) / t / 1e9;
+            r->naive_bw_gbs = bench_median(naive_bw, n_naive);
         }
         if (o->scalar && (o->scalar_max_ctx == 0 || ctx <= o->scalar_max_ctx)) {
             pkv_engine *se;
@@ -605,18 +618,8 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
                     rc = cli_fail(CMD, "out of memory");
                     goto done;
                 }
-        double naive_t[SLOW_REPS], naive_bw[SLOW_REPS], naive_sum = 0;
-        uint32_t n_naive = 0;
-        /* every dtype on the exact path; Q8/Q4 on the integer one too where it exists */
         bench_variant vs[2 * MAX_LIST];
-        uint32_t nv = 0;
-        for (uint32_t vi = 0; vi < 2 * o->n_dtypes; vi++) {
-            const uint32_t path = vi % 2;
-            const pkv_dtype dt = o->dtypes[vi / 2];
-            if (path == BENCH_INTEGER && !(bench_is_block(dt) && b->int_ok[dt]))
-                continue;
-            vs[nv++] = (bench_variant){dt, path};
-        }
+        const uint32_t nv = bench_variants(b, vs);
         /* the rows timed together: all of them, a round at a time, where their sessions
          * fit in memory at once (b->together), else one at a time */
         const uint32_t group = b->together ? nv : 1;
@@ -625,8 +628,7 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
             if (b->n_rows + ng > sizeof b->rows / sizeof b->rows[0])
                 break;
             rc = run_rows(b, p, ctx, T, ti, vs + v0, ng, kv, pool_tokens, q, out,
-                          do_naive && v0 == 0 ? &nj : NULL, naive_t, naive_bw, &naive_sum,
-                          &n_naive, naive_bytes);
+                          do_naive && v0 == 0 ? &nj : NULL);
         }
         if (rc != CLI_OK)
             goto done;
@@ -719,12 +721,12 @@ static int run_incache(bench *b, const cli_preset *p)
     }
     bench_fill_uniform(&seed, kv, (size_t)pool_tokens * 2 * g * d);
     bench_fill_uniform(&seed, q, (size_t)h * d);
+    bench_variant vs[2 * MAX_LIST];
+    const uint32_t nv = bench_variants(b, vs);
     for (uint32_t ti = 0; ti < o->n_threads; ti++)
-        for (uint32_t vi = 0; vi < 2 * o->n_dtypes; vi++) {
-            const uint32_t di = vi / 2, path = vi % 2;
-            const pkv_dtype dt = o->dtypes[di];
-            if (path == BENCH_INTEGER && !(bench_is_block(dt) && b->int_ok[dt]))
-                continue;
+        for (uint32_t vi = 0; vi < nv; vi++) {
+            const pkv_dtype dt = vs[vi].dt;
+            const uint32_t path = vs[vi].path;
             if (b->n_inc >= sizeof b->inc / sizeof b->inc[0])
                 goto done;
             pkv_engine *e;

@@ -23,23 +23,64 @@ static const uint32_t shapes[][4] = {
     {8, 8, 64, 16}, {32, 8, 128, 16}, {2, 2, 80, 3}, {3, 1, 130, 7},
 };
 
-static float qmax_of(pkv_dtype t)
+/* The range of a block's integers: Q8 [-127, 127], Q4 all 16 codes [-8, 7]. */
+static float qlo_of(pkv_dtype t)
+{
+    return t == PKV_Q8 ? -127.0f : -8.0f;
+}
+
+static float qhi_of(pkv_dtype t)
 {
     return t == PKV_Q8 ? 127.0f : 7.0f;
 }
 
-/* The step of a block from its largest magnitude: f16(a / Q), at least the smallest
- * f16 subnormal, at most 65504 (the format in src/quant.c, written again). */
-static float step_of(pkv_dtype t, float a)
+/* The next f16 above r (an f16 value >= 0, below 65504). */
+static float f16_next(float r)
 {
+    int e;
+    (void)frexpf(r, &e); /* r = f * 2^e, f in [0.5, 1): its ulp is 2^(e - 11) */
+    return r + (r < ldexpf(1.0f, -14) ? ldexpf(1.0f, -24) : ldexpf(1.0f, e - 11));
+}
+
+/* The smallest f16 d with 7.5 d >= b (b > 0; 7.5 d is exact in f32), at most 65504. */
+static float f16_cover(float b)
+{
+    float d = pkv_dtype_round(PKV_F16, b / 7.5f);
+    while (d < 65504.0f && 7.5f * d < b)
+        d = f16_next(d);
+    return d > 65504.0f ? 65504.0f : d;
+}
+
+/* The (signed) step of a block of m values, the format of src/quant.c written again:
+ * a = max |x_j|. Q8: f16(a / 127), nearest even. Q4: of the sign opposite to the
+ * block's first value of magnitude a, |d| = max(f16(a / 8), the smallest f16 with
+ * 7.5 |d| >= b), b the largest magnitude of the other sign's values. |d| at least the
+ * smallest f16 subnormal, at most 65504; 0 for a zero block. */
+static float step_of(pkv_dtype t, const float *x, uint32_t m)
+{
+    float a = 0, b = 0;
+    bool neg = false;
+    for (uint32_t j = 0; j < m; j++)
+        if (fabsf(x[j]) > a) {
+            a = fabsf(x[j]);
+            neg = x[j] < 0;
+        }
+    for (uint32_t j = 0; j < m; j++)
+        if ((x[j] < 0) != neg && fabsf(x[j]) > b)
+            b = fabsf(x[j]);
     if (a == 0.0f)
         return 0.0f;
-    float d = pkv_dtype_round(PKV_F16, a / qmax_of(t));
+    float d = pkv_dtype_round(PKV_F16, a / 127.0f);
+    if (t == PKV_Q4) {
+        d = pkv_dtype_round(PKV_F16, a / 8.0f);
+        const float db = b == 0.0f ? 0.0f : f16_cover(b);
+        d = db > d ? db : d;
+    }
     if (d == 0.0f)
         d = ldexpf(1.0f, -24);
     if (d > 65504.0f)
         d = 65504.0f;
-    return d;
+    return t == PKV_Q4 && !neg ? -d : d;
 }
 
 START_TEST(row_bytes_are_the_format)
@@ -63,8 +104,9 @@ START_TEST(row_bytes_are_the_format)
 END_TEST
 
 /* Every length 1..300, values of mixed magnitudes (a few outlier channels, as real K
- * has): each value comes back as an integer multiple q of its block's step, |q| <= Q,
- * within half a step of the input; a block is 32 values from its row's start. */
+ * has): each value comes back as an integer multiple q of its block's step, q in the
+ * type's range, within half a step of the input; a block is 32 values from its row's
+ * start. */
 START_TEST(round_row_within_half_a_step)
 {
     pkvt_rng r;
@@ -80,16 +122,13 @@ START_TEST(round_row_within_half_a_step)
             pkv_dtype_round_row(t, n, x, y);
             for (uint32_t b = 0; b < n; b += 32) {
                 const uint32_t m = n - b < 32 ? n - b : 32;
-                float a = 0;
-                for (uint32_t j = 0; j < m; j++)
-                    a = fabsf(x[b + j]) > a ? fabsf(x[b + j]) : a;
-                const float d = step_of(t, a);
+                const float d = step_of(t, x + b, m);
                 for (uint32_t j = 0; j < m; j++) {
                     const float q = y[b + j] / d;
-                    ck_assert_msg(q == rintf(q) && fabsf(q) <= qmax_of(t),
+                    ck_assert_msg(q == rintf(q) && q >= qlo_of(t) && q <= qhi_of(t),
                                   "%s n %u value %u: %g is not a step multiple",
                                   pkv_dtype_name(t), n, b + j, (double)y[b + j]);
-                    ck_assert_msg(fabsf(x[b + j] - y[b + j]) <= d / 2,
+                    ck_assert_msg(fabsf(x[b + j] - y[b + j]) <= fabsf(d) / 2,
                                   "%s n %u value %u: |%g - %g| > %g / 2 (seed %llu)",
                                   pkv_dtype_name(t), n, b + j, (double)x[b + j],
                                   (double)y[b + j], (double)d, (unsigned long long)seed);
@@ -120,14 +159,18 @@ START_TEST(zero_huge_tiny_and_nan_rows)
         pkv_dtype_round_row(t, 70, x, y);
         for (int i = 0; i < 70; i++)
             ck_assert(fabsf(x[i] - y[i]) <= ldexpf(1.0f, -25) * 1.0001f + 0.0f ||
-                      fabsf(x[i] - y[i]) <= step_of(t, 3e-9f * 70) / 2);
-        /* huge: past the saturation range the values clamp, finite */
+                      fabsf(x[i] - y[i]) <= fabsf(step_of(t, x + i / 32 * 32, 32)) / 2);
+        /* huge: past the saturation range the values clamp, finite; in Q4 the sign of
+         * a block's first value (all of one magnitude) takes the -8 end, the other 7 */
         for (int i = 0; i < 70; i++)
             x[i] = i % 3 ? 1e12f : -1e12f;
         pkv_dtype_round_row(t, 70, x, y);
         for (int i = 0; i < 70; i++) {
             ck_assert(isfinite(y[i]));
-            ck_assert(fabsf(y[i]) == 65504.0f * qmax_of(t));
+            const bool first = signbit(x[i]) == signbit(x[i / 32 * 32]);
+            const float q = t == PKV_Q8 ? 127.0f : first ? 8.0f : 7.0f;
+            ck_assert_msg(fabsf(y[i]) == 65504.0f * q, "%s %d: %g", pkv_dtype_name(t), i,
+                          (double)y[i]);
             ck_assert(signbit(y[i]) == signbit(x[i]));
         }
         /* a NaN or an infinity spoils its own block only */
@@ -139,11 +182,50 @@ START_TEST(zero_huge_tiny_and_nan_rows)
         pkv_dtype_round_row(t, 70, x, y);
         for (int i = 0; i < 70; i++) {
             if (i < 32)
-                ck_assert(isfinite(y[i]) && fabsf(x[i] - y[i]) <= 1.0f / qmax_of(t));
+                ck_assert(isfinite(y[i]) && fabsf(x[i] - y[i]) <= 1.0f / 7.0f);
             else
                 ck_assert(isnan(y[i]));
         }
     }
+}
+END_TEST
+
+/* Q4 uses its 16th code: on bell-shaped random rows its squared rounding error is
+ * about 0.8 of that of the 15-code quantizer of [-7, 7] (step f16(a / 7), the format
+ * before; written here): a step of a / 8 where the other sign's values allow it, each
+ * block's largest magnitude on a code. A 15-code library gives 1.0; the 16 codes at
+ * the step a / 7.5 everywhere gave 0.955 (the largest magnitude then lands half a step
+ * off). Fixed seed; the threshold leaves room for other data. */
+START_TEST(q4_uses_all_sixteen_codes)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 25);
+    enum { N = 128, ROWS = 2000 };
+    float x[N], y[N];
+    double e16 = 0, e15 = 0;
+    int eights = 0;
+    for (int row = 0; row < ROWS; row++) {
+        for (int i = 0; i < N; i++) /* sum of 3 uniforms: bell-shaped, in (-3, 3) */
+            x[i] = pkvt_uniform(&r, -1, 1) + pkvt_uniform(&r, -1, 1) + pkvt_uniform(&r, -1, 1);
+        pkv_dtype_round_row(PKV_Q4, N, x, y);
+        for (int b = 0; b < N; b += 32) {
+            float a = 0;
+            for (int j = 0; j < 32; j++)
+                a = fabsf(x[b + j]) > a ? fabsf(x[b + j]) : a;
+            const float d15 = pkv_dtype_round(PKV_F16, a / 7.0f), d = step_of(PKV_Q4, x + b, 32);
+            for (int j = 0; j < 32; j++) {
+                float q15 = rintf(x[b + j] / d15);
+                q15 = q15 > 7 ? 7 : q15 < -7 ? -7 : q15;
+                e15 += pow(x[b + j] - d15 * q15, 2);
+                e16 += pow(x[b + j] - y[b + j], 2);
+                eights += y[b + j] / d == -8.0f;
+            }
+        }
+    }
+    fprintf(stderr, "q4: squared error of 16 codes / of 15: %.3f; code -8 used %d times\n",
+            e16 / e15, eights);
+    ck_assert_msg(e16 < 0.85 * e15, "16 codes / 15 codes: %.3f", e16 / e15);
+    ck_assert(eights > ROWS * N / 32 / 2); /* most blocks put their largest on -8 */
 }
 END_TEST
 
@@ -490,6 +572,7 @@ int main(void)
     tcase_add_test(tc, row_bytes_are_the_format);
     tcase_add_test(tc, round_row_within_half_a_step);
     tcase_add_test(tc, zero_huge_tiny_and_nan_rows);
+    tcase_add_test(tc, q4_uses_all_sixteen_codes);
     tcase_add_test(tc, decode_matches_reference_on_rounded_rows);
     tcase_add_test(tc, paths_agree_bitwise);
     tcase_add_test(tc, a_nan_row_poisons_no_other_row);

@@ -195,7 +195,8 @@ __attribute__((target("avx2,fma"))) static float fma_avx2(uint64_t iters)
 }
 #endif
 
-uint32_t bench_fma_lanes(void)
+/* The host's widest FMA: 16 lanes with AVX-512, 8 with AVX2 + FMA, 1 (unknown). */
+static uint32_t host_fma_lanes(void)
 {
 #if BENCH_X86
     if (__builtin_cpu_supports("avx512f"))
@@ -204,6 +205,16 @@ uint32_t bench_fma_lanes(void)
         return 8;
 #endif
     return 1; /* unknown */
+}
+
+uint32_t bench_fma_lanes(const char *isa)
+{
+    const uint32_t host = host_fma_lanes();
+    if (isa && strncmp(isa, "avx512", 6) == 0 && host >= 16)
+        return 16;
+    if (isa && strcmp(isa, "avx2") == 0 && host >= 8)
+        return 8;
+    return host;
 }
 
 static void fma_part(void *ctx, uint32_t t, uint32_t n)
@@ -224,10 +235,10 @@ static void fma_part(void *ctx, uint32_t t, uint32_t n)
 }
 
 /* GFLOP/s over n threads: 12 chains x lanes x 2 FLOPs per iteration per thread. */
-double bench_fma_peak(uint32_t n)
+double bench_fma_peak(uint32_t n, const char *isa)
 {
     fma_job j;
-    j.lanes = bench_fma_lanes();
+    j.lanes = bench_fma_lanes(isa);
     j.iters = 4000000;
     if (j.lanes == 1)
         return NAN;
@@ -329,7 +340,8 @@ __attribute__((target("avx512f,avx512vnni"))) static int32_t int8_vnni(uint64_t 
 }
 #endif
 
-static int int8_kind(void)
+/* The host's widest int8 dot: 3 VNNI, 2 AVX-512 BW, 1 AVX2, 0 none. */
+static int host_int8_kind(void)
 {
 #if BENCH_X86
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
@@ -342,10 +354,23 @@ static int int8_kind(void)
     return 0;
 }
 
-const char *bench_int8_kind(void)
+/* The int8 dot of the kernels named isa (as pkv_stats.isa names them), where the host
+ * has it; the host's widest otherwise. */
+static int int8_kind(const char *isa)
+{
+    const int host = host_int8_kind();
+    const int want = !isa ? host
+                     : strcmp(isa, "avx512vnni") == 0 ? 3
+                     : strcmp(isa, "avx512") == 0     ? 2
+                     : strcmp(isa, "avx2") == 0       ? 1
+                                                      : host;
+    return want <= host ? want : host;
+}
+
+const char *bench_int8_kind(const char *isa)
 {
     static const char *const names[] = {"none", "avx2", "avx512bw", "avx512-vnni"};
-    return names[int8_kind()];
+    return names[int8_kind(isa)];
 }
 
 static void int8_part(void *ctx, uint32_t t, uint32_t n)
@@ -364,10 +389,10 @@ static void int8_part(void *ctx, uint32_t t, uint32_t n)
 }
 
 /* GOP/s over n threads: streams x bytes x 2 operations per iteration per thread. */
-double bench_int8_peak(uint32_t n)
+double bench_int8_peak(uint32_t n, const char *isa)
 {
     int8_job j;
-    j.kind = int8_kind();
+    j.kind = int8_kind(isa);
     j.iters = 4000000;
     if (j.kind == 0)
         return NAN;

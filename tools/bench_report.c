@@ -84,7 +84,7 @@ void bench_print_json(const bench *b)
     }
     json_close(W, ']');
     json_open(W, "peak_int8", '{');
-    json_str(W, "kind", bench_int8_kind());
+    json_str(W, "kind", bench_int8_kind(b->isa));
     json_open(W, "threads", '[');
     for (uint32_t i = 0; i < o->n_threads; i++) {
         json_open(W, NULL, '{');
@@ -296,11 +296,11 @@ void bench_print_table(const bench *b)
                    r->peak, r->gflops / r->peak, r->cold_gflops);
         }
     }
-    printf("\npeak FMA (GFLOP/s, %u-lane FMA chains):", bench_fma_lanes());
+    printf("\npeak FMA (GFLOP/s, %u-lane FMA chains):", bench_fma_lanes(b->isa));
     for (uint32_t i = 0; i < o->n_threads; i++)
         printf(" %u thread%s %.1f%s", o->threads[i], o->threads[i] > 1 ? "s" : "", b->peak[i],
                i + 1 < o->n_threads ? "," : "\n");
-    printf("peak int8 dot (GOP/s, %s):", bench_int8_kind());
+    printf("peak int8 dot (GOP/s, %s):", bench_int8_kind(b->isa));
     for (uint32_t i = 0; i < o->n_threads; i++)
         printf(" %u thread%s %.1f%s", o->threads[i], o->threads[i] > 1 ? "s" : "",
                b->peak_int8[i], i + 1 < o->n_threads ? "," : "\n");

@@ -35,7 +35,8 @@
  *   - peak FMA: independent FMA chains in registers, 2 FLOPs per lane, the best of 5
  *     runs (a shared machine only lowers a run); peak int8, the same way:
  *     independent int8 dot-product streams (bench_probe.h), 2 operations a
- *     multiply-add.
+ *     multiply-add. Both in the instruction set of the kernels in use (pkv_stats.isa:
+ *     under PKV_FORCE_ISA=avx2 an AVX-512 host is held to AVX2's peaks).
  *   - roofline (SPEC §9): per row, the DRAM bound kv_bytes / bw (bw of the same
  *     rounds) and the compute bound ctx * arithmetic per position / peak (bench.h's
  *     bench_arith: f32 FLOPs over the FMA peak plus int8 operations over the int8
@@ -821,9 +822,21 @@ int cmd_bench(int argc, char **argv)
     }
     memset(buf, 1, b->bw.vecs * sizeof(bench_vec)); /* touch every page once */
     b->bw.buf = buf;
+    /* the peaks are those of the kernels' instruction set (bench_probe.h): ask an
+     * engine of the first preset which kernels it uses */
+    {
+        const cli_preset *p = o.presets[0];
+        const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
+                                        o.block_tokens, PKV_F16, 1);
+        pkv_engine *e = NULL;
+        pkv_stats st;
+        if (pkv_engine_create(&c, &e) == PKV_OK && pkv_engine_stats(e, &st) == PKV_OK)
+            b->isa = st.isa; /* a string of the library's, not the engine's */
+        pkv_engine_destroy(e);
+    }
     for (uint32_t i = 0; i < o.n_threads; i++) {
-        b->peak[i] = bench_fma_peak(o.threads[i]);
-        b->peak_int8[i] = bench_int8_peak(o.threads[i]);
+        b->peak[i] = bench_fma_peak(o.threads[i], b->isa);
+        b->peak_int8[i] = bench_int8_peak(o.threads[i], b->isa);
     }
     /* the integer path (SPEC §9) of each block type: measured where the engine takes
      * quant_dot = 1 for the first preset's geometry, otherwise reported unavailable */

@@ -149,6 +149,72 @@ START_TEST(builtin_model)
 }
 END_TEST
 
+/* --prompts: each line runs as -i would (its top-1 in top1_per_prompt is that of a
+ * run of the line alone), and the figures are over the positions of all lines: top-1
+ * the positions' agreement, so with equal lengths the mean of the prompts'. */
+START_TEST(prompts_file)
+{
+    char dir[256], file[300];
+    pkvt_scratch_dir(dir, sizeof dir, "quality-prompts");
+    snprintf(file, sizeof file, "%s/prompts.txt", dir);
+    static const char lines[] = "\nab\r\nzq x\n"; /* BOS alone, "ab" (CRLF), "zq x" */
+    pkvt_write_file(file, lines, sizeof lines - 1);
+    pkvt_proc p = pkvt_tool(ARGS("--json", "-n", "16", "--threads", "1", "--prompts", file),
+                            NULL);
+    ck_assert_msg(p.status == 0, "quality --prompts: exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "prompts"), 3);
+    check_model_json(p.out, 48);
+    pkvt_proc one = pkvt_tool(ARGS("--json", "-n", "16", "--threads", "1", "-i", "ab"), NULL);
+    ck_assert_msg(one.status == 0, "quality -i ab: exit %d: %s", one.status, one.err);
+    ck_assert_uint_eq(pkvt_json_u64(one.out, "prompts"), 1);
+    const size_t rows = pkvt_json_len(p.out, "rows");
+    for (size_t i = 0; i < rows; i++) {
+        if (!row_available(p.out, (int)i))
+            continue;
+        char k[96];
+        snprintf(k, sizeof k, "rows[%zu].top1_per_prompt", i);
+        ck_assert_uint_eq(pkvt_json_len(p.out, k), 3);
+        double sum = 0, t[3];
+        for (int j = 0; j < 3; j++) {
+            snprintf(k, sizeof k, "rows[%zu].top1_per_prompt[%d]", i, j);
+            t[j] = pkvt_json_num(p.out, k);
+            sum += t[j];
+        }
+        ck_assert_msg(fabs(row_num(p.out, (int)i, "top1") - sum / 3) < 1e-5, /* 6 digits */
+                      "row %zu: top-1 %g, prompts %g %g %g", i, row_num(p.out, (int)i, "top1"),
+                      t[0], t[1], t[2]);
+        snprintf(k, sizeof k, "rows[%zu].top1_per_prompt[0]", i);
+        ck_assert(pkvt_json_num(one.out, k) == t[1]);
+        ck_assert(row_num(one.out, (int)i, "top1") == t[1]);
+        ck_assert(row_num(one.out, (int)i, "kl_max") <= row_num(p.out, (int)i, "kl_max"));
+    }
+    pkvt_proc_free(&one);
+    pkvt_proc_free(&p);
+
+    /* the table: the per-prompt lines */
+    p = pkvt_tool(ARGS("-n", "8", "--dtype", "q8", "--prompts", file), NULL);
+    ck_assert_msg(p.status == 0 && has(p.out, "3 prompts of up to 8 positions: 24 positions") &&
+                      has(p.out, "top-1 per prompt"),
+                  "quality --prompts table: %s %s", p.out, p.err);
+    pkvt_proc_free(&p);
+
+    /* an empty file, or -i as well, is a usage error; a missing file a failure */
+    pkvt_write_file(file, "", 0);
+    p = pkvt_tool(ARGS("--prompts", file), NULL);
+    ck_assert_msg(p.status == 2 && has(p.err, "no prompts"), "exit %d: %s", p.status, p.err);
+    pkvt_proc_free(&p);
+    p = pkvt_tool(ARGS("-i", "x", "--prompts", file), NULL);
+    ck_assert_msg(p.status == 2 && has(p.err, "-i and --prompts"), "exit %d: %s", p.status,
+                  p.err);
+    pkvt_proc_free(&p);
+    snprintf(file, sizeof file, "%s/missing.txt", dir);
+    p = pkvt_tool(ARGS("--prompts", file), NULL);
+    ck_assert_msg(p.status == 1 && has(p.err, "missing.txt"), "exit %d: %s", p.status, p.err);
+    pkvt_proc_free(&p);
+    pkvt_remove_dir(dir);
+}
+END_TEST
+
 /* The chart: well-formed SVG with the two bar series and a bar per available row. */
 START_TEST(svg_chart)
 {
@@ -223,6 +289,7 @@ START_TEST(usage)
         {{"--dtype", "q9"}, "--dtype: 'q9' is not"},
         {{"--dtype", "q8,,f16"}, "--dtype"},
         {{"--synthetic", "--model", "x.bin"}, "--synthetic runs no model"},
+        {{"--synthetic", "--prompts", "p.txt"}, "--synthetic runs no model"},
         {{"--svg", "/tmp"}, "is a directory"},
         {{"--ctx", "0", "--synthetic"}, "--ctx"},
         {{"--outliers", "99", "--synthetic"}, "--outliers"},
@@ -276,6 +343,7 @@ int main(void)
     TCase *tb = tcase_create("builtin");
     tcase_set_timeout(tb, 240);
     tcase_add_test(tb, builtin_model);
+    tcase_add_test(tb, prompts_file);
     tcase_add_test(tb, svg_chart);
     tcase_add_test(tb, synthetic_mode);
     tcase_add_test(tb, usage);

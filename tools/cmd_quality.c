@@ -66,6 +66,10 @@ static void usage(FILE *f)
 "  -n, --steps N       positions, prompt included (default 256; at most seq_len)\n"
 "  -i, --prompt TEXT   prompt (default empty: BOS alone; without a tokenizer each\n"
 "                      byte b is token b+3)\n"
+"  --prompts FILE      one prompt a line (an empty line: BOS alone; at most %u):\n"
+"                      each runs -n positions as -i would, and the figures are\n"
+"                      over all their positions; the table adds each prompt's top-1\n"
+"                      (one text's top-1 moves by 1/n a flip: more text, steadier)\n"
 "  --dtype LIST        dtypes compared with f32 (default f16,bf16,q8,q4); q8 and q4\n"
 "                      run on the exact path and, where the engine accepts\n"
 "                      quant_dot = 1, on the integer path too\n"
@@ -87,16 +91,18 @@ static void usage(FILE *f)
 "\n"
 "JSON keys: tool, version, mode (\"model\" or \"synthetic\"), kernels; model mode:\n"
 "  model (path or null: built-in), tokenizer, layers, heads, kv_heads, head_dim, vocab,\n"
-"  positions (compared), prompt_positions, stopped_at_bos, text (null without a\n"
-"  tokenizer); synthetic mode: heads, kv_heads, head_dim, ctx, seed, outlier_channels,\n"
-"  outlier_scale, q_scale, max_abs_out; rows (list of {dtype, path, available, reason,\n"
+"  prompts, positions (compared, all prompts), prompt_positions, stopped_at_bos (any\n"
+"  prompt), text (the first prompt's; null without a tokenizer); synthetic mode:\n"
+"  heads, kv_heads, head_dim, ctx, seed, outlier_channels, outlier_scale, q_scale,\n"
+"  max_abs_out; rows (list of {dtype, path, available, reason,\n"
 "  bytes_per_token, then model mode: kl_mean, kl_p99, kl_max, top1 (0..1),\n"
-"  top1_flips, top1_flip_margin_max, attn_max_abs, attn_rel; synthetic mode:\n"
+"  top1_per_prompt (list), top1_flips, top1_flip_margin_max, attn_max_abs, attn_rel;\n"
+"  synthetic mode:\n"
 "  k_rms_rel, v_rms_rel, err_k_only, err_v_only, err_ref_rounded, err_vs_unrounded,\n"
 "  err_vs_rounded}); figures of an unavailable row are null.\n"
 "\n"
 "exit status: 0 ok, 1 the library or a file failed, 2 usage error.\n",
-            MAX_OUTLIERS);
+            MAX_PROMPTS, MAX_OUTLIERS);
 }
 
 static bool list_dtypes(const char *v, void *dst)
@@ -125,6 +131,7 @@ static int parse(int argc, char **argv, q_opts *o)
     o->outlier_scale = 16;
     o->q_scale = 2;
     o->seed = 1;
+    bool prompt_seen = false;
     static const pkv_dtype def[] = {PKV_F16, PKV_BF16, PKV_Q8, PKV_Q4};
     for (; o->n_dtypes < 4; o->n_dtypes++)
         o->dtypes[o->n_dtypes] = def[o->n_dtypes];
@@ -133,7 +140,9 @@ static int parse(int argc, char **argv, q_opts *o)
         {.name = "tokenizer", .kind = OPT_STRING, .dst = &o->tok_path},
         {.name = "steps", .short_name = 'n', .kind = OPT_U32, .dst = &o->steps, .lo = 1,
          .hi = 1u << 20},
-        {.name = "prompt", .short_name = 'i', .kind = OPT_STRING, .dst = &o->prompt},
+        {.name = "prompt", .short_name = 'i', .kind = OPT_STRING, .dst = &o->prompt,
+         .seen = &prompt_seen},
+        {.name = "prompts", .kind = OPT_STRING, .dst = &o->prompts_path},
         {.name = "dtype", .kind = OPT_CALL, .dst = o, .call = list_dtypes,
          .what = "a comma-separated list of f32, f16, bf16, q8, q4"},
         {.name = "block-tokens", .kind = OPT_U32, .dst = &o->block_tokens, .lo = 1,
@@ -156,8 +165,11 @@ static int parse(int argc, char **argv, q_opts *o)
                        NULL);
     if (rc != CLI_OK)
         return rc;
-    if (o->synthetic && (o->model_path || o->tok_path))
-        return cli_usage_error(CMD, "--synthetic runs no model: drop --model/--tokenizer");
+    if (o->synthetic && (o->model_path || o->tok_path || o->prompts_path))
+        return cli_usage_error(CMD, "--synthetic runs no model: drop --model/--tokenizer/"
+                                    "--prompts");
+    if (prompt_seen && o->prompts_path)
+        return cli_usage_error(CMD, "-i and --prompts: give one prompt or a file of them");
     if (o->svg && cli_check_output_file(CMD, "--svg", o->svg) != CLI_OK)
         return CLI_USAGE;
     return CLI_OK;
@@ -224,17 +236,16 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* KL, top-1 of logits [T][V] against ref [T][V]; kl: [T] scratch, lp, lq: [V].
- * A flip is a position where the argmaxes differ; its margin is how far f32 preferred
- * its own token, ln p(f32's top) - ln p(dtype's top) under f32 (the logit difference):
- * near 0 a flip is a near-tie the slightest error decides, large it is a real loss. */
-static void compare_logits(q_row *r, const float *ref, const float *lg, uint32_t T, uint32_t V,
-                           double *kl, double *lp, double *lq)
+/* KL and top-1 of logits [T][V] against ref [T][V], added to row r's running figures:
+ * kl [T] receives each position's KL, r->flips and r->flip_margin grow; returns the
+ * positions whose argmaxes agree. lp, lq: [V] scratch. A flip is a position where the
+ * argmaxes differ; its margin is how far f32 preferred its own token, ln p(f32's top) -
+ * ln p(dtype's top) under f32 (the logit difference): near 0 a flip is a near-tie the
+ * slightest error decides, large it is a real loss. */
+static uint32_t compare_logits(q_row *r, const float *ref, const float *lg, uint32_t T,
+                               uint32_t V, double *kl, double *lp, double *lq)
 {
-    double sum = 0;
     uint32_t agree = 0;
-    r->flips = 0;
-    r->flip_margin = 0;
     for (uint32_t p = 0; p < T; p++) {
         const float *a = ref + (size_t)p * V, *b = lg + (size_t)p * V;
         log_softmax(a, V, lp);
@@ -243,7 +254,6 @@ static void compare_logits(q_row *r, const float *ref, const float *lg, uint32_t
         for (uint32_t i = 0; i < V; i++)
             d += exp(lp[i]) * (lp[i] - lq[i]);
         kl[p] = d > 0 ? d : 0; /* >= 0 exactly; rounding can leave -1e-17 */
-        sum += kl[p];
         const uint32_t ta = argmax(a, V), tb = argmax(b, V);
         if (ta == tb) {
             agree++;
@@ -252,11 +262,98 @@ static void compare_logits(q_row *r, const float *ref, const float *lg, uint32_t
             r->flip_margin = fmax(r->flip_margin, lp[ta] - lp[tb]);
         }
     }
-    qsort(kl, T, sizeof *kl, cmp_double);
-    r->kl_mean = sum / T;
-    r->kl_p99 = kl[(size_t)ceil(0.99 * T) - 1];
-    r->kl_max = kl[T - 1];
-    r->top1 = (double)agree / T;
+    return agree;
+}
+
+/* Row r's figures over all n positions of every prompt: kl [n] (in position order,
+ * sorted here), agree of them with f32's argmax. */
+static void finish_row(q_row *r, double *kl, uint64_t n, uint64_t agree)
+{
+    double sum = 0;
+    for (uint64_t p = 0; p < n; p++)
+        sum += kl[p];
+    qsort(kl, n, sizeof *kl, cmp_double);
+    r->kl_mean = sum / (double)n;
+    r->kl_p99 = kl[(size_t)ceil(0.99 * (double)n) - 1];
+    r->kl_max = kl[n - 1];
+    r->top1 = (double)agree / (double)n;
+}
+
+/* The prompts of a run: -i's, or the lines of --prompts FILE (each line one prompt,
+ * an empty line BOS alone, a '\r' before the newline dropped; at most MAX_PROMPTS).
+ * *buf holds the file's text, which list[] points into; free it. */
+static int read_prompts(const q_opts *o, char **buf, const char **list, uint32_t *n)
+{
+    *buf = NULL;
+    *n = 0;
+    if (!o->prompts_path) {
+        list[(*n)++] = o->prompt;
+        return CLI_OK;
+    }
+    FILE *f = fopen(o->prompts_path, "rb");
+    if (!f)
+        return cli_fail(CMD, "cannot open --prompts %s", o->prompts_path);
+    const size_t cap = (size_t)1 << 24;
+    char *t = malloc(cap + 1);
+    const size_t len = t ? fread(t, 1, cap + 1, f) : 0;
+    const bool bad = !t || ferror(f);
+    fclose(f);
+    if (bad || len > cap) {
+        free(t);
+        return bad ? cli_fail(CMD, "cannot read --prompts %s", o->prompts_path)
+                   : cli_usage_error(CMD, "--prompts %s: larger than 16 MiB", o->prompts_path);
+    }
+    t[len] = '\0';
+    if (memchr(t, '\0', len)) {
+        free(t);
+        return cli_usage_error(CMD, "--prompts %s: not text (a NUL byte)", o->prompts_path);
+    }
+    for (char *line = t, *const stop = t + len; line < stop;) {
+        char *end = memchr(line, '\n', (size_t)(stop - line));
+        if (end)
+            *end = '\0';
+        const size_t l = strlen(line);
+        if (l && line[l - 1] == '\r')
+            line[l - 1] = '\0';
+        if (*n == MAX_PROMPTS) {
+            free(t);
+            return cli_usage_error(CMD, "--prompts %s: more than %u prompts",
+                                   o->prompts_path, MAX_PROMPTS);
+        }
+        list[(*n)++] = line;
+        line = end ? end + 1 : stop;
+    }
+    if (*n == 0) {
+        free(t);
+        return cli_usage_error(CMD, "--prompts %s: no prompts (an empty file)",
+                               o->prompts_path);
+    }
+    *buf = t;
+    return CLI_OK;
+}
+
+/* The f32 text of tokens tok[0..n) (the first prompt's), or NULL. */
+static char *decode_text(const tokenizer *tk, const uint32_t *tok, uint32_t n)
+{
+    size_t cap = 1, len = 0;
+    for (uint32_t p = 1; p < n; p++) {
+        const char *piece;
+        size_t pl;
+        tokenizer_decode(tk, tok[p - 1], tok[p], &piece, &pl);
+        cap += pl;
+    }
+    char *text = malloc(cap);
+    if (!text)
+        return NULL;
+    for (uint32_t p = 1; p < n; p++) {
+        const char *piece;
+        size_t pl;
+        tokenizer_decode(tk, tok[p - 1], tok[p], &piece, &pl);
+        memcpy(text + len, piece, pl);
+        len += pl;
+    }
+    text[len] = '\0';
+    return text;
 }
 
 static int run_model(q_result *R)
@@ -269,13 +366,19 @@ static int run_model(q_result *R)
     memset(&tk, 0, sizeof tk);
     memset(&st, 0, sizeof st);
     char err[512];
+    char *pbuf = NULL;
+    const char *prompts[MAX_PROMPTS];
+    uint32_t n_prompts = 0;
     uint32_t *prompt = NULL, *tok = NULL, *pos = NULL;
     float *ref = NULL, *lg = NULL, *aref = NULL;
     double *kl = NULL, *lp = NULL, *lq = NULL;
+    uint64_t agree[MAX_ROWS] = {0};
     pkv_engine *e = NULL;
     pkv_session *s = NULL;
-    int rc = CLI_OK;
     pkv_status ps;
+    int rc = read_prompts(o, &pbuf, prompts, &n_prompts);
+    if (rc != CLI_OK)
+        return rc;
     if (o->model_path) {
         if ((ps = llama_load(&m, o->model_path, err, sizeof err)) != PKV_OK) {
             rc = cli_fail(CMD, "%s", err);
@@ -292,142 +395,136 @@ static int run_model(q_result *R)
         rc = cli_fail(CMD, "%s", err);
         goto done;
     }
-    const size_t plen = strlen(o->prompt);
+    size_t plen = 0;
+    for (uint32_t k = 0; k < n_prompts; k++)
+        plen = strlen(prompts[k]) > plen ? strlen(prompts[k]) : plen;
     if (plen > (size_t)1 << 20) {
-        rc = cli_usage_error(CMD, "the prompt is too long");
-        goto done;
-    }
-    prompt = calloc(tokenizer_max_tokens(plen), sizeof *prompt);
-    if (!prompt) {
-        rc = cli_fail(CMD, "out of memory");
-        goto done;
-    }
-    size_t np = 0;
-    if (tokenizer_encode_prompt(o->tok_path ? &tk : NULL, c->vocab_size, o->prompt, prompt,
-                                tokenizer_max_tokens(plen), &np, err, sizeof err) != PKV_OK) {
-        rc = cli_usage_error(CMD, "%s", err);
+        rc = cli_usage_error(CMD, "a prompt is longer than 1 MiB");
         goto done;
     }
     const uint32_t T = o->steps < c->seq_len ? o->steps : c->seq_len, V = c->vocab_size;
-    const uint32_t P = np < T ? (uint32_t)np : T;
     if (o->steps > c->seq_len)
         fprintf(stderr, "pagedkv quality: -n %u exceeds the model's seq_len; using %u\n",
                 o->steps, c->seq_len);
-    tok = calloc(T, sizeof *tok);
-    pos = calloc(T, sizeof *pos);
-    ref = calloc((size_t)T * V, sizeof *ref);
-    lg = calloc((size_t)T * V, sizeof *lg);
-    aref = calloc((size_t)T * c->dim, sizeof *aref);
-    kl = calloc(T, sizeof *kl);
-    lp = calloc(V, sizeof *lp);
-    lq = calloc(V, sizeof *lq);
-    if (!tok || !pos || !ref || !lg || !aref || !kl || !lp || !lq ||
-        llama_state_init(&st, c, T) != PKV_OK) {
-        rc = cli_fail(CMD, "cannot allocate buffers for %u positions", T);
-        goto done;
-    }
-    for (uint32_t p = 0; p < T; p++)
-        pos[p] = p;
     pkv_config cfg = llama_kv_config(c, o->block_tokens, PKV_F32, o->threads);
     if (cli_check_limits(CMD, &cfg, o->model_path ? o->model_path : "the built-in model") !=
         CLI_OK) {
         rc = CLI_USAGE;
         goto done;
     }
-
-    /* 1. the f32 greedy run: it decides the tokens */
-    if ((ps = quality_open_engine(R, &cfg, &e, &s)) != PKV_OK) {
-        rc = cli_fail(CMD, "f32 engine: %s", pkv_status_str(ps));
-        goto done;
-    }
-    memcpy(tok, prompt, P * sizeof *tok);
-    q_attn a = {.kv = llama_kv_init(e, c, &s), .c = c};
-    a.kv.prefill = true;
-    ps = llama_forward(&m, &st, P, tok, pos, attn_checked, &a, 0, ref);
-    uint32_t n = P;
-    a.kv.prefill = false;
-    while (ps == PKV_OK && n < T) {
-        const uint32_t next = argmax(ref + (size_t)(n - 1) * V, V);
-        if (o->model_path && next == TOKENIZER_BOS) {
-            R->stopped_at_bos = true;
-            break;
-        }
-        tok[n] = next;
-        ps = llama_forward(&m, &st, 1, tok + n, pos + n, attn_checked, &a, 0,
-                           ref + (size_t)n * V);
-        n++;
-    }
-    pkv_session_destroy(s);
-    pkv_engine_destroy(e);
-    s = NULL;
-    e = NULL;
-    if (ps != PKV_OK) {
-        rc = cli_fail(CMD, "f32 run: %s: %s", a.kv.failed ? a.kv.failed : "forward",
-                      pkv_status_str(ps));
-        goto done;
-    }
-    R->positions = n;
-    R->prompt_positions = P;
-    if (o->tok_path) {
-        size_t cap = 1, len = 0;
-        for (uint32_t p = 1; p < n; p++) {
-            const char *piece;
-            size_t pl;
-            tokenizer_decode(&tk, tok[p - 1], tok[p], &piece, &pl);
-            cap += pl;
-        }
-        R->text = malloc(cap);
-        if (R->text) {
-            for (uint32_t p = 1; p < n; p++) {
-                const char *piece;
-                size_t pl;
-                tokenizer_decode(&tk, tok[p - 1], tok[p], &piece, &pl);
-                memcpy(R->text + len, piece, pl);
-                len += pl;
-            }
-            R->text[len] = '\0';
-        }
-    }
-
-    /* 2. every dtype and path, teacher-forced on those tokens in one prefill */
     quality_plan_rows(R, &cfg, c->n_kv_heads, c->n_layers, c->head_size);
-    for (uint32_t i = 0; i < R->n_rows; i++) {
-        q_row *r = &R->rows[i];
-        if (!r->available)
-            continue;
-        pkv_config rc_cfg = cfg;
-        rc_cfg.kv_dtype = r->dt;
-        rc_cfg.quant_dot = r->path;
-        if ((ps = quality_open_engine(R, &rc_cfg, &e, &s)) != PKV_OK) {
-            rc = cli_fail(CMD, "%s engine: %s", pkv_dtype_name(r->dt), pkv_status_str(ps));
+    prompt = calloc(tokenizer_max_tokens(plen), sizeof *prompt);
+    tok = calloc(T, sizeof *tok);
+    pos = calloc(T, sizeof *pos);
+    ref = calloc((size_t)T * V, sizeof *ref);
+    lg = calloc((size_t)T * V, sizeof *lg);
+    aref = calloc((size_t)T * c->dim, sizeof *aref);
+    /* every row's KL at every position of every prompt, row-major */
+    kl = calloc((size_t)R->n_rows * n_prompts * T, sizeof *kl);
+    lp = calloc(V, sizeof *lp);
+    lq = calloc(V, sizeof *lq);
+    if (!prompt || !tok || !pos || !ref || !lg || !aref || !kl || !lp || !lq ||
+        llama_state_init(&st, c, T) != PKV_OK) {
+        rc = cli_fail(CMD, "cannot allocate buffers for %u positions", T);
+        goto done;
+    }
+    for (uint32_t p = 0; p < T; p++)
+        pos[p] = p;
+
+    for (uint32_t k = 0; k < n_prompts; k++) {
+        size_t np = 0;
+        if (tokenizer_encode_prompt(o->tok_path ? &tk : NULL, c->vocab_size, prompts[k],
+                                    prompt, tokenizer_max_tokens(plen), &np, err,
+                                    sizeof err) != PKV_OK) {
+            rc = cli_usage_error(CMD, "%s%s", n_prompts > 1 ? "--prompts: " : "", err);
             goto done;
         }
-        q_attn b = {.kv = llama_kv_init(e, c, &s), .c = c, .ref = aref};
-        b.kv.prefill = true;
-        ps = llama_forward(&m, &st, n, tok, pos, attn_checked, &b, 0, lg);
+        const uint32_t P = np < T ? (uint32_t)np : T;
+
+        /* 1. the f32 greedy run: it decides the tokens */
+        if ((ps = quality_open_engine(R, &cfg, &e, &s)) != PKV_OK) {
+            rc = cli_fail(CMD, "f32 engine: %s", pkv_status_str(ps));
+            goto done;
+        }
+        memcpy(tok, prompt, P * sizeof *tok);
+        q_attn a = {.kv = llama_kv_init(e, c, &s), .c = c};
+        a.kv.prefill = true;
+        ps = llama_forward(&m, &st, P, tok, pos, attn_checked, &a, 0, ref);
+        uint32_t n = P;
+        a.kv.prefill = false;
+        while (ps == PKV_OK && n < T) {
+            const uint32_t next = argmax(ref + (size_t)(n - 1) * V, V);
+            if (o->model_path && next == TOKENIZER_BOS) {
+                R->stopped_at_bos = true;
+                break;
+            }
+            tok[n] = next;
+            ps = llama_forward(&m, &st, 1, tok + n, pos + n, attn_checked, &a, 0,
+                               ref + (size_t)n * V);
+            n++;
+        }
         pkv_session_destroy(s);
         pkv_engine_destroy(e);
         s = NULL;
         e = NULL;
         if (ps != PKV_OK) {
-            rc = cli_fail(CMD, "%s %s run: %s: %s", pkv_dtype_name(r->dt),
-                          quality_path_name(r->path),
-                          b.ref_st != PKV_OK ? "pkv_attention_reference"
-                          : b.kv.failed      ? b.kv.failed
-                                             : "forward",
+            rc = cli_fail(CMD, "f32 run: %s: %s", a.kv.failed ? a.kv.failed : "forward",
                           pkv_status_str(ps));
             goto done;
         }
-        compare_logits(r, ref, lg, n, V, kl, lp, lq);
-        r->attn_max_abs = b.max_abs;
-        r->attn_ref_max = b.ref_max;
+        if (k == 0 && o->tok_path)
+            R->text = decode_text(&tk, tok, n);
+
+        /* 2. every dtype and path, teacher-forced on those tokens in one prefill */
+        for (uint32_t i = 0; i < R->n_rows; i++) {
+            q_row *r = &R->rows[i];
+            if (!r->available)
+                continue;
+            pkv_config rc_cfg = cfg;
+            rc_cfg.kv_dtype = r->dt;
+            rc_cfg.quant_dot = r->path;
+            if ((ps = quality_open_engine(R, &rc_cfg, &e, &s)) != PKV_OK) {
+                rc = cli_fail(CMD, "%s engine: %s", pkv_dtype_name(r->dt),
+                              pkv_status_str(ps));
+                goto done;
+            }
+            q_attn b = {.kv = llama_kv_init(e, c, &s), .c = c, .ref = aref};
+            b.kv.prefill = true;
+            ps = llama_forward(&m, &st, n, tok, pos, attn_checked, &b, 0, lg);
+            pkv_session_destroy(s);
+            pkv_engine_destroy(e);
+            s = NULL;
+            e = NULL;
+            if (ps != PKV_OK) {
+                rc = cli_fail(CMD, "%s %s run: %s: %s", pkv_dtype_name(r->dt),
+                              quality_path_name(r->path),
+                              b.ref_st != PKV_OK ? "pkv_attention_reference"
+                              : b.kv.failed      ? b.kv.failed
+                                                 : "forward",
+                              pkv_status_str(ps));
+                goto done;
+            }
+            const uint32_t ag = compare_logits(
+                r, ref, lg, n, V, kl + ((size_t)i * n_prompts * T + R->positions), lp, lq);
+            agree[i] += ag;
+            r->top1_prompt[k] = (double)ag / n;
+            r->attn_max_abs = fmax(r->attn_max_abs, b.max_abs);
+            r->attn_ref_max = fmax(r->attn_ref_max, b.ref_max);
+        }
+        R->positions += n;
+        R->prompt_positions += P;
+        R->n_prompts = k + 1;
     }
+    for (uint32_t i = 0; i < R->n_rows; i++)
+        if (R->rows[i].available)
+            finish_row(&R->rows[i], kl + (size_t)i * n_prompts * T, R->positions, agree[i]);
 done:
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
     llama_state_free(&st);
     tokenizer_free(&tk);
     llama_free(&m);
+    free(pbuf);
     free(prompt);
     free(tok);
     free(pos);
@@ -450,12 +547,16 @@ static void print_model(const q_result *R)
            "%u); kernels %s\n", pkv_version(), o->model_path ? o->model_path : "built-in model",
            c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_size, c->vocab_size,
            R->isa ? R->isa : "?");
-    printf("%u positions (%u of them the prompt) greedy from an f32 cache%s; every dtype "
-           "teacher-forced on those tokens; KL(f32 || dtype) of the next-token "
-           "distributions, in nats\n", R->positions, R->prompt_positions,
+    if (R->n_prompts > 1)
+        printf("%u prompts of up to %u positions: %u positions in all (%u of them "
+               "prompts)", R->n_prompts, o->steps, R->positions, R->prompt_positions);
+    else
+        printf("%u positions (%u of them the prompt)", R->positions, R->prompt_positions);
+    printf(" greedy from an f32 cache%s; every dtype teacher-forced on those tokens; "
+           "KL(f32 || dtype) of the next-token distributions, in nats\n",
            R->stopped_at_bos ? ", stopped where the model emitted BOS" : "");
     if (R->text)
-        printf("f32 text: %s\n", R->text);
+        printf("f32 text%s: %s\n", R->n_prompts > 1 ? " (the first prompt's)" : "", R->text);
     printf("\n%-5s %-8s %9s %7s | %10s %10s %10s | %7s %5s %7s | %10s %9s\n", "dtype", "path",
            "B/token", "vs f32", "KL mean", "KL p99", "KL max", "top-1", "flips", "margin",
            "attn err", "rel");
@@ -471,6 +572,18 @@ static void print_model(const q_result *R)
         printf("%10.3g %10.3g %10.3g | %6.2f%% %5u %7.3f | %10.3g %9.3g\n", r->kl_mean,
                r->kl_p99, r->kl_max, 100.0 * r->top1, r->flips, r->flip_margin, r->attn_max_abs,
                r->attn_ref_max > 0 ? r->attn_max_abs / r->attn_ref_max : 0.0);
+    }
+    if (R->n_prompts > 1) {
+        printf("\ntop-1 per prompt, in the file's order:\n");
+        for (uint32_t i = 0; i < R->n_rows; i++) {
+            const q_row *r = &R->rows[i];
+            if (!r->available)
+                continue;
+            printf("%-5s %-8s", pkv_dtype_name(r->dt), quality_path_name(r->path));
+            for (uint32_t k = 0; k < R->n_prompts; k++)
+                printf(" %6.2f%%", 100.0 * r->top1_prompt[k]);
+            printf("\n");
+        }
     }
     printf("\nattn err: max |cache - pkv_attention_reference| over every layer, position and\n"
            "head on the same unrounded q/K/V (rel: over max |reference|); top-1: argmax\n"
@@ -511,7 +624,7 @@ static void print_json(const q_result *R)
         const llama_config *c = &R->cfg;
         json_str(W, "model", o->model_path);
         json_str(W, "tokenizer", o->tok_path);
-        JSON_U64S(W, {"layers", c->n_layers}, {"heads", c->n_heads},
+        JSON_U64S(W, {"prompts", R->n_prompts}, {"layers", c->n_layers}, {"heads", c->n_heads},
                   {"kv_heads", c->n_kv_heads}, {"head_dim", c->head_size},
                   {"vocab", c->vocab_size}, {"positions", R->positions},
                   {"prompt_positions", R->prompt_positions});
@@ -532,17 +645,26 @@ static void print_json(const q_result *R)
                       {"err_ref_rounded", r->available ? r->err_ref_both : na},
                       {"err_vs_unrounded", r->available ? r->err_raw : na},
                       {"err_vs_rounded", r->available ? r->err_rounded : na});
-        else
+        else {
             JSON_NUMS(W, {"kl_mean", r->available ? r->kl_mean : na},
                       {"kl_p99", r->available ? r->kl_p99 : na},
                       {"kl_max", r->available ? r->kl_max : na},
-                      {"top1", r->available ? r->top1 : na},
-                      {"top1_flips", r->available ? (double)r->flips : na},
+                      {"top1", r->available ? r->top1 : na});
+            if (r->available) {
+                json_open(W, "top1_per_prompt", '[');
+                for (uint32_t k = 0; k < R->n_prompts; k++)
+                    json_num(W, NULL, r->top1_prompt[k]);
+                json_close(W, ']');
+            } else {
+                json_str(W, "top1_per_prompt", NULL);
+            }
+            JSON_NUMS(W, {"top1_flips", r->available ? (double)r->flips : na},
                       {"top1_flip_margin_max", r->available ? r->flip_margin : na},
                       {"attn_max_abs", r->available ? r->attn_max_abs : na},
                       {"attn_rel", r->available && r->attn_ref_max > 0
                                        ? r->attn_max_abs / r->attn_ref_max
                                        : na});
+        }
         json_close(W, '}');
     }
     json_close(W, ']');

@@ -23,9 +23,10 @@
 
 #define MAX_ROWS 12
 #define MAX_OUTLIERS 32
+#define MAX_PROMPTS 64 /* --prompts: lines of the file */
 
 typedef struct {
-    const char *model_path, *tok_path, *prompt, *svg;
+    const char *model_path, *tok_path, *prompt, *prompts_path, *svg;
     uint32_t steps, block_tokens, threads;
     pkv_dtype dtypes[8];
     uint32_t n_dtypes;
@@ -42,8 +43,9 @@ typedef struct {
     bool available;
     char why[256];
     uint64_t bytes_per_token;     /* every layer's K and V rows of one position */
-    /* model mode */
+    /* model mode, over the positions of every prompt */
     double kl_mean, kl_p99, kl_max, top1;
+    double top1_prompt[MAX_PROMPTS]; /* each prompt's own top-1 */
     uint32_t flips;               /* positions whose argmax differs from f32's */
     double flip_margin;           /* largest f32 log-probability margin of a flip (0: none) */
     double attn_max_abs, attn_ref_max;
@@ -56,11 +58,13 @@ typedef struct {
     const char *isa;
     q_row rows[MAX_ROWS];
     uint32_t n_rows;
-    /* model mode */
+    /* model mode: sums over the prompts (one without --prompts) */
     llama_config cfg;
+    uint32_t n_prompts;
     uint32_t positions, prompt_positions;
-    bool stopped_at_bos;
-    char *text;                   /* the f32 greedy text (with a tokenizer), or NULL */
+    bool stopped_at_bos;          /* some prompt's run stopped where the model emitted BOS */
+    char *text;                   /* the first prompt's f32 greedy text (with a tokenizer),
+                                   * or NULL */
     /* synthetic mode */
     uint32_t outlier_ch[MAX_OUTLIERS];
     double max_out;

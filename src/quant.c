@@ -20,7 +20,8 @@
  *        d = a / 7, the step shrinks by up to 7/8: on bell-shaped rows the squared
  *        error falls to ~0.8, and on stories260K (head_dim 8, one block per row) Q4's
  *        mean KL against f32 by ~1/3 (docs/numerics.md). Q8 keeps [-127, 127]: the
- *        same for 256 codes would gain ~1.6%.
+ *        same scheme with 256 codes shrinks its step by at most 1/128, and measured no
+ *        better on stories260K.
  * |d| is raised to the smallest f16 subnormal when a > 0 would round it to 0 and
  * saturated at the f16 maximum 65504. rint uses the current (nearest-even) rounding
  * mode. Dequantization: x_j = d * q_j, exact in f32 (an 11-bit scale times a 7-bit

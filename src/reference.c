@@ -205,24 +205,7 @@ pkv_status pkv_causal_attention(uint32_t n_tokens, uint32_t n_heads, uint32_t n_
                                    NULL, q, k, v, out);
 }
 
-/* C [n][m] = A [n][k] * B [k][m], accumulated in double (A float here, double in
- * matmul_dd below; B, the weights, always float). */
-static void matmul_fd(size_t n, size_t k, size_t m, const float *A, const float *B,
-                      double *C)
-{
-    for (size_t r = 0; r < n; r++) {
-        double *c = C + r * m;
-        for (size_t j = 0; j < m; j++)
-            c[j] = 0.0;
-        for (size_t x = 0; x < k; x++) {
-            const double a = (double)A[r * k + x];
-            const float *b = B + x * m;
-            for (size_t j = 0; j < m; j++)
-                c[j] += a * (double)b[j];
-        }
-    }
-}
-
+/* C [n][m] = A [n][k] * B [k][m], accumulated in double (B, the weights, float). */
 static void matmul_dd(size_t n, size_t k, size_t m, const double *A, const float *B,
                       double *C)
 {
@@ -272,9 +255,10 @@ pkv_status pkv_mha_forward(uint32_t T, uint32_t d_model, uint32_t n_heads,
         !(Kd = malloc(kv_bytes)) || !(Vd = malloc(kv_bytes)) || !(w = malloc(w_bytes)))
         goto done;
 
-    matmul_fd(T, d_model, d_model, X, Wq, Qd);
-    matmul_fd(T, d_model, kv_w, X, Wk, Kd);
-    matmul_fd(T, d_model, kv_w, X, Wv, Vd);
+    widen(Od, X, q_n); /* X in double, in Od until Od is written */
+    matmul_dd(T, d_model, d_model, Od, Wq, Qd);
+    matmul_dd(T, d_model, kv_w, Od, Wk, Kd);
+    matmul_dd(T, d_model, kv_w, Od, Wv, Vd);
     /* Per-head attention written into [T][h][d] is exactly the concatenation of the
      * heads along the feature axis, so Ad is already "concat(heads)". */
     attend(T, n_heads, n_kv_heads, d, d, 1.0 / sqrt((double)d), NULL, Qd, Kd, Vd, Ad, w);

@@ -463,10 +463,7 @@ static int run_model(q_result *R)
                                ref + (size_t)n * V);
             n++;
         }
-        pkv_session_destroy(s);
-        pkv_engine_destroy(e);
-        s = NULL;
-        e = NULL;
+        quality_close_engine(&e, &s);
         if (ps != PKV_OK) {
             rc = cli_fail(CMD, "f32 run: %s: %s", a.kv.failed ? a.kv.failed : "forward",
                           pkv_status_str(ps));
@@ -491,10 +488,7 @@ static int run_model(q_result *R)
             q_attn b = {.kv = llama_kv_init(e, c, &s), .c = c, .ref = aref};
             b.kv.prefill = true;
             ps = llama_forward(&m, &st, n, tok, pos, attn_checked, &b, 0, lg);
-            pkv_session_destroy(s);
-            pkv_engine_destroy(e);
-            s = NULL;
-            e = NULL;
+            quality_close_engine(&e, &s);
             if (ps != PKV_OK) {
                 rc = cli_fail(CMD, "%s %s run: %s: %s", pkv_dtype_name(r->dt),
                               quality_path_name(r->path),
@@ -513,14 +507,13 @@ static int run_model(q_result *R)
         }
         R->positions += n;
         R->prompt_positions += P;
-        R->n_prompts = k + 1;
     }
+    R->n_prompts = n_prompts;
     for (uint32_t i = 0; i < R->n_rows; i++)
         if (R->rows[i].available)
             finish_row(&R->rows[i], kl + (size_t)i * n_prompts * T, R->positions, agree[i]);
 done:
-    pkv_session_destroy(s);
-    pkv_engine_destroy(e);
+    quality_close_engine(&e, &s);
     llama_state_free(&st);
     tokenizer_free(&tk);
     llama_free(&m);

@@ -80,6 +80,8 @@ void quality_plan_rows(q_result *R, const pkv_config *cfg, uint32_t kv_heads,
 /* An engine and session of config c; its kernels into R->isa. */
 pkv_status quality_open_engine(q_result *R, const pkv_config *c, pkv_engine **e,
                                pkv_session **s);
+/* Destroy what quality_open_engine opened (either may be NULL) and set both NULL. */
+void quality_close_engine(pkv_engine **e, pkv_session **s);
 
 /* The synthetic mode (quality_synthetic.c): fills R's rows, outlier channels and
  * max_out; CLI_OK, or CLI_FAIL / CLI_USAGE after a message. Then its table. */

@@ -57,3 +57,11 @@ pkv_status quality_open_engine(q_result *R, const pkv_config *c, pkv_engine **e,
         st = pkv_session_create(*e, s);
     return st;
 }
+
+void quality_close_engine(pkv_engine **e, pkv_session **s)
+{
+    pkv_session_destroy(*s);
+    pkv_engine_destroy(*e);
+    *s = NULL;
+    *e = NULL;
+}

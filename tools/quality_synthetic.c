@@ -162,10 +162,7 @@ int quality_run_synthetic(q_result *R)
         ps = quality_open_engine(R, &c, &e, &s);
         if (ps == PKV_OK)
             ps = pkv_prefill(s, 0, T, q, K, V, out);
-        pkv_session_destroy(s);
-        pkv_engine_destroy(e);
-        s = NULL;
-        e = NULL;
+        quality_close_engine(&e, &s);
         if (ps != PKV_OK) {
             rc = cli_fail(CMD, "%s %s prefill: %s", pkv_dtype_name(r->dt),
                           quality_path_name(r->path), pkv_status_str(ps));
@@ -175,8 +172,7 @@ int quality_run_synthetic(q_result *R)
         r->err_rounded = max_diff(out, ref, nq) / mo;
     }
 done:
-    pkv_session_destroy(s);
-    pkv_engine_destroy(e);
+    quality_close_engine(&e, &s);
     free(q);
     free(K);
     free(V);

@@ -483,11 +483,8 @@ static int run_rows(bench *b, const cli_preset *p, uint64_t ctx, uint32_t T, uin
             break;
         }
         pkv_config cfg;
-        pkv_stats stats;
         if (pkv_engine_config(e[j], &cfg) == PKV_OK)
             r->bt = cfg.block_tokens;
-        if (pkv_engine_stats(e[j], &stats) == PKV_OK)
-            b->isa = stats.isa;
         double first; /* untimed: the first decode of a session */
         st = time_decode(s[j], q, out, &first);
     }

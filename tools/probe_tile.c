@@ -9,8 +9,8 @@
  * QK alone, PV alone, the softmax alone, and of the three pipelined as the walk
  * (walk.h) runs them: QK(k), PV(k-1), softmax(k); and ns per position and KV group of
  * the pipelined step against the FMAs' own time at the given peak, if one is given
- * (`pagedkv bench` prints it; 2 x 32 x head_dim / 16 FMAs of 16 lanes per position and
- * group). No page walk, prefetch or DRAM: what the arithmetic costs once the data is
+ * (`pagedkv bench` prints it; 2 x 4 x head_dim / 16 FMAs of 16 lanes per position and
+ * group: QK and PV, 4 heads). No page walk, prefetch or DRAM: what the arithmetic costs once the data is
  * there. A development probe, built with -Dprobes=true on x86-64, never installed.
  *
  * usage: probe_tile [head_dim (32..512, a multiple of 32; 128)] [peak GFLOP/s (0)]
@@ -34,7 +34,7 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-/* rows[t] = t's values, a fixed pattern in [-1, 1) */
+/* x[0..n) = a fixed pattern in [-1, 1), one per seed */
 static void fill(float *x, size_t n, uint32_t seed)
 {
     uint32_t s = seed;
@@ -58,15 +58,18 @@ static void setup(bench *b, pkv_dtype dt, uint32_t d)
     float row[MAX_D];
     b->dt = dt;
     b->d = d;
-    b->row = dt == PKV_Q8 || dt == PKV_Q4 ? pkvi_quant_row_bytes(dt, d)
-             : (size_t)d * (dt == PKV_F32 ? 4u : 2u);
+    b->row = row_bytes_of(dt, d);
     for (uint32_t t = 0; t < T; t++) {
         fill(row, d, 1 + t);
         store_row(dt, b->k + t * b->row, row, d);
         fill(row, d, 101 + t);
         store_row(dt, b->v + t * b->row, row, d);
     }
-    fill(b->q, (size_t)HB * d, 7);
+    /* q in the order this dtype's QK reads it, as attend_prep gives it (Q4 permuted) */
+    for (int h = 0; h < HB; h++) {
+        fill(row, d, 7 + (uint32_t)h);
+        q_permute(dt, row, b->q + (size_t)h * d, d);
+    }
     memset(b->acc, 0, sizeof b->acc);
     memset(b->s, 0, sizeof b->s);
     for (int h = 0; h < HB; h++) {

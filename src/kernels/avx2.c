@@ -337,9 +337,31 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
                 }
         }
     if (dt == PKV_BF16) /* q permuted (q_permute) */
-        for (; c + 16 <= d; c += 16)
+        for (; c + 16 <= d; c += 16) {
+            if (TB <= 2) {
+                /* the rows' 16 values widened first, then each q vector loaded once
+                 * for them: one q vector live at a time. With the loop over rows
+                 * outside, gcc 12 kept all 2 * HB q vectors live and spilled three
+                 * accumulators every step (Zen 5, probe_tile_avx2 128: QK 187 -> 160
+                 * ns per tile; bench_ab, bf16 at 512 tokens: 0.984-0.988). The same
+                 * FMAs in the same order, so the same bits. */
+                __m256 kv[2][2];
+                PKVI_UNROLL
+                for (int t = 0; t < TB; t++)
+                    ld16_bf16(krow, (size_t)t * d + c, kv[t]);
+                PKVI_UNROLL
+                for (int u = 0; u < 2; u++)
+                    PKVI_UNROLL
+                    for (int h = 0; h < HB; h++) {
+                        const __m256 qv = _mm256_loadu_ps(qh + (size_t)h * d + c + 8 * u);
+                        PKVI_UNROLL
+                        for (int t = 0; t < TB; t++)
+                            a[h * TB + t] = _mm256_fmadd_ps(qv, kv[t][u], a[h * TB + t]);
+                    }
+                continue;
+            }
             PKVI_UNROLL
-            for (int t = 0; t < TB; t++) {
+            for (int t = 0; t < TB; t++) { /* HB <= 2: its q vectors fit beside */
                 __m256 kv[2];
                 ld16_bf16(krow, (size_t)t * d + c, kv);
                 PKVI_UNROLL
@@ -349,6 +371,7 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
                         a[h * TB + t] = _mm256_fmadd_ps(
                             _mm256_loadu_ps(qh + (size_t)h * d + c + 8 * u), kv[u], a[h * TB + t]);
             }
+        }
     for (; c + 8 <= d; c += 8) {
         __m256 qv[4];
         PKVI_UNROLL

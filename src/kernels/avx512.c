@@ -343,7 +343,7 @@ AI __m512 block_scales16(const char *blk0, size_t row_bytes, uint32_t n)
 }
 
 /* ksc[b * 16 + t]: the scale of whole block b of K row t, for the n rows of a tile */
-AI void ksc_gather(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n, uint32_t d,
+AI void ksc_load(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n, uint32_t d,
                    float *ksc)
 {
     for (uint32_t b = 0; (b + 1) * 32 <= d; b++)
@@ -357,9 +357,9 @@ AI void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
                  const int HB)
 {
     const int TB = 16 / HB;
-    _Alignas(64) float ksc[PKVI_MAX_HEAD_DIM / 32 * PKVI_TILE]; /* Q8/Q4: ksc_gather */
+    _Alignas(64) float ksc[PKVI_MAX_HEAD_DIM / 32 * PKVI_TILE]; /* Q8/Q4: ksc_load */
     if (QTYPE(dt))
-        ksc_gather(dt, krow, row_bytes, n, d, ksc);
+        ksc_load(dt, krow, row_bytes, n, d, ksc);
     uint32_t t = 0;
     for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
         qk_block(dt, (const char *)krow + t * row_bytes, d, qh, s + t,

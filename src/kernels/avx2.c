@@ -149,6 +149,15 @@ AI __m256 ldq_raw(pkv_dtype dt, const char *row, uint32_t c)
     return _mm256_cvtepi32_ps(v);
 }
 
+#include "qscales.h" /* block_scales4 */
+
+/* The scale bits of a tile's rows r0 .. r0+7 of the block at blk0. */
+AI __m128i block_scales8(const char *blk0, size_t row_bytes, uint32_t n, uint32_t r0)
+{
+    return _mm_insert_epi64(_mm_cvtsi64_si128(block_scales4(blk0, row_bytes, r0, n)),
+                            block_scales4(blk0, row_bytes, r0 + 4, n), 1);
+}
+
 /* 8 values from element c: the block's scale times its integers. */
 AI __m256 ldq(pkv_dtype dt, const char *row, uint32_t c)
 {
@@ -527,15 +536,15 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
         /* Whole blocks: each token's block scale folded into the weights once,
          * ws[h][t] = w[h][t] * dv_t (one multiply per block per head per 8 tokens),
          * so the values are the block's integers: acc += ws * q. The 16 scales of the
-         * tile's rows are converted in two vcvtph2ps. */
+         * tile's rows are moved in as four 64-bit words and converted in two
+         * vcvtph2ps (they were 16 two-byte stores read back as two vectors: a store
+         * forwarding that fails; docs/numerics.md). */
         const size_t vrb = pkvi_quant_row_bytes(dt, d), bb = pkvi_quant_block_bytes(dt);
         _Alignas(32) float ws[4 * PKVI_TILE];
         for (; c + 32 <= d; c += 32) {
-            _Alignas(16) uint16_t sb[PKVI_TILE] = {0};
-            for (uint32_t t = 0; t < n; t++)
-                memcpy(&sb[t], (const char *)vrow + t * vrb + (c / 32) * bb, 2);
-            const __m256 s0 = _mm256_cvtph_ps(_mm_load_si128((const void *)sb));
-            const __m256 s1 = _mm256_cvtph_ps(_mm_load_si128((const void *)(sb + 8)));
+            const char *blk0 = (const char *)vrow + (c / 32) * bb;
+            const __m256 s0 = _mm256_cvtph_ps(block_scales8(blk0, vrb, n, 0));
+            const __m256 s1 = _mm256_cvtph_ps(block_scales8(blk0, vrb, n, 8));
             PKVI_UNROLL
             for (int h = 0; h < HB; h++) {
                 _mm256_store_ps(ws + h * PKVI_TILE,

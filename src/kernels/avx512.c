@@ -312,19 +312,7 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
  * that took Q4 exact to 0.89-0.92 of its time with the gather and the integer paths to
  * 0.89-0.97; Q8 exact unchanged (docs/numerics.md). Before the gather there was a
  * scalar load, a conversion and a broadcast per row and block. */
-/* rows r0 .. r0+3 of the tile: their block's scale bits, row r0's in the low 16 */
-AI long long block_scales4(const char *blk0, size_t row_bytes, uint32_t r0, uint32_t n)
-{
-    uint64_t x = 0;
-    PKVI_UNROLL
-    for (uint32_t j = 0; j < 4; j++) {
-        uint16_t h = 0;
-        if (r0 + j < n)
-            memcpy(&h, blk0 + (r0 + j) * row_bytes, sizeof h);
-        x |= (uint64_t)h << (16 * j);
-    }
-    return (long long)x;
-}
+#include "qscales.h" /* block_scales4 */
 
 /* lanes 0-3 rows a .. a+3, 4-7 rows b.., 8-11 rows c.., 12-15 rows e.. */
 AI __m512 block_scales16_of(const char *blk0, size_t row_bytes, uint32_t n, uint32_t a,
@@ -344,7 +332,7 @@ AI __m512 block_scales16(const char *blk0, size_t row_bytes, uint32_t n)
 
 /* ksc[b * 16 + t]: the scale of whole block b of K row t, for the n rows of a tile */
 AI void ksc_load(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n, uint32_t d,
-                   float *ksc)
+                 float *ksc)
 {
     for (uint32_t b = 0; (b + 1) * 32 <= d; b++)
         _mm512_store_ps(ksc + b * PKVI_TILE,

@@ -202,22 +202,4 @@ AI_EMU void pkve_mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 v)
 }
 #define _mm512_mask_storeu_ps(p, k, v) pkve_mm512_mask_storeu_ps(p, k, v)
 
-/* Lane i = the 4 bytes at base + idx[i] * scale where bit i of k is set (only those
- * are read), src's lane elsewhere (SIMDe 0.7.4 has no 512-bit gathers). */
-AI_EMU __m512i pkve_mm512_mask_i32gather_epi32(__m512i src, __mmask16 k, __m512i idx,
-                                               const void *base, int scale)
-{
-    int32_t x[16], o[16];
-    pkve_to16i(x, idx);
-    pkve_to16i(o, src);
-    for (int i = 0; i < 16; i++)
-        if (k >> i & 1)
-            memcpy(&o[i], (const char *)base + (ptrdiff_t)x[i] * scale, sizeof o[i]);
-    __m512i r;
-    memcpy(&r, o, sizeof r);
-    return r;
-}
-#define _mm512_mask_i32gather_epi32(src, k, idx, base, scale) \
-    pkve_mm512_mask_i32gather_epi32(src, k, idx, base, scale)
-
 #endif /* PAGEDKV_TESTS_AVX512_SIMDE_H */

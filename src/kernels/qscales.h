@@ -1,0 +1,32 @@
+/*
+ * kernels/qscales.h - the f16 scales of a tile's Q8/Q4 blocks, four rows to a 64-bit
+ * word built in general registers, for the SIMD kernels to move into a vector.
+ *
+ * Where this was a gather (AVX-512) or 16 two-byte stores read back as one vector
+ * (AVX2: a store forwarding that fails), the vector units now see a move per four
+ * scales: docs/numerics.md, "Block scales without a gather". Included by avx2.c and
+ * avx512.c where they use it, after they define AI and PKVI_UNROLL is known (its place
+ * in the file changed gcc 12's code for the Q4 walk by 2-4%, so it stays there).
+ */
+#ifndef PKV_KERNELS_QSCALES_H
+#define PKV_KERNELS_QSCALES_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* Rows r0 .. r0+3 of a tile whose first row's block is at blk0, row_bytes apart: their
+ * block's scale bits, row r0's in the low 16; 0 for rows at or past n (not read). */
+AI long long block_scales4(const char *blk0, size_t row_bytes, uint32_t r0, uint32_t n)
+{
+    uint64_t x = 0;
+    PKVI_UNROLL
+    for (uint32_t j = 0; j < 4; j++) {
+        uint16_t h = 0;
+        if (r0 + j < n)
+            memcpy(&h, blk0 + (r0 + j) * row_bytes, sizeof h);
+        x |= (uint64_t)h << (16 * j);
+    }
+    return (long long)x;
+}
+
+#endif

@@ -149,14 +149,7 @@ AI __m256 ldq_raw(pkv_dtype dt, const char *row, uint32_t c)
     return _mm256_cvtepi32_ps(v);
 }
 
-#include "qscales.h" /* block_scales4 */
-
-/* The scale bits of a tile's rows r0 .. r0+7 of the block at blk0. */
-AI __m128i block_scales8(const char *blk0, size_t row_bytes, uint32_t n, uint32_t r0)
-{
-    return _mm_insert_epi64(_mm_cvtsi64_si128(block_scales4(blk0, row_bytes, r0, n)),
-                            block_scales4(blk0, row_bytes, r0 + 4, n), 1);
-}
+#include "qscales.h" /* block_scales8 */
 
 /* 8 values from element c: the block's scale times its integers. */
 AI __m256 ldq(pkv_dtype dt, const char *row, uint32_t c)
@@ -543,8 +536,8 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
         _Alignas(32) float ws[4 * PKVI_TILE];
         for (; c + 32 <= d; c += 32) {
             const char *blk0 = (const char *)vrow + (c / 32) * bb;
-            const __m256 s0 = _mm256_cvtph_ps(block_scales8(blk0, vrb, n, 0));
-            const __m256 s1 = _mm256_cvtph_ps(block_scales8(blk0, vrb, n, 8));
+            const __m256 s0 = _mm256_cvtph_ps(block_scales8(blk0, vrb, n, 0, 4));
+            const __m256 s1 = _mm256_cvtph_ps(block_scales8(blk0, vrb, n, 8, 12));
             PKVI_UNROLL
             for (int h = 0; h < HB; h++) {
                 _mm256_store_ps(ws + h * PKVI_TILE,

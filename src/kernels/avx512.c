@@ -312,17 +312,14 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
  * that took Q4 exact to 0.89-0.92 of its time with the gather and the integer paths to
  * 0.89-0.97; Q8 exact unchanged (docs/numerics.md). Before the gather there was a
  * scalar load, a conversion and a broadcast per row and block. */
-#include "qscales.h" /* block_scales4 */
+#include "qscales.h" /* block_scales8 */
 
 /* lanes 0-3 rows a .. a+3, 4-7 rows b.., 8-11 rows c.., 12-15 rows e.. */
 AI __m512 block_scales16_of(const char *blk0, size_t row_bytes, uint32_t n, uint32_t a,
                             uint32_t b, uint32_t c, uint32_t e)
 {
-    const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128(block_scales4(blk0, row_bytes, a, n)),
-                                        block_scales4(blk0, row_bytes, b, n), 1);
-    const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128(block_scales4(blk0, row_bytes, c, n)),
-                                        block_scales4(blk0, row_bytes, e, n), 1);
-    return _mm512_cvtph_ps(_mm256_set_m128i(hi, lo));
+    return _mm512_cvtph_ps(_mm256_set_m128i(block_scales8(blk0, row_bytes, n, c, e),
+                                            block_scales8(blk0, row_bytes, n, a, b)));
 }
 
 AI __m512 block_scales16(const char *blk0, size_t row_bytes, uint32_t n)

@@ -11,6 +11,7 @@
 #ifndef PKV_KERNELS_QSCALES_H
 #define PKV_KERNELS_QSCALES_H
 
+#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -27,6 +28,13 @@ AI long long block_scales4(const char *blk0, size_t row_bytes, uint32_t r0, uint
         x |= (uint64_t)h << (16 * j);
     }
     return (long long)x;
+}
+
+/* Rows a .. a+3 in the low 64 bits, rows b .. b+3 in the high. */
+AI __m128i block_scales8(const char *blk0, size_t row_bytes, uint32_t n, uint32_t a, uint32_t b)
+{
+    return _mm_insert_epi64(_mm_cvtsi64_si128(block_scales4(blk0, row_bytes, a, n)),
+                            block_scales4(blk0, row_bytes, b, n), 1);
 }
 
 #endif

@@ -266,7 +266,7 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const uint32_t D, const p
 /* One out-of-line walk per dtype and path (a pkvi_attend_fn each): inlined together
  * into attend, the walks shared one frame of tens of KiB and gcc spilled the loops' row
  * pointers (Q8/Q4 were: docs/numerics.md). WALK_FN(name, call) defines name with the
- * kernel signature and `call` as its body. */
+ * kernel signature and `call` as its body, in which D is 0 (head_dim from the call). */
 #define WALK_FN(name, call)                                                               \
     AI void name##_body(const uint32_t D, const pkvi_kparams *p, const void *const *pages, \
                         uint32_t n_pages, uint32_t last_tokens, uint32_t group0,           \
@@ -438,7 +438,8 @@ static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_p
                    const pkvi_heads *x)
 {
     const bool d128 = p->head_dim == 128 && PKVI_DV(p) == 128;
-#define WALK_CALL(name) (d128 ? name##_d128 : name)(p, pages, n_pages, last_tokens, group0, n_groups, x)
+#define WALK_CALL(name) \
+    (d128 ? name##_d128 : name)(p, pages, n_pages, last_tokens, group0, n_groups, x)
     switch (p->dtype) {
     case PKV_F16:
         attend_f16(p, pages, n_pages, last_tokens, group0, n_groups, x);

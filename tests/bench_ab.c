@@ -9,18 +9,33 @@
  * One llama3-8b layer (h 32, g 8, d 128), one thread, K/V and q from a fixed seed.
  * Prints per dtype (q8i/q4i: quant_dot = 1) the best ns per position and KV group of
  * each build, the median of B/A, and whether the two outputs are the same bits (else
- * their largest difference over the largest |output|). Run the same library under two
- * paths (a copy) to see the host's noise floor: about +-2% on that host.
+ * their largest difference over the largest |output|).
+ *
+ * Copies. Where a library's pages land in physical memory moves its speed: on the Zen 5
+ * dev VM of issue 17 (2026-12-03), byte-identical copies of one build decoded Q8 on
+ * the integer path in 13.9-14.4 or 15.4-15.8 ns per position and group, 11% apart
+ * (three copies in ten slow; one stayed slow in every process for half an hour, then
+ * was fast); f16 did not move (docs/numerics.md, "Copies of one build"). A ratio of
+ * two files is then partly a ratio of two placements, and running both orders does
+ * not cancel it. So
+ * bench_ab writes BENCH_AB_COPIES (default 3) fresh copies of each library into a
+ * temporary directory, loads them all, and round r times copy r % copies of A, then
+ * of B: the median of B/A is over placements too, and each copy's best time is
+ * printed, so a slow copy shows. BENCH_AB_COPIES=1 loads the two paths as given.
+ * BENCH_AB_BT_A / BENCH_AB_BT_B set block_tokens of each build's engines (default:
+ * the library's), to compare page sizes with one build.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, strtok_r */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, strtok_r, mkdtemp */
 #include "pagedkv.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef pkv_config (*config_default_fn)(void);
 typedef pkv_status (*engine_create_fn)(const pkv_config *, pkv_engine **);
@@ -40,7 +55,7 @@ typedef struct {
     decode_fn decode;
 } api;
 
-enum { H = 32, G = 8, D = 128, MAX_ROUNDS = 101 };
+enum { H = 32, G = 8, D = 128, MAX_ROUNDS = 101, MAX_COPIES = 8 };
 
 static int load(const char *path, api *a)
 {
@@ -110,9 +125,11 @@ static int parse_dtype(const char *s, pkv_config *c)
 }
 
 /* A session of ctx positions of random K/V (the same for every build: seeded). */
-static int setup(const api *a, const char *dt, uint32_t ctx, pkv_engine **e, pkv_session **s)
+static int setup(const api *a, const char *dt, uint32_t ctx, uint32_t bt, pkv_engine **e,
+                 pkv_session **s)
 {
     pkv_config c = a->config_default();
+    c.block_tokens = bt;
     c.n_layers = 1;
     c.n_heads = H;
     c.n_kv_heads = G;
@@ -141,6 +158,46 @@ static int setup(const api *a, const char *dt, uint32_t ctx, pkv_engine **e, pkv
     return 0;
 }
 
+/* Copy the file at src to dst (created 0600, never over an existing file). */
+static int copy_file(const char *src, const char *dst)
+{
+    const int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        perror(src);
+        return -1;
+    }
+    const int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int rc = out < 0 ? -1 : 0;
+    static char buf[1 << 16];
+    for (ssize_t n; rc == 0 && (n = read(in, buf, sizeof buf)) != 0;) {
+        if (n < 0 || write(out, buf, (size_t)n) != n)
+            rc = -1;
+    }
+    if (rc != 0)
+        perror(dst);
+    close(in);
+    if (out >= 0 && close(out) != 0)
+        rc = -1;
+    return rc;
+}
+
+/* Load `copies` fresh copies of path into lib[0..copies) (the path itself if copies
+ * is 1). The copies are unlinked once loaded: their mappings stay. */
+static int load_copies(const char *path, char tag, int copies, const char *dir, api *lib)
+{
+    if (copies == 1)
+        return load(path, &lib[0]);
+    for (int i = 0; i < copies; i++) {
+        char dst[4096];
+        snprintf(dst, sizeof dst, "%s/%c%d.so", dir, tag, i);
+        const int rc = copy_file(path, dst) == 0 ? load(dst, &lib[i]) : -1;
+        unlink(dst);
+        if (rc != 0)
+            return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -151,67 +208,110 @@ int main(int argc, char **argv)
     const uint32_t ctx = argc > 3 ? (uint32_t)strtoul(argv[3], NULL, 10) : 4096;
     const char *dtypes = argc > 4 ? argv[4] : "f16,q8,q8i";
     int rounds = argc > 5 ? atoi(argv[5]) : 21, loops = argc > 6 ? atoi(argv[6]) : 10;
-    if (ctx == 0 || rounds < 1 || loops < 1) {
-        fprintf(stderr, "bench_ab: ctx, rounds and loops must be positive\n");
+    const char *ce = getenv("BENCH_AB_COPIES");
+    const int copies = ce ? atoi(ce) : 3;
+    if (ctx == 0 || rounds < 1 || loops < 1 || copies < 1 || copies > MAX_COPIES) {
+        fprintf(stderr, "bench_ab: ctx, rounds and loops must be positive, "
+                        "BENCH_AB_COPIES 1 to %d\n", MAX_COPIES);
         return 2;
     }
     rounds = rounds > MAX_ROUNDS ? MAX_ROUNDS : rounds;
-    api lib[2];
-    if (load(argv[1], &lib[0]) != 0 || load(argv[2], &lib[1]) != 0)
+    const char *bte[2] = {getenv("BENCH_AB_BT_A"), getenv("BENCH_AB_BT_B")};
+    const uint32_t bt[2] = {bte[0] ? (uint32_t)strtoul(bte[0], NULL, 10) : 0,
+                            bte[1] ? (uint32_t)strtoul(bte[1], NULL, 10) : 0};
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/bench_ab.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (copies > 1 && !mkdtemp(dir)) {
+        perror(dir);
         return 1;
-    printf("A %s\nB %s\nctx %u, one llama3-8b layer, 1 thread, %d rounds of %d decodes each\n",
-           argv[1], argv[2], ctx, rounds, loops);
+    }
+    static api lib[2][MAX_COPIES];
+    const int loaded = load_copies(argv[1], 'a', copies, dir, lib[0]) == 0 &&
+                       load_copies(argv[2], 'b', copies, dir, lib[1]) == 0;
+    if (copies > 1)
+        rmdir(dir);
+    if (!loaded)
+        return 1;
+    printf("A %s (block_tokens %u)\nB %s (block_tokens %u)\n", argv[1], bt[0], argv[2], bt[1]);
+    printf("ctx %u, one llama3-8b layer, 1 thread, %d rounds of %d decodes each, %d copies "
+           "of each build\n", ctx, rounds, loops, copies);
     printf("%-5s %10s %10s %8s  %s\n", "dtype", "A ns", "B ns", "B/A", "outputs");
     char list[256];
     snprintf(list, sizeof list, "%s", dtypes);
-    static float q[H * D], out[2][H * D];
+    static float q[H * D], out[2][MAX_COPIES][H * D];
     for (char *save = NULL, *dt = strtok_r(list, ",", &save); dt; dt = strtok_r(NULL, ",", &save)) {
-        pkv_engine *e[2] = {NULL, NULL};
-        pkv_session *s[2] = {NULL, NULL};
+        pkv_engine *e[2][MAX_COPIES] = {{NULL}};
+        pkv_session *s[2][MAX_COPIES] = {{NULL}};
         int bad = 0;
-        for (int b = 0; b < 2 && !bad; b++)
-            bad = setup(&lib[b], dt, ctx, &e[b], &s[b]) != 0;
+        for (int c = 0; c < copies && !bad; c++)
+            for (int b = 0; b < 2 && !bad; b++)
+                bad = setup(&lib[b][c], dt, ctx, bt[b], &e[b][c], &s[b][c]) != 0;
         for (int i = 0; i < H * D; i++)
             q[i] = frand();
-        double best[2] = {1e30, 1e30}, ratio[MAX_ROUNDS];
+        double best[2][MAX_COPIES], ratio[MAX_ROUNDS];
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < copies; c++)
+                best[b][c] = 1e30;
         for (int r = 0; r < rounds && !bad; r++) {
+            const int c = r % copies;
             double t[2];
             for (int b = 0; b < 2; b++) {
                 const double t0 = now();
                 for (int l = 0; l < loops; l++)
-                    bad |= lib[b].decode(s[b], 0, q, out[b]) != PKV_OK;
+                    bad |= lib[b][c].decode(s[b][c], 0, q, out[b][c]) != PKV_OK;
                 t[b] = (now() - t0) / loops;
-                best[b] = t[b] < best[b] ? t[b] : best[b];
+                best[b][c] = t[b] < best[b][c] ? t[b] : best[b][c];
             }
             ratio[r] = t[1] / t[0];
         }
         if (!bad) {
             qsort(ratio, (size_t)rounds, sizeof ratio[0], cmpd);
-            /* comparisons, not fmax: aarch64 gcc 12 (CI's cross build) crashes
-             * vectorizing an fmax reduction here (internal compiler error) */
+            /* every copy's output against A's first; comparisons, not fmax: aarch64
+             * gcc 12 (CI's cross build) crashes vectorizing an fmax reduction here
+             * (internal compiler error) */
+            const int used = rounds < copies ? rounds : copies;
             double md = 0, mo = 0;
-            for (int i = 0; i < H * D; i++) {
-                const double dif = fabs((double)out[0][i] - out[1][i]), o = fabs(out[0][i]);
-                md = dif > md || dif != dif ? dif : md;
-                mo = o > mo ? o : mo;
-            }
+            int same = 1;
+            for (int b = 0; b < 2; b++)
+                for (int c = 0; c < used; c++) {
+                    same &= memcmp(out[0][0], out[b][c], sizeof out[0][0]) == 0;
+                    for (int i = 0; i < H * D; i++) {
+                        const double dif = fabs((double)out[0][0][i] - out[b][c][i]);
+                        const double o = fabs(out[0][0][i]);
+                        md = dif > md || dif != dif ? dif : md;
+                        mo = o > mo ? o : mo;
+                    }
+                }
             const double per = 1e9 / ((double)ctx * G);
-            char same[64];
-            if (memcmp(out[0], out[1], sizeof out[0]) == 0)
-                snprintf(same, sizeof same, "same bits");
+            double lo[2] = {1e30, 1e30};
+            for (int b = 0; b < 2; b++)
+                for (int c = 0; c < used; c++)
+                    lo[b] = best[b][c] < lo[b] ? best[b][c] : lo[b];
+            char verdict[64];
+            if (same)
+                snprintf(verdict, sizeof verdict, "same bits");
             else
-                snprintf(same, sizeof same, "differ: %.2g of max|out|", md / mo);
-            printf("%-5s %10.2f %10.2f %8.3f  %s\n", dt, best[0] * per, best[1] * per,
-                   ratio[rounds / 2], same);
+                snprintf(verdict, sizeof verdict, "differ: %.2g of max|out|", md / mo);
+            printf("%-5s %10.2f %10.2f %8.3f  %s\n", dt, lo[0] * per, lo[1] * per,
+                   ratio[rounds / 2], verdict);
+            if (used > 1)
+                for (int b = 0; b < 2; b++) {
+                    printf("      %c copies:", "AB"[b]);
+                    for (int c = 0; c < used; c++)
+                        printf(" %.2f", best[b][c] * per);
+                    printf("\n");
+                }
         } else {
             fprintf(stderr, "bench_ab: %s failed\n", dt);
         }
-        for (int b = 0; b < 2; b++) {
-            if (s[b])
-                lib[b].session_destroy(s[b]);
-            if (e[b])
-                lib[b].engine_destroy(e[b]);
-        }
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < copies; c++) {
+                if (s[b][c])
+                    lib[b][c].session_destroy(s[b][c]);
+                if (e[b][c])
+                    lib[b][c].engine_destroy(e[b][c]);
+            }
         if (bad)
             return 1;
     }

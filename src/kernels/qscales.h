@@ -20,6 +20,15 @@
 AI long long block_scales4(const char *blk0, size_t row_bytes, uint32_t r0, uint32_t n)
 {
     uint64_t x = 0;
+    if (r0 + 4 <= n) { /* four whole rows (every tile but a page's last): no row tests */
+        PKVI_UNROLL
+        for (uint32_t j = 0; j < 4; j++) {
+            uint16_t h;
+            memcpy(&h, blk0 + (r0 + j) * row_bytes, sizeof h);
+            x |= (uint64_t)h << (16 * j);
+        }
+        return (long long)x;
+    }
     PKVI_UNROLL
     for (uint32_t j = 0; j < 4; j++) {
         uint16_t h = 0;

@@ -14,7 +14,7 @@
  * Copies. Where a library's pages land in physical memory moves its speed: on the Zen 5
  * dev VM of issue 17 (2026-12-03), byte-identical copies of one build decoded Q8 on
  * the integer path in 13.9-14.4 or 15.4-15.8 ns per position and group, 11% apart
- * (three copies in ten slow; one stayed slow in every process for half an hour, then
+ * (three copies in eleven slow; one stayed slow in every process for half an hour, then
  * was fast); f16 did not move (docs/numerics.md, "Copies of one build"). A ratio of
  * two files is then partly a ratio of two placements, and running both orders does
  * not cancel it. So

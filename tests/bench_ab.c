@@ -17,11 +17,11 @@
  * (three copies in eleven slow; one stayed slow in every process for half an hour, then
  * was fast); f16 did not move (docs/numerics.md, "Copies of one build"). A ratio of
  * two files is then partly a ratio of two placements, and running both orders does
- * not cancel it. So
- * bench_ab writes BENCH_AB_COPIES (default 3) fresh copies of each library into a
- * temporary directory, loads them all, and round r times copy r % copies of A, then
- * of B: the median of B/A is over placements too, and each copy's best time is
- * printed, so a slow copy shows. BENCH_AB_COPIES=1 loads the two paths as given.
+ * not cancel it. So bench_ab writes BENCH_AB_COPIES (default 3) fresh copies of each
+ * library into a temporary directory, loads them all, and round r times copy
+ * r % copies of A, then of B: the median of B/A is over placements too, and each
+ * copy's best time is printed, so a slow copy shows. BENCH_AB_COPIES=1 loads the two
+ * paths as given.
  * BENCH_AB_BT_A / BENCH_AB_BT_B set block_tokens of each build's engines (default:
  * the library's), to compare page sizes with one build.
  */
@@ -202,7 +202,9 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: bench_ab LIB_A LIB_B [ctx=4096] [dtypes=f16,q8,q8i] "
-                        "[rounds=21] [loops=10]\n");
+                        "[rounds=21] [loops=10]\n"
+                        "environment: BENCH_AB_COPIES (fresh copies of each library, "
+                        "default 3), BENCH_AB_BT_A / BENCH_AB_BT_B (block_tokens)\n");
         return 2;
     }
     const uint32_t ctx = argc > 3 ? (uint32_t)strtoul(argv[3], NULL, 10) : 4096;

@@ -286,7 +286,8 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const uint32_t D, const p
  * both orders, on the Zen 5 dev VM (avx512vnni), time against the generic walk at 4096
  * and 131072 tokens: Q8 0.89-0.95, Q4 0.87-0.91, Q8 integer 0.80-0.89, Q4 integer
  * 0.81-0.91; the AVX2 table (forced) 0.92-0.97. The same bits: only constants change.
- * f16, bf16 and f32 stay generic: f16 read 3-13% slower so built (docs/numerics.md). */
+ * f16, bf16 and f32 stay generic: so built, f16 was 5% slower at 131072 tokens (faster
+ * at 4096) and both half types 3-5% slower on the AVX2 table (docs/numerics.md). */
 #define WALK_FN_D128(name, call)                                                          \
     WALK_FN(name, call)                                                                   \
     static void name##_d128(const pkvi_kparams *p, const void *const *pages,              \

@@ -83,22 +83,27 @@ static uint16_t get16(const unsigned char *p)
     return v;
 }
 
+/* The code of y = x / d: rint(clamp(y, lo, hi)), which is clamp(rint(y), lo, hi) for
+ * integer bounds; |clamped y| <= 127, so adding and taking away 1.5 * 2^23 rounds it to
+ * the nearest integer, ties to even, as rint does in the default rounding mode (and
+ * vectorizes where rintf would be a call on the baseline ISA). */
+static inline float code_of(float y, float lo, float hi)
+{
+    y = y < hi ? y : hi; /* minss and maxss as written: y is finite here */
+    y = y > lo ? y : lo;
+    return (y + 0x1.8p23f) - 0x1.8p23f;
+}
+
 static void store_block(pkv_dtype t, unsigned char *dst, const float *x, uint32_t m)
 {
-    /* the largest magnitude a, the sign of its first value, and (Q4) the largest
-     * magnitude b of the values of the other sign */
-    float a = 0.0f, b = 0.0f;
-    bool neg = false, finite = true;
+    /* the largest magnitude a; the sign of its first value; (Q4) the largest magnitude
+     * b of the values of the other sign. Selects, not branches: random rows mispredict. */
+    float a = 0.0f;
+    bool finite = true;
     for (uint32_t j = 0; j < m; j++) {
         finite &= isfinite(x[j]) != 0;
-        if (fabsf(x[j]) > a) {
-            a = fabsf(x[j]);
-            neg = x[j] < 0.0f;
-        }
+        a = fabsf(x[j]) > a ? fabsf(x[j]) : a;
     }
-    for (uint32_t j = 0; j < m && finite; j++)
-        if ((x[j] < 0.0f) != neg && fabsf(x[j]) > b)
-            b = fabsf(x[j]);
     unsigned char *q = dst + 2;
     memset(q, 0, block_bytes(t, m) - 2);
     if (!finite || a == 0.0f) {
@@ -108,6 +113,19 @@ static void store_block(pkv_dtype t, unsigned char *dst, const float *x, uint32_
             for (uint32_t j = 0; j < m; j++)
                 q[j / 2] |= (unsigned char)(8u << (4 * (j % 2)));
         return;
+    }
+    uint32_t first = 0;
+    while (fabsf(x[first]) != a)
+        first++;
+    const bool neg = x[first] < 0.0f;
+    float b = 0.0f;
+    for (uint32_t j = 0; j < m; j++) {
+        uint32_t u; /* |x_j| where its sign bit is not neg's, else 0 (-0 adds nothing) */
+        memcpy(&u, &x[j], sizeof u);
+        u &= 0x7fffffffu & (0u - ((u >> 31) ^ (uint32_t)neg));
+        float v;
+        memcpy(&v, &u, sizeof v);
+        b = v > b ? v : b;
     }
     uint16_t h;
     float lo, hi;
@@ -124,9 +142,7 @@ static void store_block(pkv_dtype t, unsigned char *dst, const float *x, uint32_
     put16(dst, h);
     const float d = pkvi_f16_to_f32(h);
     for (uint32_t j = 0; j < m; j++) {
-        float r = rintf(x[j] / d);
-        r = r > hi ? hi : r < lo ? lo : r;
-        const int v = (int)r;
+        const int v = (int)code_of(x[j] / d, lo, hi);
         if (t == PKV_Q8)
             q[j] = (unsigned char)(signed char)v;
         else

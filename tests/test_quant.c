@@ -51,12 +51,12 @@ static float f16_cover(float b)
     return d > 65504.0f ? 65504.0f : d;
 }
 
-/* The (signed) step of a block of m values, the format of src/quant.c written again:
- * a = max |x_j|. Q8: f16(a / 127), nearest even. Q4: of the sign opposite to the
- * block's first value of magnitude a, |d| = max(f16(a / 8), the smallest f16 with
- * 7.5 |d| >= b), b the largest magnitude of the other sign's values. |d| at least the
- * smallest f16 subnormal, at most 65504; 0 for a zero block. */
-static float step_of(pkv_dtype t, const float *x, uint32_t m)
+/* The (signed) covering scale d_0 of a block of m values, the format of src/quant.c
+ * written again: a = max |x_j|. Q8: f16(a / 127), nearest even. Q4: of the sign
+ * opposite to the block's first value of magnitude a, |d| = max(f16(a / 8), the
+ * smallest f16 with 7.5 |d| >= b), b the largest magnitude of the other sign's values.
+ * |d| at least the smallest f16 subnormal, at most 65504; 0 for a zero block. */
+static float cover_of(pkv_dtype t, const float *x, uint32_t m)
 {
     float a = 0, b = 0;
     bool neg = false;
@@ -83,6 +83,67 @@ static float step_of(pkv_dtype t, const float *x, uint32_t m)
     return t == PKV_Q4 && !neg ? -d : d;
 }
 
+/* The block the format stores on the scale d, read back: d * clamp(rint(x_j / d)). */
+static void block_on(pkv_dtype t, const float *x, uint32_t m, float d, float *y)
+{
+    for (uint32_t j = 0; j < m; j++) {
+        float q = rintf(x[j] / d);
+        q = q > qhi_of(t) ? qhi_of(t) : q < qlo_of(t) ? qlo_of(t) : q;
+        y[j] = d * (q + 0.0f); /* a stored integer has no -0 */
+    }
+}
+
+static double sq_error(const float *x, const float *y, uint32_t m)
+{
+    double e = 0;
+    for (uint32_t j = 0; j < m; j++)
+        e += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+    return e;
+}
+
+/* The scales the format's search tries for a block whose covering scale is d0:
+ * f16(|d0| (1 + k / 64)), k < 8, distinct, at most 65504, the sign of d0. */
+static uint32_t candidates_of(float d0, float *c)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < 8; k++) {
+        const float v = pkv_dtype_round(PKV_F16, fabsf(d0) * (1.0f + (float)k / 64.0f));
+        if (v > 65504.0f)
+            break;
+        if (n == 0 || v > fabsf(c[n - 1]))
+            c[n++] = copysignf(v, d0);
+    }
+    return n;
+}
+
+/* The scale a stored block y of x (m values, not all zero, finite) was written on, held
+ * to the format: y is the block on one of the search's candidates, and no candidate's
+ * block has a smaller squared error (up to the library's f32 sums, 1e-5 of the error).
+ * Returns that scale. */
+static float stored_scale(pkv_dtype t, const float *x, uint32_t m, const float *y,
+                          const char *what)
+{
+    float c[8], z[32];
+    const uint32_t n = candidates_of(cover_of(t, x, m), c);
+    double best = INFINITY;
+    for (uint32_t k = 0; k < n; k++) {
+        block_on(t, x, m, c[k], z);
+        const double e = sq_error(x, z, m);
+        best = e < best ? e : best;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        block_on(t, x, m, c[k], z);
+        if (memcmp(z, y, m * sizeof *z) == 0) {
+            ck_assert_msg(sq_error(x, y, m) <= best * (1 + 1e-5),
+                          "%s: the block on %g has error %g, a candidate %g", what,
+                          (double)c[k], sq_error(x, y, m), best);
+            return c[k];
+        }
+    }
+    ck_abort_msg("%s: the block is on none of the %u candidate scales", what, n);
+    return NAN;
+}
+
 START_TEST(row_bytes_are_the_format)
 {
     ck_assert_uint_eq(pkv_row_bytes(PKV_Q8, 128), 136);
@@ -104,9 +165,9 @@ START_TEST(row_bytes_are_the_format)
 END_TEST
 
 /* Every length 1..300, values of mixed magnitudes (a few outlier channels, as real K
- * has): each value comes back as an integer multiple q of its block's step, q in the
- * type's range, within half a step of the input; a block is 32 values from its row's
- * start. */
+ * has): each block is stored on one of its search's scales, the one of least error;
+ * each value comes back as an integer multiple q of that step, q in the type's range,
+ * within half a step of the input; a block is 32 values from its row's start. */
 START_TEST(round_row_within_half_a_step)
 {
     pkvt_rng r;
@@ -122,7 +183,9 @@ START_TEST(round_row_within_half_a_step)
             pkv_dtype_round_row(t, n, x, y);
             for (uint32_t b = 0; b < n; b += 32) {
                 const uint32_t m = n - b < 32 ? n - b : 32;
-                const float d = step_of(t, x + b, m);
+                char what[64];
+                snprintf(what, sizeof what, "%s n %u block %u", pkv_dtype_name(t), n, b / 32);
+                const float d = stored_scale(t, x + b, m, y + b, what);
                 for (uint32_t j = 0; j < m; j++) {
                     const float q = y[b + j] / d;
                     ck_assert_msg(q == rintf(q) && q >= qlo_of(t) && q <= qhi_of(t),
@@ -157,9 +220,12 @@ START_TEST(zero_huge_tiny_and_nan_rows)
         for (int i = 0; i < 70; i++)
             x[i] = (i % 2 ? 1e-9f : -3e-9f) * (float)(i + 1);
         pkv_dtype_round_row(t, 70, x, y);
-        for (int i = 0; i < 70; i++)
-            ck_assert(fabsf(x[i] - y[i]) <= ldexpf(1.0f, -25) * 1.0001f + 0.0f ||
-                      fabsf(x[i] - y[i]) <= fabsf(step_of(t, x + i / 32 * 32, 32)) / 2);
+        for (int b = 0; b < 70; b += 32) {
+            const uint32_t m = 70 - b < 32 ? 70 - b : 32;
+            const float d = stored_scale(t, x + b, m, y + b, "tiny");
+            for (uint32_t j = 0; j < m; j++)
+                ck_assert(fabsf(x[b + j] - y[b + j]) <= fabsf(d) / 2);
+        }
         /* huge: past the saturation range the values clamp, finite; in Q4 the sign of
          * a block's first value (all of one magnitude) takes the -8 end, the other 7 */
         for (int i = 0; i < 70; i++)
@@ -212,7 +278,7 @@ START_TEST(q4_uses_all_sixteen_codes)
             float a = 0;
             for (int j = 0; j < 32; j++)
                 a = fabsf(x[b + j]) > a ? fabsf(x[b + j]) : a;
-            const float d15 = pkv_dtype_round(PKV_F16, a / 7.0f), d = step_of(PKV_Q4, x + b, 32);
+            const float d15 = pkv_dtype_round(PKV_F16, a / 7.0f), d = stored_scale(PKV_Q4, x + b, 32, y + b, "q4");
             for (int j = 0; j < 32; j++) {
                 float q15 = rintf(x[b + j] / d15);
                 q15 = q15 > 7 ? 7 : q15 < -7 ? -7 : q15;
@@ -226,6 +292,38 @@ START_TEST(q4_uses_all_sixteen_codes)
             e16 / e15, eights);
     ck_assert_msg(e16 < 0.85 * e15, "16 codes / 15 codes: %.3f", e16 / e15);
     ck_assert(eights > ROWS * N / 32 / 2); /* most blocks put their largest on -8 */
+}
+END_TEST
+
+/* The scale search earns its place: on bell-shaped random rows the stored blocks'
+ * squared error is well below that of the same blocks on their covering scale d_0 (the
+ * format before the search): measured 0.86 for Q8 and 0.96 for Q4 at this seed. A
+ * library that stores every block on d_0 gives 1.0. */
+START_TEST(scale_search_lowers_the_error)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 26);
+    enum { N = 128, ROWS = 1000 };
+    float x[N], y[N], z[32];
+    for (size_t ti = 0; ti < 2; ti++) {
+        const pkv_dtype t = qtypes[ti];
+        double searched = 0, covering = 0;
+        for (int row = 0; row < ROWS; row++) {
+            for (int i = 0; i < N; i++)
+                x[i] = pkvt_uniform(&r, -1, 1) + pkvt_uniform(&r, -1, 1) +
+                       pkvt_uniform(&r, -1, 1);
+            pkv_dtype_round_row(t, N, x, y);
+            searched += sq_error(x, y, N);
+            for (int b = 0; b < N; b += 32) {
+                block_on(t, x + b, 32, cover_of(t, x + b, 32), z);
+                covering += sq_error(x + b, z, 32);
+            }
+        }
+        fprintf(stderr, "%s: squared error with the search / on the covering scale: %.3f\n",
+                pkv_dtype_name(t), searched / covering);
+        ck_assert_msg(searched < (t == PKV_Q8 ? 0.92 : 0.985) * covering, "%s: %.3f",
+                      pkv_dtype_name(t), searched / covering);
+    }
 }
 END_TEST
 
@@ -573,6 +671,7 @@ int main(void)
     tcase_add_test(tc, round_row_within_half_a_step);
     tcase_add_test(tc, zero_huge_tiny_and_nan_rows);
     tcase_add_test(tc, q4_uses_all_sixteen_codes);
+    tcase_add_test(tc, scale_search_lowers_the_error);
     tcase_add_test(tc, decode_matches_reference_on_rounded_rows);
     tcase_add_test(tc, paths_agree_bitwise);
     tcase_add_test(tc, a_nan_row_poisons_no_other_row);

@@ -121,7 +121,8 @@ static uint16_t search_scale(const float *x, uint32_t m, uint16_t h0, float lo, 
     unsigned n = 1, last = h0 & 0x7fffu;
     hk[0] = h0;
     for (unsigned k = 1; k < SEARCH; k++) {
-        const unsigned mag = pkvi_f32_to_f16(fabsf(d0) * (1.0f + (float)k * SEARCH_STEP)) & 0x7fffu;
+        const float v = fabsf(d0) * (1.0f + (float)k * SEARCH_STEP);
+        const unsigned mag = pkvi_f32_to_f16(v) & 0x7fffu;
         if (mag <= last) /* the same f16 as the last candidate */
             continue;
         if (mag > 0x7bffu) /* past the f16 maximum */

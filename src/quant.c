@@ -28,11 +28,12 @@
  *   for Q4, on stories260K's 8-value blocks Q8's mean KL against f32 by ~1/3.
  *   q_j = clamp(rint(x_j / d), lo, hi).
  * |d| is raised to the smallest f16 subnormal when a > 0 would round it to 0 and
- * saturated at the f16 maximum 65504. rint uses the current (nearest-even) rounding
- * mode. Dequantization: x_j = d * q_j, exact in f32 (an 11-bit scale times a 7-bit
- * integer). A zero block stores d = 0, q = 0. A block holding a NaN or an infinity
- * stores d = NaN and q = 0: its values read back as NaN, and only that block (of that
- * row) is affected. Loads read any scale and any code, whichever quantizer wrote them.
+ * saturated at the f16 maximum 65504. Codes round in the current (nearest-even)
+ * rounding mode, as rint does (code_of). Dequantization: x_j = d * q_j, exact in f32
+ * (an 11-bit scale times a 7-bit integer). A zero block stores d = 0, q = 0. A block
+ * holding a NaN or an infinity stores d = NaN and q = 0: its values read back as NaN,
+ * and only that block (of that row) is affected. Loads read any scale and any code,
+ * whichever quantizer wrote them.
  * Error: |x_j - d q_j| <= |d| / 2 for every value within the saturation range
  * (|x| <= 127 * 65504 for Q8, 7.5 * 65504 for Q4); tests/test_quant.c holds it for
  * rows of every length 1..300.

@@ -126,22 +126,20 @@ static float stored_scale(pkv_dtype t, const float *x, uint32_t m, const float *
     float c[8], z[32];
     const uint32_t n = candidates_of(cover_of(t, x, m), c);
     double best = INFINITY;
+    float found = NAN; /* the first candidate whose block is y */
     for (uint32_t k = 0; k < n; k++) {
         block_on(t, x, m, c[k], z);
         const double e = sq_error(x, z, m);
         best = e < best ? e : best;
+        if (isnan(found) && memcmp(z, y, m * sizeof *z) == 0)
+            found = c[k];
     }
-    for (uint32_t k = 0; k < n; k++) {
-        block_on(t, x, m, c[k], z);
-        if (memcmp(z, y, m * sizeof *z) == 0) {
-            ck_assert_msg(sq_error(x, y, m) <= best * (1 + 1e-5),
-                          "%s: the block on %g has error %g, a candidate %g", what,
-                          (double)c[k], sq_error(x, y, m), best);
-            return c[k];
-        }
-    }
-    ck_abort_msg("%s: the block is on none of the %u candidate scales", what, n);
-    return NAN;
+    ck_assert_msg(!isnan(found), "%s: the block is on none of the %u candidate scales",
+                  what, n);
+    ck_assert_msg(sq_error(x, y, m) <= best * (1 + 1e-5),
+                  "%s: the block on %g has error %g, a candidate %g", what, (double)found,
+                  sq_error(x, y, m), best);
+    return found;
 }
 
 START_TEST(row_bytes_are_the_format)
@@ -259,9 +257,10 @@ END_TEST
 /* Q4 uses its 16th code: on bell-shaped random rows its squared rounding error is
  * below 0.8 of that of the 15-code quantizer of [-7, 7] (step f16(a / 7), the format
  * before; written here): a step of a / 8 where the other sign's values allow it, each
- * block's largest magnitude on a code (0.79; 0.755 with the scale search after it). A 15-code library gives 1.0; the 16 codes at
- * the step a / 7.5 everywhere gave 0.955 (the largest magnitude then lands half a step
- * off). Fixed seed; the threshold leaves room for other data. */
+ * block's largest magnitude on a code (0.79; 0.755 with the scale search after it).
+ * A 15-code library gives 1.0; the 16 codes at the step a / 7.5 everywhere gave 0.955
+ * (the largest magnitude then lands half a step off). Fixed seed; the threshold leaves
+ * room for other data. */
 START_TEST(q4_uses_all_sixteen_codes)
 {
     pkvt_rng r;

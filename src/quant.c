@@ -36,7 +36,8 @@
  * whichever quantizer wrote them.
  * Error: |x_j - d q_j| <= |d| / 2 for every value within the saturation range
  * (|x| <= 127 * 65504 for Q8, 7.5 * 65504 for Q4); tests/test_quant.c holds it for
- * rows of every length 1..300.
+ * rows of every length 1..300. The SIMD tables store through kernels/qstore256.h, which
+ * must write these bytes (tests/test_kernels.c, quant_store_bitwise).
  */
 #include "quant.h"
 #include "half.h"
@@ -81,6 +82,15 @@ static uint16_t scale_cover(float b)
     while (h < 0x7bffu && 7.5f * pkvi_f16_to_f32(h) < b)
         h++;
     return h;
+}
+
+uint16_t pkvi_quant_first_scale(pkv_dtype t, float a, float b, bool neg)
+{
+    if (t == PKV_Q8)
+        return scale_bits(a / 127.0f);
+    const uint16_t ha = scale_bits(a / 8.0f), hb = scale_cover(b);
+    const uint16_t h = ha > hb ? ha : hb; /* positive f16 bits order as their values */
+    return neg ? h : (uint16_t)(h | 0x8000u); /* d < 0: a goes to the -8 end */
 }
 
 static void put16(unsigned char *p, uint16_t v)
@@ -179,19 +189,8 @@ static void store_block(pkv_dtype t, unsigned char *dst, const float *x, uint32_
         memcpy(&v, &u, sizeof v);
         b = v > b ? v : b;
     }
-    uint16_t h;
-    float lo, hi;
-    if (t == PKV_Q8) {
-        h = scale_bits(a / 127.0f);
-        lo = -127.0f, hi = 127.0f;
-    } else {
-        const uint16_t ha = scale_bits(a / 8.0f), hb = scale_cover(b);
-        h = ha > hb ? ha : hb; /* positive f16 bits order as their values */
-        if (!neg)
-            h |= 0x8000u; /* d < 0: the largest magnitude goes to the -8 end */
-        lo = -8.0f, hi = 7.0f;
-    }
-    h = search_scale(x, m, h, lo, hi);
+    const float lo = t == PKV_Q8 ? -127.0f : -8.0f, hi = t == PKV_Q8 ? 127.0f : 7.0f;
+    const uint16_t h = search_scale(x, m, pkvi_quant_first_scale(t, a, b, neg), lo, hi);
     put16(dst, h);
     const float d = pkvi_f16_to_f32(h);
     for (uint32_t j = 0; j < m; j++) {

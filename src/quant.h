@@ -18,6 +18,12 @@ static inline size_t pkvi_quant_row_bytes(pkv_dtype t, uint32_t n)
 }
 /* dst (pkvi_quant_row_bytes(t, n) bytes) = quant(src[0..n)) */
 PKVI_HIDDEN void pkvi_quant_store_row(pkv_dtype t, void *dst, const float *src, uint32_t n);
+/* The covering scale d_0 of a block (quant.c's header has the rule), as f16 bits with
+ * its sign: a = the block's largest magnitude (finite, > 0); for PKV_Q4, b = the largest
+ * magnitude of the values whose sign is not that of the first value of magnitude a,
+ * and neg = whether that value is negative (Q8 reads neither). The scale search starts
+ * from it; quant.c and the SIMD stores (kernels/qstore256.h) share it. */
+PKVI_HIDDEN uint16_t pkvi_quant_first_scale(pkv_dtype t, float a, float b, bool neg);
 /* dst[0..n) = dequant(src) */
 PKVI_HIDDEN void pkvi_quant_load_row(pkv_dtype t, float *dst, const void *src, uint32_t n);
 

@@ -1014,6 +1014,87 @@ START_TEST(store_row_bitwise)
 }
 END_TEST
 
+/* ---- store_row of the block types: bitwise quant.c's ---------------------------------- */
+
+/* Row kinds for the Q8/Q4 store: each reaches a different part of the block rule. */
+enum { ROW_BELL, ROW_TIES, ROW_OUTLIER, ROW_SIGNS, ROW_SPECIAL, ROW_BITS, ROW_KINDS };
+
+/* n values of one kind: bell-shaped at a random scale 2^-40..2^24 (tiny scales reach
+ * the f16 subnormals and the raised smallest scale, large ones the saturated 65504);
+ * exact half steps of an f16 step (ties in every division); bell-shaped with one large
+ * value; one sign but for a few values (Q4's b and its -8 end); the special floats of
+ * store_row_bitwise (NaN, infinities, subnormals); random bit patterns. */
+static void quant_row(pkvt_rng *r, int kind, float *x, uint32_t n)
+{
+    const float s = ldexpf(1.0f, (int)pkvt_below(r, 65) - 40);
+    switch (kind) {
+    case ROW_SPECIAL:
+        special_floats(x, n, r);
+        for (uint32_t i = n; i > 1; i--) { /* shuffled: specials land in every block */
+            const uint32_t j = pkvt_below(r, i);
+            const float t = x[i - 1];
+            x[i - 1] = x[j], x[j] = t;
+        }
+        return;
+    case ROW_BITS:
+        for (uint32_t i = 0; i < n; i++)
+            x[i] = f32_of((uint32_t)pkvt_next(r));
+        return;
+    case ROW_TIES: {
+        const float step = pkvi_f16_to_f32((uint16_t)(0x0400u + pkvt_below(r, 0x6000u)));
+        for (uint32_t i = 0; i < n; i++)
+            x[i] = step * ((float)pkvt_below(r, 255) - 127.0f + 0.5f * (float)pkvt_below(r, 2));
+        return;
+    }
+    default:
+        for (uint32_t i = 0; i < n; i++)
+            x[i] = s * (pkvt_uniform(r, -1, 1) + pkvt_uniform(r, -1, 1) + pkvt_uniform(r, -1, 1));
+        if (kind == ROW_OUTLIER)
+            x[pkvt_below(r, n)] = s * pkvt_uniform(r, -40, 40);
+        if (kind == ROW_SIGNS)
+            for (uint32_t i = 0; i < n; i++)
+                x[i] = pkvt_below(r, 8) ? fabsf(x[i]) : -0.3f * fabsf(x[i]);
+        return;
+    }
+}
+
+START_TEST(quant_store_bitwise)
+{
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed ^ 0x9b);
+    enum { N = 300, CAP = 400 };
+    float x[N + 8];
+    unsigned char want[CAP], got[CAP];
+    const uint32_t rounds = pkvt_quick() ? 300 : 3000;
+    for (size_t ki = 0; ki < N_SIMD; ki++) {
+        const pkvi_kernels *k = simd_tables[ki];
+        if (!usable(k, "quant_store_bitwise"))
+            continue;
+        for (uint32_t round = 0; round < rounds; round++) {
+            const int kind = (int)(round % ROW_KINDS);
+            /* every length 1..300 in turn (quick runs: 1..50), at odd offsets */
+            const uint32_t n = 1 + round / ROW_KINDS % N, off = pkvt_below(&r, 8);
+            quant_row(&r, kind, x + off, n);
+            for (int qi = 0; qi < 2; qi++) {
+                const pkv_dtype dt = qi ? PKV_Q4 : PKV_Q8;
+                const size_t bytes = pkv_row_bytes(dt, n);
+                memset(want, 0xa5, CAP);
+                memset(got, 0xa5, CAP);
+                pkvi_store_row(dt, want, x + off, n);
+                k->store_row(dt, got, x + off, n);
+                for (size_t i = 0; i < CAP; i++)
+                    ck_assert_msg(got[i] == want[i],
+                                  "%s store %s, row of %u (kind %d): byte %zu of %zu is "
+                                  "0x%02x, quant.c gives 0x%02x (seed 0x%llx)", k->isa,
+                                  pkv_dtype_name(dt), n, kind, i, bytes, got[i], want[i],
+                                  (unsigned long long)seed);
+            }
+        }
+    }
+}
+END_TEST
+
 /* ---- dispatch ----------------------------------------------------------------------- */
 
 START_TEST(dispatch_select)
@@ -1355,6 +1436,7 @@ int main(void)
     tcase_add_test(tc, prefetch_level_same_bits);
     if (N_SIMD > 0) { /* SIMD against scalar: nothing to compare in the scalar run */
         tcase_add_test(tc, store_row_bitwise);
+        tcase_add_test(tc, quant_store_bitwise);
         tcase_add_test(tc, shapes_vs_scalar);
         tcase_add_test(tc, many_heads);
         tcase_add_test(tc, quant_vs_scalar);

@@ -891,13 +891,15 @@ AI __m256i bf16_of(__m512 x)
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
+#include "qstore256.h" /* qs_store_row: the Q8/Q4 store */
+
 static void store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
 {
     uint32_t i = 0;
     switch (t) {
     case PKV_Q8:
-    case PKV_Q4: /* the block format is quant.c's */
-        pkvi_store_row(t, dst, src, n);
+    case PKV_Q4: /* quant.c's bytes, from 256-bit vectors */
+        qs_store_row(t, dst, src, n);
         break;
     case PKV_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));

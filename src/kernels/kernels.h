@@ -97,7 +97,8 @@ typedef void (*pkvi_attend_fn)(const pkvi_kparams *p, const void *const *pages,
 typedef struct {
     const char *isa;                 /* "scalar", "avx2", "avx512", "avx512vnni" */
     pkvi_attend_fn attend;
-    /* store n floats as dtype t (round-to-nearest-even), load them back */
+    /* store n floats as dtype t: bitwise dtype.c's pkvi_store_row (f16/bf16 round to
+     * nearest even; Q8/Q4 are quant.c's bytes) */
     void (*store_row)(pkv_dtype t, void *dst, const float *src, uint32_t n);
 } pkvi_kernels;
 

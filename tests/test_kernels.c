@@ -991,12 +991,13 @@ START_TEST(store_row_bitwise)
                 k->store_row(dt, got, x + off, len);
                 for (uint32_t i = 0; i < len; i++) {
                     const float v = x[off + i];
-                    const bool nan_ok = isnan(v) && (got[i] & 0x7fffu) > (dt == PKV_F16 ? 0x7c00u : 0x7f80u);
-                    ck_assert_msg(got[i] == want[i] || nan_ok,
-                                  "%s store %s of 0x%08x: 0x%04x, scalar gives 0x%04x "
-                                  "(seed 0x%llx)",
-                                  k->isa, pkv_dtype_name(dt), bits_of(v), got[i], want[i],
-                                  (unsigned long long)seed);
+                    const uint32_t inf = dt == PKV_F16 ? 0x7c00u : 0x7f80u;
+                    const bool nan_ok = isnan(v) && (got[i] & 0x7fffu) > inf;
+                    if (got[i] == want[i] || nan_ok) /* asserting only what fails: each */
+                        continue;                    /* ck_assert writes to Check's pipe */
+                    ck_assert_msg(0, "%s store %s of 0x%08x: 0x%04x, scalar gives 0x%04x "
+                                  "(seed 0x%llx)", k->isa, pkv_dtype_name(dt), bits_of(v),
+                                  got[i], want[i], (unsigned long long)seed);
                 }
                 ck_assert_msg(got[len] == 0xa5a5, "%s store %s wrote past n=%u", k->isa,
                               pkv_dtype_name(dt), len);
@@ -1083,12 +1084,15 @@ START_TEST(quant_store_bitwise)
                 memset(got, 0xa5, CAP);
                 pkvi_store_row(dt, want, x + off, n);
                 k->store_row(dt, got, x + off, n);
-                for (size_t i = 0; i < CAP; i++)
-                    ck_assert_msg(got[i] == want[i],
-                                  "%s store %s, row of %u (kind %d): byte %zu of %zu is "
-                                  "0x%02x, quant.c gives 0x%02x (seed 0x%llx)", k->isa,
-                                  pkv_dtype_name(dt), n, kind, i, bytes, got[i], want[i],
-                                  (unsigned long long)seed);
+                size_t i = 0; /* the first byte that differs (one assertion a row:
+                                 * each one is a write to Check's pipe) */
+                while (i < CAP && got[i] == want[i])
+                    i++;
+                ck_assert_msg(i == CAP,
+                              "%s store %s, row of %u (kind %d): byte %zu of %zu is 0x%02x, "
+                              "quant.c gives 0x%02x (seed 0x%llx)", k->isa, pkv_dtype_name(dt),
+                              n, kind, i, bytes, i < CAP ? got[i] : 0, i < CAP ? want[i] : 0,
+                              (unsigned long long)seed);
             }
         }
     }

@@ -121,7 +121,7 @@ AI void qs_store_block(pkv_dtype t, unsigned char *dst, const float *src, uint32
         fin &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ)) == 0xff;
         mx = _mm256_max_ps(mx, a);
     }
-    const size_t nq = t == PKV_Q8 ? m : (m + 1) / 2;
+    const size_t nq = pkvi_quant_row_bytes(t, m) - 2; /* code bytes: one block of m */
     const float a = fin ? qs_hmax(mx) : 0.0f;
     if (!fin || a == 0.0f) {
         /* NaN scale (the block reads back as NaN), or a zero block: d = 0; q = 0 */
@@ -186,7 +186,7 @@ AI void qs_store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
     for (uint32_t i = 0; i < n; i += 32) {
         const uint32_t m = n - i < 32 ? n - i : 32;
         qs_store_block(t, p, src + i, m);
-        p += 2 + (t == PKV_Q8 ? m : (m + 1) / 2);
+        p += pkvi_quant_row_bytes(t, m);
     }
 }
 

@@ -7,6 +7,7 @@
 #ifndef PKV_KERNELS_QDOT256_H
 #define PKV_KERNELS_QDOT256_H
 
+#include "qblock256.h" /* qb_scan, qb_hmax, qb_pack_i8 */
 #include "quant.h"
 
 #include <immintrin.h>
@@ -80,8 +81,7 @@ AI uint32_t kblock_scale_bits(const char *blk)
  * split-K chunk of 512 tokens. */
 AI void qd_quant_query(uint32_t n, const float *x, int8_t *qi, float *qs)
 {
-    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 fmax = _mm256_set1_ps(3.40282347e+38f);
+    const __m256 absm = QB_ABSM, fmax = QB_FMAX;
     for (uint32_t i = 0, b = 0; i < n; i += 32, b++) {
         const uint32_t m = n - i < 32 ? n - i : 32;
         __m256 v[4], mx = _mm256_setzero_ps();
@@ -94,29 +94,23 @@ AI void qd_quant_query(uint32_t n, const float *x, int8_t *qi, float *qs)
                                   _mm256_set1_epi32((int)(m - lo)),
                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))
                             : _mm256_setzero_ps();
-            const __m256 a = _mm256_and_ps(v[u], absm);
-            fin &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ)) == 0xff;
-            mx = _mm256_max_ps(mx, a);
+            qb_scan(v[u], absm, fmax, &mx, &fin);
         }
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float dq = fin ? _mm_cvtss_f32(h) / 127.0f : NAN;
+        const float a = qb_hmax(mx);
+        const float dq = fin ? a / 127.0f : NAN;
         qs[b] = dq;
         if (!(dq > 0.0f)) {
             memset(qi + i, 0, 32);
             continue;
         }
-        const __m256 dv = _mm256_set1_ps(dq), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+        const __m256 dv = _mm256_set1_ps(dq), hi = _mm256_set1_ps(127.0f),
+                     lo = _mm256_set1_ps(-127.0f);
         __m256i r[4];
         PKVI_UNROLL
         for (int u = 0; u < 4; u++)
             r[u] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(
                 _mm256_div_ps(v[u], dv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))));
-        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]),
-                                             _mm256_packs_epi32(r[2], r[3]));
-        _mm256_storeu_si256((void *)(qi + i),
-                            _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        _mm256_storeu_si256((void *)(qi + i), qb_pack_i8(r));
     }
 }
 

@@ -17,6 +17,7 @@
 #ifndef PKV_KERNELS_QSTORE256_H
 #define PKV_KERNELS_QSTORE256_H
 
+#include "qblock256.h" /* qb_scan, qb_hmax, qb_pack_i8 */
 #include "quant.h"
 
 #include <immintrin.h>
@@ -49,14 +50,7 @@ AI __m256 qs_err(const float *x, uint32_t m, __m256 d, __m256 lo, __m256 hi, boo
     return e;
 }
 
-/* The largest and the least of 8 lanes (no NaN among them). */
-AI float qs_hmax(__m256 v)
-{
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-}
-
+/* The least of 8 lanes (no NaN among them). */
 AI float qs_hmin(__m256 v)
 {
     __m128 h = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -110,19 +104,16 @@ AI void qs_store_block(pkv_dtype t, unsigned char *dst, const float *src, uint32
         memcpy(pad, src, (size_t)m * sizeof(float));
         x = pad;
     }
-    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 fmax = _mm256_set1_ps(3.40282347e+38f);
+    const __m256 absm = QB_ABSM, fmax = QB_FMAX;
     __m256 v[4], mx = _mm256_setzero_ps();
     int fin = 1;
     PKVI_UNROLL
     for (int u = 0; u < 4; u++) {
         v[u] = _mm256_loadu_ps(x + 8 * u);
-        const __m256 a = _mm256_and_ps(v[u], absm);
-        fin &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ)) == 0xff;
-        mx = _mm256_max_ps(mx, a);
+        qb_scan(v[u], absm, fmax, &mx, &fin);
     }
     const size_t nq = pkvi_quant_row_bytes(t, m) - 2; /* code bytes: one block of m */
-    const float a = fin ? qs_hmax(mx) : 0.0f;
+    const float a = fin ? qb_hmax(mx) : 0.0f;
     if (!fin || a == 0.0f) {
         /* NaN scale (the block reads back as NaN), or a zero block: d = 0; q = 0 */
         const uint16_t h = fin ? 0 : 0x7e00u;
@@ -148,7 +139,7 @@ AI void qs_store_block(pkv_dtype t, unsigned char *dst, const float *src, uint32
         const __m256i s = _mm256_srai_epi32(_mm256_xor_si256(_mm256_castps_si256(v[u]), nb), 31);
         bv = _mm256_max_ps(bv, _mm256_and_ps(_mm256_and_ps(v[u], absm), _mm256_castsi256_ps(s)));
     }
-    const uint16_t h0 = pkvi_quant_first_scale(t, a, qs_hmax(bv), neg);
+    const uint16_t h0 = pkvi_quant_first_scale(t, a, qb_hmax(bv), neg);
     const __m256 lo = _mm256_set1_ps(t == PKV_Q8 ? -127.0f : -8.0f);
     const __m256 hi = _mm256_set1_ps(t == PKV_Q8 ? 127.0f : 7.0f);
     const uint16_t h = qs_search(t, x, m, a, h0, lo, hi);
@@ -158,10 +149,7 @@ AI void qs_store_block(pkv_dtype t, unsigned char *dst, const float *src, uint32
     PKVI_UNROLL
     for (int u = 0; u < 4; u++)
         c[u] = _mm256_cvtps_epi32(qs_code(_mm256_div_ps(v[u], dv), lo, hi)); /* exact */
-    /* int32 -> int8 with the packs' lane order undone: bytes in value order */
-    const __m256i p = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3])),
-        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i p = qb_pack_i8(c); /* bytes in value order */
     _Alignas(32) unsigned char q[32];
     if (t == PKV_Q8) {
         _mm256_store_si256((void *)q, p);

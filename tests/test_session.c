@@ -20,10 +20,18 @@
 static const uint32_t head_dims[] = {1, 3, 8, 17, 64, 80, 128, 256};
 static const uint32_t block_sizes[] = {1, 2, 5, 16, 64};
 
-/* A contiguous history of one layer: the trivial model of a session. */
+/* A contiguous history of one layer: the trivial model of a session. Beside the floats
+ * it keeps the oracle's input, each value rounded to the storage dtype as a double, and
+ * the largest |rounded V|, extended as positions come (check_decode): rounding the whole
+ * history again at every step made the test quadratic in rounding calls and in freshly
+ * faulted pages, and that, not the oracle, was most of its time. */
 typedef struct {
     float *K, *V;      /* [cap][g][d] */
     uint64_t len, cap;
+    double *Kd, *Vd;   /* [cap][g][d]: K, V rounded to `rdt`, valid for [0, rounded) */
+    uint64_t rounded;
+    pkv_dtype rdt;
+    float vmax;        /* max |Vd| over [0, rounded) */
 } hist;
 
 static void hist_push(hist *h, uint32_t gd, const float *k, const float *v)
@@ -32,8 +40,12 @@ static void hist_push(hist *h, uint32_t gd, const float *k, const float *v)
         h->cap = h->cap ? h->cap * 2 : 64;
         h->K = realloc(h->K, h->cap * gd * sizeof(float));
         h->V = realloc(h->V, h->cap * gd * sizeof(float));
-        ck_assert(h->K && h->V);
+        h->Kd = realloc(h->Kd, h->cap * gd * sizeof(double));
+        h->Vd = realloc(h->Vd, h->cap * gd * sizeof(double));
+        ck_assert(h->K && h->V && h->Kd && h->Vd);
     }
+    if (h->rounded > h->len) /* truncated or rewritten (hist_copy): round all again */
+        h->rounded = 0;
     memcpy(h->K + h->len * gd, k, gd * sizeof(float));
     memcpy(h->V + h->len * gd, v, gd * sizeof(float));
     h->len++;
@@ -50,26 +62,45 @@ static void hist_free(hist *h)
 {
     free(h->K);
     free(h->V);
+    free(h->Kd);
+    free(h->Vd);
     memset(h, 0, sizeof *h);
 }
 
+/* Bring h's rounded doubles and vmax up to its length for storage type dt. */
+static void hist_round(hist *h, uint32_t gd, pkv_dtype dt)
+{
+    if (h->rdt != dt || h->rounded > h->len) { /* another dtype, or truncated since */
+        h->rdt = dt;
+        h->rounded = 0;
+        h->vmax = 0;
+    }
+    for (size_t i = h->rounded * gd; i < h->len * gd; i++) {
+        h->Kd[i] = pkv_dtype_round(dt, h->K[i]);
+        h->Vd[i] = pkv_dtype_round(dt, h->V[i]);
+        h->vmax = fmaxf(h->vmax, fabsf((float)h->Vd[i]));
+    }
+    h->rounded = h->len;
+}
+
 /* Decode q on (s, layer) and compare with the double reference on history h. */
-static void check_decode(pkv_session *s, uint32_t layer, const hist *h, uint32_t nh,
+static void check_decode(pkv_session *s, uint32_t layer, hist *h, uint32_t nh,
                          uint32_t g, uint32_t d, pkv_dtype dt, const float *q,
                          const char *what, uint64_t seed)
 {
     float *out = pkvt_alloc((size_t)nh * d * sizeof(float));
     double *ref = pkvt_alloc((size_t)nh * d * sizeof(double));
     ck_assert_int_eq(pkv_decode(s, layer, q, out), PKV_OK);
-    pkvt_ref_decode(nh, g, d, 0, dt, h->len, q, h->K, h->V, ref);
-    float vmax = 0;
-    for (uint64_t i = 0; i < h->len * g * d; i++)
-        vmax = fmaxf(vmax, fabsf(pkv_dtype_round(dt, h->V[i])));
+    hist_round(h, g * d, dt);
+    double *qd = pkvt_to_double(q, (size_t)nh * d);
+    pkvt_oracle_decode(nh, g, d, 0, h->len, qd, h->Kd, h->Vd, ref);
+    const float vmax = h->vmax;
     double err = pkvt_maxdiff_fd(out, ref, (size_t)nh * d);
     ck_assert_msg(err <= 1e-5 * vmax + 1e-30,
                   "%s: seed %#llx h=%u g=%u d=%u dt=%s len=%llu: err %g > 1e-5*%g", what,
                   (unsigned long long)seed, nh, g, d, pkv_dtype_name(dt),
                   (unsigned long long)h->len, err, vmax);
+    free(qd);
     free(out);
     free(ref);
 }

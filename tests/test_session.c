@@ -44,16 +44,24 @@ static void hist_push(hist *h, uint32_t gd, const float *k, const float *v)
         h->Vd = realloc(h->Vd, h->cap * gd * sizeof(double));
         ck_assert(h->K && h->V && h->Kd && h->Vd);
     }
-    if (h->rounded > h->len) /* truncated or rewritten (hist_copy): round all again */
-        h->rounded = 0;
     memcpy(h->K + h->len * gd, k, gd * sizeof(float));
     memcpy(h->V + h->len * gd, v, gd * sizeof(float));
     h->len++;
 }
 
+/* Keep the first n positions (n <= len). Every shortening goes through here, so the
+ * rounded copy never outlives the positions it was made from: after one, it (and its
+ * vmax, which cannot shrink) is made again from the start. */
+static void hist_truncate(hist *h, uint64_t n)
+{
+    h->len = n;
+    if (h->rounded > n)
+        h->rounded = 0;
+}
+
 static void hist_copy(hist *dst, const hist *src, uint32_t gd)
 {
-    dst->len = 0;
+    hist_truncate(dst, 0);
     for (uint64_t i = 0; i < src->len; i++)
         hist_push(dst, gd, src->K + i * gd, src->V + i * gd);
 }
@@ -70,7 +78,7 @@ static void hist_free(hist *h)
 /* Bring h's rounded doubles and vmax up to its length for storage type dt. */
 static void hist_round(hist *h, uint32_t gd, pkv_dtype dt)
 {
-    if (h->rdt != dt || h->rounded > h->len) { /* another dtype, or truncated since */
+    if (h->rdt != dt || h->rounded == 0) { /* another dtype, or shortened since */
         h->rdt = dt;
         h->rounded = 0;
         h->vmax = 0;
@@ -512,12 +520,12 @@ START_TEST(model_based_walk)
             if (st == PKV_OK)
                 for (uint32_t l = 0; l < L; l++)
                     if (h[i][l].len > n)
-                        h[i][l].len = n;
+                        hist_truncate(&h[i][l], n);
         } else if (op == 7) { /* destroy */
             pkv_session_destroy(s[i]);
             s[i] = NULL;
             for (uint32_t l = 0; l < L; l++)
-                h[i][l].len = 0;
+                hist_truncate(&h[i][l], 0);
         } else { /* decode and compare */
             uint32_t l = pkvt_below(&r, L);
             pkvt_fill(&r, q, nh * d, -2, 2);

@@ -27,6 +27,8 @@
 
 #define AI static inline __attribute__((always_inline))
 
+#include "qblock256.h" /* qb_hmax: a tile's largest score (the softmax) */
+
 /* Software prefetch of the page ahead: the scheme and the measurements of avx512.c. */
 AI void pf_line(const char *a, const bool l2) /* as avx512.c's */
 {
@@ -279,14 +281,6 @@ AI __m128 hsum4(const __m256 v[4])
 {
     const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
     return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-}
-
-AI float hmax8(__m256 v)
-{
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
 }
 
 AI float hadd8(__m256 v)
@@ -561,7 +555,7 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
  * Four heads at a time where the group has them: their maxima and sums reduced by one
  * 4x4 transpose (reduce4), their alphas one exp8, m/l/alpha as vectors - where one
  * head at a time ran four dependent chains of shuffles and three exp8 per head. The
- * operations are hmax8's and hadd8's on the same operands in the same order, so the
+ * operations are qb_hmax's and hadd8's on the same operands in the same order, so the
  * same bits (the decode-state hash before and after). Measured: docs/numerics.md. */
 
 /* The scaled (soft-capped) scores of one head's tile, lanes past n -inf. */
@@ -574,7 +568,7 @@ AI void tile_scores(const float *sh, uint32_t n, __m256 sc, float cap, __m256 lo
     *s1 = n > 8 ? _mm256_blendv_ps(ninf, scores8(_mm256_load_ps(sh + 8), sc, cap), hi) : ninf;
 }
 
-/* Lane h of the result: x[h]'s 8 lanes reduced by max (is_max) or +, as hmax8 and
+/* Lane h of the result: x[h]'s 8 lanes reduced by max (is_max) or +, as qb_hmax and
  * hadd8 do it (halves, then lanes i and i + 2, then 0 and 1), for 4 heads at once. */
 AI __m128 reduce4(const __m256 x[4], const bool is_max)
 {
@@ -632,7 +626,7 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, 
         float *sh = s + (size_t)h * PKVI_TILE;
         __m256 s0, s1;
         tile_scores(sh, n, sc, cap, lo, hi, &s0, &s1);
-        const float mt = hmax8(_mm256_max_ps(s0, s1));
+        const float mt = qb_hmax(_mm256_max_ps(s0, s1));
         const float mn = m[h] > mt || mt != mt ? m[h] : mt; /* fmaxf(m[h], mt) */
         const __m256 mv = _mm256_set1_ps(mn);
         const __m256 e0 = exp8(_mm256_sub_ps(s0, mv));

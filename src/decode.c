@@ -115,7 +115,7 @@ static inline void fold_state(float *m, float *l, float *restrict o, float mc, f
  * False, and nothing written, where mc is not finite (the caller folds). A decode
  * within one chunk (chunk_pages) needs no fold at all; this spares it the zeroing and
  * the fold's multiplies, about half of the merge, itself 1-2 us of a llama3-8b
- * layer's decode at 64 tokens (docs/numerics.md). */
+ * layer's decode at 64 tokens (docs/perf-log.md). */
 static inline bool first_state(float *m, float *l, float *restrict o, float mc, float lc,
                                const float *restrict ac, uint32_t d)
 {

@@ -15,7 +15,7 @@
  * dev VM of issue 17 (2026-12-03), byte-identical copies of one build decoded Q8 on
  * the integer path in 13.9-14.4 or 15.4-15.8 ns per position and group, 11% apart
  * (three copies in eleven slow; one stayed slow in every process for half an hour, then
- * was fast); f16 did not move (docs/numerics.md, "Copies of one build"). A ratio of
+ * was fast); f16 did not move (docs/perf-log.md, "Copies of one build"). A ratio of
  * two files is then partly a ratio of two placements, and running both orders does
  * not cancel it. So bench_ab writes BENCH_AB_COPIES (default 3) fresh copies of each
  * library into a temporary directory, loads them all, and round r times copy

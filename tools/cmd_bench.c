@@ -434,7 +434,7 @@ static uint32_t bench_variants(const bench *b, bench_variant *vs)
 /* Rows ng of one preset, context and thread count T (the ti-th), built together and
  * timed round by round: in each round, for each row in turn, the bandwidth sweep, one
  * timed decode and the warm ones. So a shared machine's drift, which moves separate
- * runs minutes apart by up to 1.7x (docs/numerics.md), falls on every row of a round
+ * runs minutes apart by up to 1.7x (docs/perf-log.md), falls on every row of a round
  * alike, and the rows' ratios to each other (vs f16) are of the same moments. nj:
  * the naive kernel, timed in every other round beside the first row (or NULL: the
  * caller passes it with the first rows of each thread count only). The scalar

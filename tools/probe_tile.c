@@ -1,6 +1,6 @@
 /*
  * probe_tile.c - the parts of one tile of SIMD decode, timed apart, in L1
- * (docs/numerics.md, "A Zen 5 host" and "K stored by channel").
+ * (docs/perf-log.md, "A Zen 5 host" and "K stored by channel").
  *
  * One KV group's tile of 16 tokens and 4 query heads (a llama3-8b group), K and V rows
  * stored in each dtype, is scored (qk_heads), softmaxed (softmax_tile) and summed into

@@ -525,7 +525,7 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
          * so the values are the block's integers: acc += ws * q. The 16 scales of the
          * tile's rows are moved in as four 64-bit words and converted in two
          * vcvtph2ps (they were 16 two-byte stores read back as two vectors: a store
-         * forwarding that fails; docs/numerics.md). */
+         * forwarding that fails; docs/perf-log.md). */
         const size_t vrb = pkvi_quant_row_bytes(dt, d), bb = pkvi_quant_block_bytes(dt);
         _Alignas(32) float ws[4 * PKVI_TILE];
         for (; c + 32 <= d; c += 32) {
@@ -556,7 +556,7 @@ AI void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n, const f
  * 4x4 transpose (reduce4), their alphas one exp8, m/l/alpha as vectors - where one
  * head at a time ran four dependent chains of shuffles and three exp8 per head. The
  * operations are qb_hmax's and hadd8's on the same operands in the same order, so the
- * same bits (the decode-state hash before and after). Measured: docs/numerics.md. */
+ * same bits (the decode-state hash before and after). Measured: docs/perf-log.md. */
 
 /* The scaled (soft-capped) scores of one head's tile, lanes past n -inf. */
 AI void tile_scores(const float *sh, uint32_t n, __m256 sc, float cap, __m256 lo, __m256 hi,

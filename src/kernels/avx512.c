@@ -310,7 +310,7 @@ AI void qk_block(pkv_dtype dt, const void *krow, uint32_t d, const float *qh, fl
  * one vector: the vector units see 4 moves and a conversion where a masked gather of
  * 16 lanes was (8 per tile). On Zen 5 (bench_ab, one thread, 512 and 131072 tokens)
  * that took Q4 exact to 0.89-0.92 of its time with the gather and the integer paths to
- * 0.89-0.97; Q8 exact unchanged (docs/numerics.md). Before the gather there was a
+ * 0.89-0.97; Q8 exact unchanged (docs/perf-log.md). Before the gather there was a
  * scalar load, a conversion and a broadcast per row and block. */
 #include "qscales.h" /* block_scales8 */
 

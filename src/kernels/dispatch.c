@@ -88,7 +88,7 @@ static unsigned cpu_level(void)
 
 #if PKVI_X86
 /* AMD family 19h with AVX-512: Zen 4 (Zen 3, the same family, has no AVX-512). Zen 5
- * (family 1Ah) keeps T0: T1 made f16 at 128k tokens 1.4x slower there (docs/numerics.md,
+ * (family 1Ah) keeps T0: T1 made f16 at 128k tokens 1.4x slower there (docs/perf-log.md,
  * "A Zen 5 host"). */
 static bool cpu_zen4(void)
 {

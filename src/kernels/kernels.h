@@ -124,7 +124,7 @@ PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_named(const char *isa);
 /* Where the SIMD walks' software prefetches of the unit ahead go (pkvi_kparams.pf_l2):
  * 1 (L2, T1) on Zen 4, where T1 fills L2 only and leaves the L1 miss buffers to the
  * demand loads (128k tokens of a llama3-8b layer, f16, one thread: 57-73 -> 32-33 ms),
- * else 0 (L1, T0: measured best on Zen 5 and Intel, docs/numerics.md). PKV_PREFETCH=l1
+ * else 0 (L1, T0: measured best on Zen 5 and Intel, docs/perf-log.md). PKV_PREFETCH=l1
  * or l2 forces it; any other non-empty value is PKV_EINVAL. Results never change. */
 PKVI_HIDDEN pkv_status pkvi_prefetch_l2(uint32_t *out);
 /* Whether the host can run `isa` ("scalar" always). */

@@ -51,7 +51,7 @@ AI float kblock_scale(const char *blk)
 
 /* lane i of the result = sum of the 8 int32 lanes of v[i], exact (|isum| < 2^20, any
  * order). The two 128-bit halves are added after vextracti128, not combined with two
- * vperm2i128; measured together with qk_heads_int's dq layout (docs/numerics.md), not
+ * vperm2i128; measured together with qk_heads_int's dq layout (docs/perf-log.md), not
  * apart. */
 AI __m256i qd_hsum8i(const __m256i v[8])
 {

@@ -4,7 +4,7 @@
  *
  * Where this was a gather (AVX-512) or 16 two-byte stores read back as one vector
  * (AVX2: a store forwarding that fails), the vector units now see a move per four
- * scales: docs/numerics.md, "Block scales without a gather". Included by avx2.c and
+ * scales: docs/perf-log.md, "Block scales without a gather". Included by avx2.c and
  * avx512.c where they use it, after they define AI and PKVI_UNROLL is known (its place
  * in the file changed gcc 12's code for the Q4 walk by 2-4%, so it stays there).
  */

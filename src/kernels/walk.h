@@ -265,7 +265,7 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const uint32_t D, const p
 
 /* One out-of-line walk per dtype and path (a pkvi_attend_fn each): inlined together
  * into attend, the walks shared one frame of tens of KiB and gcc spilled the loops' row
- * pointers (Q8/Q4 were: docs/numerics.md). WALK_FN(name, call) defines name with the
+ * pointers (Q8/Q4 were: docs/perf-log.md). WALK_FN(name, call) defines name with the
  * kernel signature and `call` as its body, in which D is 0 (head_dim from the call). */
 #define WALK_FN(name, call)                                                               \
     AI void name##_body(const uint32_t D, const pkvi_kparams *p, const void *const *pages, \
@@ -287,7 +287,7 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const uint32_t D, const p
  * and 131072 tokens: Q8 0.89-0.95, Q4 0.87-0.91, Q8 integer 0.80-0.89, Q4 integer
  * 0.81-0.91; the AVX2 table (forced) 0.92-0.97. The same bits: only constants change.
  * f16, bf16 and f32 stay generic: so built, f16 was 5% slower at 131072 tokens (faster
- * at 4096) and both half types 3-5% slower on the AVX2 table (docs/numerics.md). */
+ * at 4096) and both half types 3-5% slower on the AVX2 table (docs/perf-log.md). */
 #define WALK_FN_D128(name, call)                                                          \
     WALK_FN(name, call)                                                                   \
     static void name##_d128(const pkvi_kparams *p, const void *const *pages,              \

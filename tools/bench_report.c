@@ -27,11 +27,11 @@ typedef struct {
     const char *binds;                    /* "dram", "compute", or NULL when unknown */
 } roof;
 
-static double compute_us(const cli_preset *p, uint32_t path, uint64_t n, double peak,
-                         double peak_int8)
+static double compute_us(const cli_preset *p, pkv_dtype dt, uint32_t path, const char *isa,
+                         uint64_t n, double peak, double peak_int8)
 {
     double fl, io;
-    bench_arith(p, path, &fl, &io);
+    bench_arith(p, dt, path, isa, &fl, &io);
     const double t = (double)n * (fl / (peak * 1e9) + (io > 0 ? io / (peak_int8 * 1e9) : 0));
     return t * 1e6;
 }
@@ -39,10 +39,10 @@ static double compute_us(const cli_preset *p, uint32_t path, uint64_t n, double 
 static roof roofline(const bench *b, const bench_row *r)
 {
     roof f;
-    bench_arith(r->p, r->path, &f.flops_pos, &f.int_pos);
+    bench_arith(r->p, r->dt, r->path, b->isa, &f.flops_pos, &f.int_pos);
     f.bytes_pos = (double)r->kv_bytes / (double)r->ctx;
     f.dram_us = (double)r->kv_bytes / (r->bw_gbs * 1e9) * 1e6;
-    f.compute_us = compute_us(r->p, r->path, r->ctx, r->peak, r->peak_int8);
+    f.compute_us = compute_us(r->p, r->dt, r->path, b->isa, r->ctx, r->peak, r->peak_int8);
     const bool known = isfinite(f.dram_us) && isfinite(f.compute_us);
     f.binds = !known ? NULL : f.dram_us >= f.compute_us ? "dram" : "compute";
     f.frac = known ? fmax(f.dram_us, f.compute_us) / r->ours_us : NAN;
@@ -56,10 +56,10 @@ static roof roofline(const bench *b, const bench_row *r)
     return f;
 }
 
-static double incache_gops(const bench_incache_row *r)
+static double incache_gops(const bench *b, const bench_incache_row *r)
 {
     double fl, io;
-    bench_arith(r->p, r->path, &fl, &io);
+    bench_arith(r->p, r->dt, r->path, b->isa, &fl, &io);
     return (fl + io) * r->tokens / r->us / 1e3;
 }
 
@@ -134,13 +134,14 @@ void bench_print_json(const bench *b)
     json_open(W, "in_cache", '[');
     for (uint32_t i = 0; i < b->n_inc; i++) {
         const bench_incache_row *r = &b->inc[i];
-        const double cb = compute_us(r->p, r->path, r->tokens, r->peak, r->peak_int8);
+        const double cb = compute_us(r->p, r->dt, r->path, b->isa, r->tokens, r->peak,
+                                     r->peak_int8);
         json_open(W, NULL, '{');
         json_str(W, "preset", r->p->name);
         json_str(W, "dtype", pkv_dtype_name(r->dt));
         json_str(W, "path", bench_path_name(r->path));
         JSON_U64S(W, {"threads", r->threads}, {"tokens", r->tokens}, {"kv_bytes", r->kv_bytes});
-        JSON_NUMS(W, {"us", r->us}, {"gflops", incache_gops(r)}, {"compute_bound_us", cb},
+        JSON_NUMS(W, {"us", r->us}, {"gflops", incache_gops(b, r)}, {"compute_bound_us", cb},
                   {"frac", cb / r->us});
         json_close(W, '}');
     }
@@ -227,12 +228,13 @@ static void print_roofline(const bench *b)
                "KV MiB", "us", "GOP/s", "comp us", "frac");
         for (uint32_t i = 0; i < b->n_inc; i++) {
             const bench_incache_row *r = &b->inc[i];
-            const double cb = compute_us(r->p, r->path, r->tokens, r->peak, r->peak_int8);
+            const double cb = compute_us(r->p, r->dt, r->path, b->isa, r->tokens, r->peak,
+                                         r->peak_int8);
             const bool over = b->llc_bytes && r->kv_bytes > b->llc_bytes;
             printf("%-10s %-4s %-7s %3u |%8.1f%c%9.0f", r->p->name, pkv_dtype_name(r->dt),
                    bench_path_name(r->path), r->threads, (double)r->kv_bytes / (1 << 20),
                    over ? '>' : ' ', r->us);
-            cell(incache_gops(r), "%*.1f", 10);
+            cell(incache_gops(b, r), "%*.1f", 10);
             cell(cb, "%*.0f", 10);
             cell(cb / r->us, "%*.2f", 7);
             printf("\n");

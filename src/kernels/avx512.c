@@ -4,7 +4,10 @@
  * kernels/dispatch.c saw those features in cpuid and the ZMM state enabled in XCR0).
  * meson compiles it twice: as pkvi_kernels_avx512, and with -mavx512vnni and
  * PKVI_AVX512_VNNI as pkvi_kernels_avx512vnni, whose integer-dot scores use vpdpbusd
- * (the only difference, and the same bits: qd_wide_blocks, qd_tile_scores).
+ * (the same bits: qd_wide_blocks, qd_tile_scores) and whose exact Q8/Q4 scores of rows
+ * whose blocks are all whole come from q cut into integer limbs (ql_prep_head,
+ * tile_scores_limbs; within the bound of docs/numerics.md section 4, not the same
+ * bits): the only differences.
  *
  * Owns: pkvi_kernels_avx512 (or pkvi_kernels_avx512vnni). Does not own: the semantics
  * (kernels/ref.c is the specification), the conversions' definition (dtype.c),
@@ -48,6 +51,7 @@
 #include "quant.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -698,12 +702,19 @@ AI void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512i kt[8])
     }
 }
 
-AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
-                       uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
-                       uint32_t nb, float *s, const char *pf, const bool l2, const int HB)
+/* The scores of n rows and HB heads whose q is NL limbs of int8 per value, the last one
+ * signed, the others unsigned bytes (ql + h * NL * dpad + r * dpad: limb r of head h),
+ * value = sum_r limb_r 2^(8r) times the head's block scale qs[h * nb + b]. NL = 1 is the
+ * integer dot (the limb is pkvi_quant_query's qi); NL = 3, the exact path's limbs
+ * (ql_prep_head). The signed limb is the unsigned operand after a byte xor (+ 128), and
+ * 128 times each token's sum of k comes off its lanes. Per block the limbs' isums are
+ * exact int32; for NL = 3 they join as float(isum_2) 2^16 + float(isum_1 2^8 + isum_0),
+ * the second sum exact in int32 (|.| < 2^28.1) and rounded once, then one fused
+ * multiply-add: the block's dot to within 2u of its magnitude. */
+AI void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
+                          const int8_t *ql, const float *qs, size_t dpad, uint32_t nb,
+                          float *s, const char *pf, const bool l2, const int HB, const int NL)
 {
-    if (d % 32 != 0)
-        return false;
     const size_t bb = pkvi_quant_block_bytes(dt);
     const size_t lines = (n * row_bytes + 63) / 64; /* prefetched a share per block */
     const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi8(-128);
@@ -730,15 +741,27 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
                                        : block_scales16(blk0, row_bytes, n);
         PKVI_UNROLL
         for (int h = 0; h < HB; h++) {
-            const int8_t *qb = qi + h * dpad + b * 32;
-            __m512i a = _mm512_setzero_si512();
+            const int8_t *qb = ql + (size_t)h * NL * dpad + b * 32;
+            __m512i a[3];
             PKVI_UNROLL
-            for (int j = 0; j < 8; j++) {
-                int32_t q4;
-                memcpy(&q4, qb + 4 * j, sizeof q4);
-                a = _mm512_dpbusd_epi32(a, _mm512_xor_si512(_mm512_set1_epi32(q4), flip), kt[j]);
-            }
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, bias));
+            for (int r = 0; r < NL; r++)
+                a[r] = _mm512_setzero_si512();
+            PKVI_UNROLL
+            for (int j = 0; j < 8; j++)
+                PKVI_UNROLL
+                for (int r = 0; r < NL; r++) {
+                    int32_t q4;
+                    memcpy(&q4, qb + (size_t)r * dpad + 4 * j, sizeof q4);
+                    const __m512i qv = _mm512_set1_epi32(q4);
+                    a[r] = _mm512_dpbusd_epi32(a[r], r == NL - 1 ? _mm512_xor_si512(qv, flip) : qv,
+                                               kt[j]);
+                }
+            const __m512 top = _mm512_cvtepi32_ps(_mm512_sub_epi32(a[NL - 1], bias));
+            const __m512 isum =
+                NL == 1 ? top
+                        : _mm512_fmadd_ps(top, _mm512_set1_ps(65536.0f),
+                                          _mm512_cvtepi32_ps(_mm512_add_epi32(
+                                              _mm512_slli_epi32(a[1], 8), a[0])));
             const __m512 dkq = _mm512_mul_ps(dk, _mm512_set1_ps(qs[h * nb + b]));
             const __m512 term = _mm512_mul_ps(dkq, isum);
             acc[h] = _mm512_add_ps(acc[h], term);
@@ -749,7 +772,86 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
     for (int h = 0; h < HB; h++)
         _mm512_mask_storeu_ps(s + h * PKVI_TILE, nk,
                               dt == PKV_Q8 ? _mm512_permutexvar_ps(QD_T8, acc[h]) : acc[h]);
+}
+
+AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
+                       uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
+                       uint32_t nb, float *s, const char *pf, const bool l2, const int HB)
+{
+    if (d % 32 != 0)
+        return false;
+    tile_scores_limbs(dt, krow, row_bytes, n, qi, qs, dpad, nb, s, pf, l2, HB, 1);
     return true;
+}
+
+/* ---- the exact path's scores from integer limbs of q (avx512vnni, whole blocks) ------
+ * Block b of a head's q is held as Q_j 2^e: e = max(ilogb(a) - 21, -149), a the
+ * block's largest |q_j|, Q_j = rint(q_j 2^-e), so |Q_j| <= 2^22 and |q_j - Q_j 2^e| <=
+ * 2^(e-1), at most 2^-22 a (4u of the block's largest; below a = 2^-128, 2^-150).
+ * Q_j = H 2^16 + M 2^8 + L with L, M in [0, 255] and H in [-64, 64]: three vpdpbusd
+ * per 4 values and head where the f32 path spends a conversion, a scale multiply and
+ * an FMA per value (tile_scores_limbs). A block whose largest |q| is not finite gets
+ * the scale NaN, so the head's scores are NaN, as on the f32 path. The error this adds
+ * to a score is in docs/numerics.md section 4. */
+#define PKVI_WALK_LIMBS 1
+#define QL_LIMBS 3
+/* 2^e for e in [-149, 127], exactly */
+AI float ldexp_pow2(int e)
+{
+    if (e < -126)
+        return ldexpf(1.0f, e);
+    const uint32_t u = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
+{
+    const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (uint32_t i = 0, b = 0; i < d; i += 32, b++) {
+        const __m512 v[2] = {_mm512_loadu_ps(q + i), _mm512_loadu_ps(q + i + 16)};
+        const float a = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v[0], absm),
+                                                           _mm512_and_ps(v[1], absm)));
+        const __mmask16 nan = _mm512_cmp_ps_mask(v[0], v[0], _CMP_UNORD_Q) |
+                              _mm512_cmp_ps_mask(v[1], v[1], _CMP_UNORD_Q);
+        uint32_t bits;
+        memcpy(&bits, &a, sizeof bits);
+        int e = -149;
+        if (nan || !(a <= 3.4028235e38f)) { /* max drops a NaN lane: each lane is tested */
+            qs[b] = NAN;
+        } else if (a >= 0x1p-126f) { /* normal: ilogb from the exponent field */
+            e = (int)(bits >> 23) - 127 - 21;
+            qs[b] = ldexp_pow2(e);
+        } else {
+            if (a > 0.0f && ilogbf(a) - 21 > e)
+                e = ilogbf(a) - 21;
+            qs[b] = ldexp_pow2(e);
+        }
+        if (!(qs[b] >= 0.0f)) {
+            for (uint32_t r = 0; r < QL_LIMBS; r++)
+                memset(ql + (size_t)r * d + i, 0, 32);
+            continue;
+        }
+        const __m512 sc = _mm512_set1_ps((float)-e);
+        PKVI_UNROLL
+        for (int u = 0; u < 2; u++) {
+            const __m512i Q = _mm512_cvt_roundps_epi32(
+                _mm512_scalef_ps(v[u], sc), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm_storeu_si128((void *)(ql + i + 16 * u), _mm512_cvtepi32_epi8(Q));
+            _mm_storeu_si128((void *)(ql + d + i + 16 * u),
+                             _mm512_cvtepi32_epi8(_mm512_srai_epi32(Q, 8)));
+            _mm_storeu_si128((void *)(ql + 2 * (size_t)d + i + 16 * u),
+                             _mm512_cvtepi32_epi8(_mm512_srai_epi32(Q, 16)));
+        }
+    }
+}
+
+AI void ql_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
+                       const int8_t *ql, const float *qs, size_t dpad, uint32_t nb, float *s,
+                       const char *pf, const bool l2, const int HB)
+{
+    tile_scores_limbs(dt, krow, row_bytes, n, ql, qs, dpad, nb, s, pf, l2, HB, QL_LIMBS);
 }
 #define PKVI_QD_TILE 1
 #endif

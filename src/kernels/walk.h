@@ -16,6 +16,12 @@
  *   qk_heads_int(dt, krow, row_bytes, d, n, qi, qs, dpad, nb, s, pf, HB)
  *                      integer-dot scores of HB quantized heads (qi: [HB][dpad] int8,
  *                      in the order qd_permute gives; qs: [HB][nb] block scales)
+ * and, with PKVI_WALK_LIMBS 1 (the exact Q8/Q4 scores from integer limbs of q):
+ *   ql_prep_head(d, q, ql, qs)
+ *                      one head's q (d a multiple of 32) as QL_LIMBS int8 limbs per
+ *                      value, [QL_LIMBS][d], and a power-of-two scale per block
+ *   ql_tile_scores(dt, krow, row_bytes, n, ql, qs, dpad, nb, s, pf, HB)
+ *                      the exact-path scores of HB heads from those limbs
  * and, with PKVI_WALK_PERMUTED_BF16 1 (a bf16 QK that reads q in a kernel order) or
  * PKVI_WALK_PERMUTED_Q4 1 (the same for the exact Q4 QK):
  *   q_permute(dt, src, dst, d)
@@ -38,11 +44,25 @@
 
 /* One tile of the walk: n <= PKVI_TILE rows of one group of one page, the heads and
  * state it folds into, and the rows of the unit `dist` ahead to prefetch (or NULL). */
+/* How a walk forms its scores: from f32 q (the exact path's loads), from q rounded to
+ * int8 (the integer dot, quant_dot = 1), or from q cut into integer limbs (the exact
+ * path of a file with PKVI_WALK_LIMBS, where every block of the row is whole). */
+typedef enum { QK_F32, QK_INT, QK_LIMBS } qk_kind;
+#ifndef QL_LIMBS
+#define QL_LIMBS 1
+#endif
+
+/* int8 values of prepared q per value of a head: one for the integer dot, QL_LIMBS */
+AI uint32_t qk_bytes(const qk_kind qk)
+{
+    return qk == QK_LIMBS ? QL_LIMBS : 1u;
+}
+
 typedef struct {
     const char *k, *v, *pfk, *pfv;
     const float *q;
-    const int8_t *qi;   /* quant_dot: the group's heads quantized, [hg][dpad] */
-    const float *qs;    /* quant_dot: their block scales, [hg][nb] */
+    const int8_t *qi;   /* QK_INT, QK_LIMBS: the group's heads prepared, [hg][bytes][dpad] */
+    const float *qs;    /* QK_INT, QK_LIMBS: their block scales, [hg][nb] */
     float *m, *l, *acc;
     uint32_t n;
 } tile;
@@ -56,7 +76,7 @@ AI size_t row_bytes_of(const pkv_dtype dt, uint32_t n)
 }
 
 /* Unscaled scores of the tile's rows for all hg heads into s [hg][TILE]. */
-AI void tile_qk(const pkv_dtype dt, const bool qd, const uint32_t D, const pkvi_kparams *p,
+AI void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D, const pkvi_kparams *p,
                 const tile *t, float *s)
 {
     const uint32_t d = WALK_DK(p, D), hg = p->hg;
@@ -64,8 +84,26 @@ AI void tile_qk(const pkv_dtype dt, const bool qd, const uint32_t D, const pkvi_
     const char *pk = t->pfk; /* only the first head block prefetches: same rows for all */
     const bool l2 = p->pf_l2;
     uint32_t h = 0;
+#if PKVI_WALK_LIMBS
+    if (qk == QK_LIMBS) {
+        const uint32_t nb = d / 32, dp = d, hs = QL_LIMBS * dp;
+        for (; h + 4 <= hg; h += 4, pk = NULL)
+            ql_tile_scores(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
+                           dp, nb, s + h * PKVI_TILE, pk, l2, 4);
+        if (hg - h >= 2) {
+            ql_tile_scores(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
+                           dp, nb, s + h * PKVI_TILE, pk, l2, 2);
+            h += 2;
+            pk = NULL;
+        }
+        if (h < hg)
+            ql_tile_scores(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
+                           dp, nb, s + h * PKVI_TILE, pk, l2, 1);
+        return;
+    }
+#endif
 #if PKVI_WALK_QUANT_DOT
-    if (qd) {
+    if (qk == QK_INT) {
         const uint32_t nb = (d + 31) / 32, dp = nb * 32;
         for (; h + 4 <= hg; h += 4, pk = NULL)
             qk_heads_int(dt, t->k, row, d, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
@@ -81,9 +119,8 @@ AI void tile_qk(const pkv_dtype dt, const bool qd, const uint32_t D, const pkvi_
                          dp, nb, s + h * PKVI_TILE, pk, l2, 1);
         return;
     }
-#else
-    (void)qd;
 #endif
+    (void)qk;
     for (; h + 4 <= hg; h += 4, pk = NULL)
         qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 4);
     if (hg - h >= 2) {
@@ -192,14 +229,16 @@ AI const char *cursor_unit(const cursor *c, const void *const *pages, const pkvi
  * own operations in the order of ref.c (softmax(k) only reads m and l, and PV(k-1)
  * precedes PV(k)), so the results are those of the unpipelined order, bit for bit.
  */
-AI void attend_impl(const pkv_dtype dt, const bool qd, const uint32_t D, const pkvi_kparams *p,
-                    const void *const *pages, uint32_t n_pages, uint32_t last_tokens,
-                    uint32_t group0, uint32_t n_groups, const pkvi_heads *x,
-                    const int8_t *qi, const float *qs)
+AI void attend_impl(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
+                    const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                    uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                    const pkvi_heads *x, const int8_t *qi, const float *qs)
 {
-    /* quant_dot: group i's quantized heads at qi + i * qi_stride, qs + i * qs_stride */
+    /* QK_INT, QK_LIMBS: group i's prepared heads at qi + i * qi_stride, qs + i * qs_stride */
+    const bool qd = qk != QK_F32;
     const uint32_t nbq = (WALK_DK(p, D) + 31) / 32;
-    const size_t qi_stride = (size_t)p->hg * nbq * 32, qs_stride = (size_t)p->hg * nbq;
+    const size_t qi_stride = (size_t)p->hg * qk_bytes(qk) * nbq * 32;
+    const size_t qs_stride = (size_t)p->hg * nbq;
     const size_t row = row_bytes_of(dt, WALK_DK(p, D)), vrow = row_bytes_of(dt, WALK_DV(p, D));
     /* prefetch distance in units: at least PF_AHEAD_BYTES of rows */
     const size_t region = (size_t)p->block_tokens * (row + vrow);
@@ -246,7 +285,7 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const uint32_t D, const p
                     .acc = x->acc + i * x->st_stride,
                     .n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE,
                 };
-                tile_qk(dt, qd, D, p, &t, s[cur]);
+                tile_qk(dt, qk, D, p, &t, s[cur]);
                 if (pending) {
                     if (PF_IN_ADDRESS_ORDER(dt))
                         prev.pfv = t.pfv;
@@ -297,7 +336,7 @@ AI void attend_impl(const pkv_dtype dt, const bool qd, const uint32_t D, const p
         name##_body(128, p, pages, n_pages, last_tokens, group0, n_groups, x);            \
     }
 #define WALK_EXACT(dt) \
-    attend_impl(dt, false, D, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL)
+    attend_impl(dt, QK_F32, D, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL)
 
 #if PKVI_WALK_QUANT_DOT || PKVI_WALK_PERMUTED_BF16 || PKVI_WALK_PERMUTED_Q4
 /* Bytes of prepared q a call holds on its stack - quantized (int8; the scales add 1/8
@@ -333,8 +372,8 @@ AI void qd_permute(const pkv_dtype dt, int8_t *qi, uint32_t dpad)
     }
 }
 
-/* The stack scratch of prepared q: qi [heads][dpad] and qs [heads][nb] (quant_dot), or
- * qf [heads][d] (a permuted dtype). */
+/* The stack scratch of prepared q: qi [heads][qk_bytes][dpad] and qs [heads][nb]
+ * (QK_INT, QK_LIMBS), or qf [heads][d] (a permuted dtype). */
 typedef struct {
     _Alignas(64) union {
         int8_t qi[PREP_SCRATCH_BYTES];
@@ -344,15 +383,22 @@ typedef struct {
 } prep_scratch;
 
 /* Head q (d values) into slot k of the scratch: quantized (qdot256.h's qd_quant_query,
- * pkvi_quant_query's bits, as ref.c)
- * and qd_permute'd, or q_permute'd. */
-AI void prep_head(const pkv_dtype dt, const bool qd, uint32_t d, const float *q,
+ * pkvi_quant_query's bits, as ref.c) and qd_permute'd, cut into limbs (each limb
+ * qd_permute'd), or q_permute'd. */
+AI void prep_head(const pkv_dtype dt, const qk_kind qk, uint32_t d, const float *q,
                   prep_scratch *ps, size_t k)
 {
     const uint32_t nb = (d + 31) / 32, dpad = nb * 32;
-    if (qd) {
+    if (qk == QK_INT) {
         qd_quant_query(d, q, ps->u.qi + k * dpad, ps->qs + k * nb);
         qd_permute(dt, ps->u.qi + k * dpad, dpad);
+#if PKVI_WALK_LIMBS
+    } else if (qk == QK_LIMBS) {
+        int8_t *ql = ps->u.qi + k * QL_LIMBS * dpad;
+        ql_prep_head(d, q, ql, ps->qs + k * nb);
+        for (uint32_t r = 0; r < QL_LIMBS; r++)
+            qd_permute(dt, ql + r * dpad, dpad);
+#endif
     } else {
         q_permute(dt, q, ps->u.qf + k * d, d);
     }
@@ -360,13 +406,16 @@ AI void prep_head(const pkv_dtype dt, const bool qd, uint32_t d, const float *q,
 
 /* The walk of a path whose q is prepared first (the integer dot, or a permuted dtype):
  * prepare the call's heads, then walk in runs whose prepared q fits the scratch. */
-AI void attend_prep(const pkv_dtype dt, const bool qd, const uint32_t D, const pkvi_kparams *p,
-                    const void *const *pages, uint32_t n_pages, uint32_t last_tokens,
-                    uint32_t group0, uint32_t n_groups, const pkvi_heads *x)
+AI void attend_prep(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
+                    const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
+                    uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
+                    const pkvi_heads *x)
 {
     const uint32_t d = WALK_DK(p, D), dv = WALK_DV(p, D), H = p->hg, nb = (d + 31) / 32;
+    const bool qd = qk != QK_F32;
     /* heads that fit: >= 2 for f32 and >= 8 for int8 at PKVI_MAX_HEAD_DIM */
-    const uint32_t fit = PREP_SCRATCH_BYTES / (qd ? nb * 32 : d * (uint32_t)sizeof(float));
+    const uint32_t fit = PREP_SCRATCH_BYTES / (qd ? qk_bytes(qk) * nb * 32
+                                                  : d * (uint32_t)sizeof(float));
     prep_scratch ps;
     const int8_t *qi = qd ? ps.u.qi : NULL;
     const float *qs = qd ? ps.qs : NULL;
@@ -376,7 +425,7 @@ AI void attend_prep(const pkv_dtype dt, const bool qd, const uint32_t D, const p
             const uint32_t ng = n_groups - g < per ? n_groups - g : per;
             for (uint32_t i = 0; i < ng; i++)
                 for (uint32_t h = 0; h < H; h++)
-                    prep_head(dt, qd, d, x->q + (g + i) * x->q_stride + (size_t)h * d, &ps,
+                    prep_head(dt, qk, d, x->q + (g + i) * x->q_stride + (size_t)h * d, &ps,
                               (size_t)i * H + h);
             const pkvi_heads xs = {
                 .q = qd ? x->q + g * x->q_stride : ps.u.qf,
@@ -384,7 +433,7 @@ AI void attend_prep(const pkv_dtype dt, const bool qd, const uint32_t D, const p
                 .acc = x->acc + g * x->st_stride,
                 .q_stride = qd ? x->q_stride : H * d, .st_stride = x->st_stride,
             };
-            attend_impl(dt, qd, D, p, pages, n_pages, last_tokens, group0 + g, ng, &xs, qi, qs);
+            attend_impl(dt, qk, D, p, pages, n_pages, last_tokens, group0 + g, ng, &xs, qi, qs);
         }
         return;
     }
@@ -393,14 +442,14 @@ AI void attend_prep(const pkv_dtype dt, const bool qd, const uint32_t D, const p
         for (uint32_t h0 = 0; h0 < H; h0 += fit) {
             ph.hg = H - h0 < fit ? H - h0 : fit;
             for (uint32_t h = 0; h < ph.hg; h++)
-                prep_head(dt, qd, d, x->q + g * x->q_stride + (size_t)(h0 + h) * d, &ps, h);
+                prep_head(dt, qk, d, x->q + g * x->q_stride + (size_t)(h0 + h) * d, &ps, h);
             const pkvi_heads xs = {
                 .q = qd ? x->q + g * x->q_stride + (size_t)h0 * d : ps.u.qf,
                 .m = x->m + g * x->st_stride + h0, .l = x->l + g * x->st_stride + h0,
                 .acc = x->acc + g * x->st_stride + (size_t)h0 * dv,
                 .q_stride = x->q_stride, .st_stride = x->st_stride,
             };
-            attend_impl(dt, qd, D, &ph, pages, n_pages, last_tokens, group0 + g, 1, &xs, qi, qs);
+            attend_impl(dt, qk, D, &ph, pages, n_pages, last_tokens, group0 + g, 1, &xs, qi, qs);
         }
 }
 #endif
@@ -408,12 +457,13 @@ AI void attend_prep(const pkv_dtype dt, const bool qd, const uint32_t D, const p
 /* bf16 on a kernel whose QK reads q permuted (PKVI_WALK_PERMUTED_BF16) walks with q
  * prepared */
 #if PKVI_WALK_QUANT_DOT || PKVI_WALK_PERMUTED_BF16 || PKVI_WALK_PERMUTED_Q4
-/* the walk of dtype dt with the call's q prepared first: quantized (qd) or permuted */
-#define WALK_PREP(dt, qd) \
-    attend_prep(dt, qd, D, p, pages, n_pages, last_tokens, group0, n_groups, x)
+/* the walk of dtype dt with the call's q prepared first: quantized (QK_INT), cut into
+ * limbs (QK_LIMBS) or permuted (QK_F32) */
+#define WALK_PREP(dt, qk) \
+    attend_prep(dt, qk, D, p, pages, n_pages, last_tokens, group0, n_groups, x)
 #endif
 #if PKVI_WALK_PERMUTED_BF16
-#define WALK_BF16 WALK_PREP(PKV_BF16, false)
+#define WALK_BF16 WALK_PREP(PKV_BF16, QK_F32)
 #else
 #define WALK_BF16 WALK_EXACT(PKV_BF16)
 #endif
@@ -421,17 +471,25 @@ WALK_FN(attend_f32, WALK_EXACT(PKV_F32))
 WALK_FN(attend_f16, WALK_EXACT(PKV_F16))
 WALK_FN(attend_bf16, WALK_BF16)
 #if PKVI_WALK_BLOCK_TYPES
-WALK_FN_D128(attend_q8, WALK_EXACT(PKV_Q8))
 #if PKVI_WALK_PERMUTED_Q4 /* its QK reads q permuted: walk with q prepared */
-WALK_FN_D128(attend_q4, WALK_PREP(PKV_Q4, false))
+#define WALK_Q4_F32 WALK_PREP(PKV_Q4, QK_F32)
 #else
-WALK_FN_D128(attend_q4, WALK_EXACT(PKV_Q4))
+#define WALK_Q4_F32 WALK_EXACT(PKV_Q4)
 #endif
+#if PKVI_WALK_LIMBS /* the exact scores from limbs where every block is whole */
+#define WALK_Q8 (WALK_DK(p, D) % 32 == 0 ? WALK_PREP(PKV_Q8, QK_LIMBS) : WALK_EXACT(PKV_Q8))
+#define WALK_Q4 (WALK_DK(p, D) % 32 == 0 ? WALK_PREP(PKV_Q4, QK_LIMBS) : WALK_Q4_F32)
+#else
+#define WALK_Q8 WALK_EXACT(PKV_Q8)
+#define WALK_Q4 WALK_Q4_F32
+#endif
+WALK_FN_D128(attend_q8, WALK_Q8)
+WALK_FN_D128(attend_q4, WALK_Q4)
 #endif
 
 #if PKVI_WALK_QUANT_DOT
-WALK_FN_D128(attend_qd_q8, WALK_PREP(PKV_Q8, true))
-WALK_FN_D128(attend_qd_q4, WALK_PREP(PKV_Q4, true))
+WALK_FN_D128(attend_qd_q8, WALK_PREP(PKV_Q8, QK_INT))
+WALK_FN_D128(attend_qd_q4, WALK_PREP(PKV_Q4, QK_INT))
 #endif
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,

@@ -178,39 +178,59 @@ static void run_kernel(const pkvi_kernels *k, const layer *L, uint32_t group, co
  *       d/16 + 4 for AVX-512: bounded here by d + 4 for every variant),
  *   E = 4u: the relative error of exp (2 ulp),
  *   T the tiles folded. Two implementations differ by at most twice that. */
-static double bound(const layer *L, uint32_t group, const float *q)
+/* The magnitudes the bounds take, over the tokens and heads of one group: S (above),
+ * Dl = max scale * sum_b (2^-22 a_b + 2^-150) sum_{c in b} |k_c| (limb_bound, below;
+ * whole blocks of 32 only, a_b the block's largest |q|), and max|V|. */
+typedef struct {
+    double S, Dl, vmax;
+} magnitudes;
+
+static magnitudes magnitudes_of(const layer *L, uint32_t group, const float *q)
 {
     const uint32_t hg = L->kp.hg, d = L->kp.head_dim, n = L->n;
-    double S = 0, vmax = 0;
+    magnitudes m = {0, 0, 0};
     for (uint32_t t = 0; t < n; t++) {
         const float *kt = L->K + ((size_t)t * L->g + group) * d;
         const float *vt = L->V + ((size_t)t * L->g + group) * d;
         for (uint32_t h = 0; h < hg; h++) {
-            double s = 0;
+            const float *qh = q + (size_t)h * d;
+            double s = 0, dl = 0;
             for (uint32_t c = 0; c < d; c++)
-                s += fabs((double)q[(size_t)h * d + c] * kt[c]);
-            s *= L->kp.scale;
-            if (s > S)
-                S = s;
+                s += fabs((double)qh[c] * kt[c]);
+            for (uint32_t b = 0; b + 32 <= d; b += 32) {
+                double a = 0, ks = 0;
+                for (uint32_t c = b; c < b + 32; c++) {
+                    a = fmax(a, fabs((double)qh[c]));
+                    ks += fabs((double)kt[c]);
+                }
+                dl += (0x1p-22 * a + 0x1p-150) * ks;
+            }
+            m.S = fmax(m.S, s * L->kp.scale);
+            m.Dl = fmax(m.Dl, dl * L->kp.scale);
         }
         for (uint32_t c = 0; c < d; c++)
-            if (fabs(vt[c]) > vmax)
-                vmax = fabs(vt[c]);
+            m.vmax = fmax(m.vmax, fabs((double)vt[c]));
     }
+    return m;
+}
+
+static double bound(const layer *L, uint32_t group, const float *q)
+{
+    const uint32_t d = L->kp.head_dim, n = L->n;
+    const magnitudes m = magnitudes_of(L, group, q);
     const uint32_t bt = L->kp.block_tokens;
     const uint32_t tiles_per_page = (bt + PKVI_TILE - 1) / PKVI_TILE;
     const double T = (double)(L->n_pages - 1) * tiles_per_page +
                      (last_tokens(L) + PKVI_TILE - 1) / PKVI_TILE;
-    const double D = (d + 4 + 1) * U * S, E = 4 * U;
-    return vmax * (2 * D + 2 * E + (3.0 * n + 3 * T + 1) * U);
+    const double D = (d + 4 + 1) * U * m.S, E = 4 * U;
+    return m.vmax * (2 * D + 2 * E + (3.0 * n + 3 * T + 1) * U);
 }
 
 /* What the exact Q8/Q4 scores of the avx512vnni table add to it where every block of
  * the row is whole (docs/numerics.md section 4): q is held per block as integers times
- * 2^e, each value within 2^-22 a_b of itself (a_b the block's largest |q|; 2^-150 for
- * blocks under 2^-128), so each score moves by up to
- *   D_l = scale * sum_b (2^-22 a_b + 2^-150) * sum_{c in b} |k_c|,
- * and the output by 2 D_l max|V|. 0 for every other table, dtype or shape. */
+ * 2^e, each value within 2^-22 a_b of itself (2^-150 for blocks under 2^-128), so each
+ * score moves by up to Dl and the output by 2 Dl max|V|. 0 for every other table,
+ * dtype or shape. */
 static bool uses_limbs(const pkvi_kernels *k, const layer *L)
 {
     const pkv_dtype dt = L->kp.dtype;
@@ -223,27 +243,8 @@ static double limb_bound(const pkvi_kernels *k, const layer *L, uint32_t group,
 {
     if (!uses_limbs(k, L))
         return 0;
-    const uint32_t hg = L->kp.hg, d = L->kp.head_dim, n = L->n;
-    double Dl = 0, vmax = 0;
-    for (uint32_t t = 0; t < n; t++) {
-        const float *kt = L->K + ((size_t)t * L->g + group) * d;
-        const float *vt = L->V + ((size_t)t * L->g + group) * d;
-        for (uint32_t h = 0; h < hg; h++) {
-            double s = 0;
-            for (uint32_t b = 0; b < d; b += 32) {
-                double a = 0, ks = 0;
-                for (uint32_t c = b; c < b + 32; c++) {
-                    a = fmax(a, fabs((double)q[(size_t)h * d + c]));
-                    ks += fabs((double)kt[c]);
-                }
-                s += (0x1p-22 * a + 0x1p-150) * ks;
-            }
-            Dl = fmax(Dl, s * L->kp.scale);
-        }
-        for (uint32_t c = 0; c < d; c++)
-            vmax = fmax(vmax, fabs((double)vt[c]));
-    }
-    return 2 * Dl * vmax;
+    const magnitudes m = magnitudes_of(L, group, q);
+    return 2 * m.Dl * m.vmax;
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n)

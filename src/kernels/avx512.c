@@ -839,10 +839,12 @@ AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
             const __m512i Q = _mm512_cvt_roundps_epi32(
                 _mm512_scalef_ps(v[u], sc), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             _mm_storeu_si128((void *)(ql + i + 16 * u), _mm512_cvtepi32_epi8(Q));
+            /* the low byte of Q >> 8 and of Q >> 16: a logical shift gives the same
+             * bits as an arithmetic one below 24 */
             _mm_storeu_si128((void *)(ql + d + i + 16 * u),
-                             _mm512_cvtepi32_epi8(_mm512_srai_epi32(Q, 8)));
+                             _mm512_cvtepi32_epi8(_mm512_srli_epi32(Q, 8)));
             _mm_storeu_si128((void *)(ql + 2 * (size_t)d + i + 16 * u),
-                             _mm512_cvtepi32_epi8(_mm512_srai_epi32(Q, 16)));
+                             _mm512_cvtepi32_epi8(_mm512_srli_epi32(Q, 16)));
         }
     }
 }

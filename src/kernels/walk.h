@@ -42,8 +42,6 @@
 #define WALK_DK(p, D) ((D) ? (D) : (p)->head_dim)
 #define WALK_DV(p, D) ((D) ? (D) : PKVI_DV(p))
 
-/* One tile of the walk: n <= PKVI_TILE rows of one group of one page, the heads and
- * state it folds into, and the rows of the unit `dist` ahead to prefetch (or NULL). */
 /* How a walk forms its scores: from f32 q (the exact path's loads), from q rounded to
  * int8 (the integer dot, quant_dot = 1), or from q cut into integer limbs (the exact
  * path of a file with PKVI_WALK_LIMBS, where every block of the row is whole). */
@@ -58,6 +56,8 @@ AI uint32_t qk_bytes(const qk_kind qk)
     return qk == QK_LIMBS ? QL_LIMBS : 1u;
 }
 
+/* One tile of the walk: n <= PKVI_TILE rows of one group of one page, the heads and
+ * state it folds into, and the rows of the unit `dist` ahead to prefetch (or NULL). */
 typedef struct {
     const char *k, *v, *pfk, *pfv;
     const float *q;

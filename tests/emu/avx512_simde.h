@@ -4,7 +4,7 @@
  *
  * meson force-includes this header into avx512.c, compiled for AVX2. SIMDe's portable
  * AVX-512 (libsimde-dev, its native aliases) stands in for the _mm512_* intrinsics;
- * below are the fourteen this kernel uses that SIMDe 0.7.4 lacks, written lane by lane from
+ * below are the seventeen this kernel uses that SIMDe 0.7.4 lacks, written lane by lane from
  * Intel's definitions. The masked loads and stores touch only the lanes their mask
  * selects, as the hardware's fault suppression does, so ASan and valgrind see the same
  * reads. Emulation checks the kernel's logic (tiles, tails, masks, walk, integer dots)
@@ -21,6 +21,7 @@
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -98,6 +99,49 @@ AI_EMU __m256i pkve_mm512_cvtepi32_epi16(__m512i v)
     return r;
 }
 #define _mm512_cvtepi32_epi16(v) pkve_mm512_cvtepi32_epi16(v)
+
+/* Truncation of each 32-bit lane to its low 8 bits (vpmovdb). */
+AI_EMU __m128i pkve_mm512_cvtepi32_epi8(__m512i v)
+{
+    int32_t x[16];
+    uint8_t a[16];
+    pkve_to16i(x, v);
+    for (int i = 0; i < 16; i++)
+        a[i] = (uint8_t)(uint32_t)x[i];
+    __m128i r;
+    memcpy(&r, a, sizeof r);
+    return r;
+}
+#define _mm512_cvtepi32_epi8(v) pkve_mm512_cvtepi32_epi8(v)
+
+/* f32 to int32 rounded to nearest, ties to even, whatever MXCSR says (the only rounding
+ * the kernel asks of vcvtps2dq with an embedded rounding mode); out of range or NaN
+ * gives INT32_MIN, the hardware's integer indefinite. */
+AI_EMU __m512i pkve_mm512_cvt_roundps_epi32_nearest(__m512 v)
+{
+    float x[16];
+    int32_t a[16];
+    pkve_to16f(x, v);
+    for (int i = 0; i < 16; i++) {
+        const float r = x[i] - remainderf(x[i], 1.0f); /* nearest, ties to even */
+        a[i] = r >= -2147483648.0f && r < 2147483648.0f ? (int32_t)r : INT32_MIN;
+    }
+    return pkve_from16i(a);
+}
+#define _mm512_cvt_roundps_epi32(v, r) pkve_mm512_cvt_roundps_epi32_nearest(v)
+
+/* The largest of 16 lanes (a NaN lane may or may not win: the kernel tests for NaN
+ * itself). */
+AI_EMU float pkve_mm512_reduce_max_ps(__m512 v)
+{
+    float x[16];
+    pkve_to16f(x, v);
+    float m = x[0];
+    for (int i = 1; i < 16; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+#define _mm512_reduce_max_ps(v) pkve_mm512_reduce_max_ps(v)
 
 AI_EMU __mmask16 pkve_mm512_cmpgt_epu32_mask(__m512i a, __m512i b)
 {

@@ -815,17 +815,17 @@ AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
                                                            _mm512_and_ps(v[1], absm)));
         const __mmask16 nan = _mm512_cmp_ps_mask(v[0], v[0], _CMP_UNORD_Q) |
                               _mm512_cmp_ps_mask(v[1], v[1], _CMP_UNORD_Q);
-        uint32_t bits;
-        memcpy(&bits, &a, sizeof bits);
         int e = -149;
         if (nan || !(a <= 3.4028235e38f)) { /* max drops a NaN lane: each lane is tested */
             qs[b] = NAN;
-        } else if (a >= 0x1p-126f) { /* normal: ilogb from the exponent field */
-            e = (int)(bits >> 23) - 127 - 21;
-            qs[b] = ldexp_pow2(e);
         } else {
-            if (a > 0.0f && ilogbf(a) - 21 > e)
-                e = ilogbf(a) - 21;
+            if (a >= 0x1p-126f) { /* normal: ilogb from the exponent field */
+                uint32_t bits;
+                memcpy(&bits, &a, sizeof bits);
+                e = (int)(bits >> 23) - 127 - 21;
+            } else if (a > 0.0f) { /* subnormal: libm, clamped at 2^-149 */
+                e = ilogbf(a) - 21 > e ? ilogbf(a) - 21 : e;
+            }
             qs[b] = ldexp_pow2(e);
         }
         if (!(qs[b] >= 0.0f)) {

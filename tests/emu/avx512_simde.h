@@ -86,30 +86,35 @@ AI_EMU __m512i pkve_mm512_cvtepu16_epi32(__m256i h)
 }
 #define _mm512_cvtepu16_epi32(h) pkve_mm512_cvtepu16_epi32(h)
 
-/* Truncation of each 32-bit lane to its low 16 bits (vpmovdw). */
-AI_EMU __m256i pkve_mm512_cvtepi32_epi16(__m512i v)
+/* 16 lanes of 32 bits truncated to their low 8 or 16 bits, stored at p (vpmovd{b,w}):
+ * pkve_widen16's inverse. */
+AI_EMU void pkve_narrow16(void *p, __m512i v, int bits)
 {
     int32_t x[16];
-    uint16_t a[16];
     pkve_to16i(x, v);
-    for (int i = 0; i < 16; i++)
-        a[i] = (uint16_t)(uint32_t)x[i];
+    for (int i = 0; i < 16; i++) {
+        const uint32_t u = (uint32_t)x[i];
+        if (bits == 8) {
+            ((unsigned char *)p)[i] = (unsigned char)u;
+        } else {
+            const uint16_t h = (uint16_t)u;
+            memcpy((char *)p + 2 * i, &h, sizeof h);
+        }
+    }
+}
+
+AI_EMU __m256i pkve_mm512_cvtepi32_epi16(__m512i v)
+{
     __m256i r;
-    memcpy(&r, a, sizeof r);
+    pkve_narrow16(&r, v, 16);
     return r;
 }
 #define _mm512_cvtepi32_epi16(v) pkve_mm512_cvtepi32_epi16(v)
 
-/* Truncation of each 32-bit lane to its low 8 bits (vpmovdb). */
 AI_EMU __m128i pkve_mm512_cvtepi32_epi8(__m512i v)
 {
-    int32_t x[16];
-    uint8_t a[16];
-    pkve_to16i(x, v);
-    for (int i = 0; i < 16; i++)
-        a[i] = (uint8_t)(uint32_t)x[i];
     __m128i r;
-    memcpy(&r, a, sizeof r);
+    pkve_narrow16(&r, v, 8);
     return r;
 }
 #define _mm512_cvtepi32_epi8(v) pkve_mm512_cvtepi32_epi8(v)

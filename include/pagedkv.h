@@ -142,7 +142,8 @@ typedef struct pkv_session pkv_session;
 PKV_API pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out);
 /* Why pkv_engine_create would refuse cfg: runs the same checks (geometry, limits,
  * dtype, scale, variants, page size, budget, spill_dir, PKV_FORCE_ISA, the
- * environment variable that forces the kernels: scalar, avx2, avx512 or avx512vnni, and
+ * environment variable that forces the kernels: scalar, avx2, avx2vnni, avx512 or
+ * avx512vnni, and
  * PKV_PREFETCH, which forces where the kernels' software prefetches go: l1 or l2; it
  * never changes a result, docs/reliability.md) and returns
  * the same status, writing a one-line English reason into why (why_size bytes,
@@ -213,7 +214,8 @@ typedef struct {
 PKV_API pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out);
 
 typedef struct {
-    const char *isa;           /* kernels in use: "scalar", "avx2", "avx512", "avx512vnni" */
+    const char *isa;           /* kernels in use: "scalar", "avx2", "avx2vnni", "avx512",
+                                  "avx512vnni" */
     const char *io_backend;    /* "io_uring", "sync", or "none" without spill_dir */
     uint64_t pages_in_use, pages_free, pages_spilled;
     uint64_t page_bytes;       /* bytes of one page */

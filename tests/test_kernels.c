@@ -26,11 +26,11 @@
 
 /* The kernels this run tests, filled by main() before any test runs (Check forks
  * after that, so every test sees them): with PKV_FORCE_ISA=isa only that table
- * (meson registers kernels-scalar, kernels-avx2, kernels-avx512, kernels-avx512vnni,
- * and pkvt_run turns an ISA the host lacks into a skip), else every table built here
- * that the host runs. all[]: in the order scalar, avx2, avx512, avx512vnni;
- * simd_tables[]: the non-scalar ones. */
-#define N_SIMD_MAX 3
+ * (meson registers kernels-scalar, kernels-avx2, kernels-avx2vnni, kernels-avx512,
+ * kernels-avx512vnni, and pkvt_run turns an ISA the host lacks into a skip), else every
+ * table built here that the host runs. all[]: in the order scalar, avx2, avx2vnni,
+ * avx512, avx512vnni; simd_tables[]: the non-scalar ones. */
+#define N_SIMD_MAX 4
 static const pkvi_kernels *all[1 + N_SIMD_MAX];
 static size_t n_all;
 static const pkvi_kernels *simd_tables[N_SIMD_MAX];
@@ -226,7 +226,7 @@ static double bound(const layer *L, uint32_t group, const float *q)
     return m.vmax * (2 * D + 2 * E + (3.0 * n + 3 * T + 1) * U);
 }
 
-/* What the exact Q8/Q4 scores of the avx512vnni table add to it where every block of
+/* What the exact Q8/Q4 scores of the VNNI tables add to it where every block of
  * the row is whole (docs/numerics.md section 4): q is held per block as integers times
  * 2^e, each value within 2^-22 a_b of itself (2^-150 for blocks under 2^-128), so each
  * score moves by up to Dl and the output by 2 Dl max|V|. 0 for every other table,
@@ -234,7 +234,8 @@ static double bound(const layer *L, uint32_t group, const float *q)
 static bool uses_limbs(const pkvi_kernels *k, const layer *L)
 {
     const pkv_dtype dt = L->kp.dtype;
-    return strcmp(k->isa, "avx512vnni") == 0 && (dt == PKV_Q8 || dt == PKV_Q4) &&
+    return (strcmp(k->isa, "avx512vnni") == 0 || strcmp(k->isa, "avx2vnni") == 0) &&
+           (dt == PKV_Q8 || dt == PKV_Q4) &&
            !L->kp.quant_dot && L->kp.head_dim % 32 == 0;
 }
 
@@ -448,66 +449,93 @@ START_TEST(quant_vs_scalar)
 }
 END_TEST
 
-/* avx512vnni is avx512.c compiled again with vpdpbusd in the integer-dot scores, whose
- * isums are the same integers: on every dtype and path the two tables give the same
- * bits (not merely results within the bound), -mavx512vnni having changed nothing
- * else - but for the exact Q8/Q4 scores of rows whose blocks are all whole, which the
- * avx512vnni table forms from integer limbs of q (other arithmetic: quant_vs_scalar
- * and limb_queries hold it to its bound). Runs where this run tests avx512vnni,
- * against the avx512 table (a host with VNNI has it). */
+/* The VNNI tables against the tables they extend, bit for bit (not merely within the
+ * bound). avx512vnni is avx512.c compiled again with vpdpbusd in the integer-dot
+ * scores, whose isums are the same integers: on every dtype and path the two give the
+ * same bits, -mavx512vnni having changed nothing else. avx2vnni is avx2.c compiled
+ * again with a transposed tile for Q8/Q4 rows whose blocks are all whole: its
+ * integer-dot scores are avx2's integers under the same arithmetic, and every other
+ * dtype or shape is avx2's code. Both VNNI tables form the exact Q8/Q4 scores of whole
+ * blocks from integer limbs of q, other arithmetic than their partners' f32 scores:
+ * quant_vs_scalar and limb_queries hold those to their bound. (avx2vnni's limb scores
+ * are avx512vnni's operation for operation, but the two tables' softmax and V sums are
+ * not the same code, so their outputs are not compared here.) Runs where this run
+ * tests a VNNI table, against its partner (a host with avx512vnni has avx512, one with
+ * avx2vnni has avx2). */
+static const struct {
+    const char *isa, *partner;
+} vnni_pairs[] = {
+    {"avx512vnni", "avx512"},
+    {"avx2vnni", "avx2"},
+};
+
+/* Whether a VNNI table and its partner give the same bits for dtype dt, head_dim d and
+ * path qdot. */
+static bool vnni_pair_covers(pkv_dtype dt, uint32_t d, uint32_t qdot)
+{
+    const bool block = dt == PKV_Q8 || dt == PKV_Q4;
+    if (qdot && !block)
+        return false;
+    return !(block && !qdot && d % 32 == 0); /* the limbs against f32 scores */
+}
+
 START_TEST(vnni_same_bits)
 {
     static const uint32_t ds[] = {3, 31, 32, 64, 96, 128, 130};
     static const uint32_t bts[] = {1, 16};
     static const pkv_dtype qt[] = {PKV_Q8, PKV_Q4, PKV_F32, PKV_F16, PKV_BF16};
-    const pkvi_kernels *plain = pkvi_kernels_named("avx512");
     size_t compared = 0;
-    for (size_t i = 0; i < N_SIMD; i++) {
-        if (strcmp(simd_tables[i]->isa, "avx512vnni") != 0)
-            continue;
-        ck_assert_msg(plain && pkvi_isa_supported("avx512"),
-                      "avx512vnni runs here but avx512 does not");
-        const uint64_t seed = pkvt_seed();
-        pkvt_rng r;
-        pkvt_rng_init(&r, seed ^ 0x7a);
-        for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++)
-            for (uint32_t hg = 1; hg <= 8; hg *= 2)
-                for (size_t bi = 0; bi < sizeof bts / sizeof bts[0]; bi++)
-                    for (size_t ti = 0; ti < sizeof qt / sizeof qt[0] * 2; ti++) {
-                        const uint32_t d = ds[di], bt = bts[bi], n = 3 * bt + 2;
-                        const pkv_dtype dt = qt[ti / 2];
-                        const uint32_t qdot = (uint32_t)(ti % 2);
-                        if (qdot && dt != PKV_Q8 && dt != PKV_Q4)
-                            continue;
-                        if (!qdot && (dt == PKV_Q8 || dt == PKV_Q4) && d % 32 == 0)
-                            continue; /* the limbs */
-                        layer L;
-                        layer_build(&L, &r, 2, hg, d, bt, dt, n, 1.0f);
-                        L.kp.quant_dot = qdot;
-                        float *q = pkvt_alloc((size_t)hg * d * sizeof(float));
-                        float *a = pkvt_alloc((size_t)hg * d * sizeof(float));
-                        float *b = pkvt_alloc((size_t)hg * d * sizeof(float));
-                        pkvt_fill(&r, q, (size_t)hg * d, -2.0f, 2.0f);
-                        run_kernel(plain, &L, 1, q, a);
-                        run_kernel(simd_tables[i], &L, 1, q, b);
-                        ck_assert_msg(memcmp(a, b, (size_t)hg * d * sizeof(float)) == 0,
-                                      "avx512vnni and avx512 differ: d=%u hg=%u bt=%u %s "
-                                      "quant_dot %u (seed 0x%llx)",
-                                      d, hg, bt, pkv_dtype_name(dt), qdot,
-                                      (unsigned long long)seed);
-                        compared++;
-                        free(q);
-                        free(a);
-                        free(b);
-                        layer_free(&L);
-                    }
-    }
+    for (size_t i = 0; i < N_SIMD; i++)
+        for (size_t p = 0; p < sizeof vnni_pairs / sizeof vnni_pairs[0]; p++) {
+            if (strcmp(simd_tables[i]->isa, vnni_pairs[p].isa) != 0)
+                continue;
+            const pkvi_kernels *plain = pkvi_kernels_named(vnni_pairs[p].partner);
+            ck_assert_msg(plain && pkvi_isa_supported(vnni_pairs[p].partner),
+                          "%s runs here but %s does not", vnni_pairs[p].isa,
+                          vnni_pairs[p].partner);
+            const uint64_t seed = pkvt_seed();
+            pkvt_rng r;
+            pkvt_rng_init(&r, seed ^ 0x7a);
+            size_t pair_compared = 0;
+            for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++)
+                for (uint32_t hg = 1; hg <= 8; hg *= 2)
+                    for (size_t bi = 0; bi < sizeof bts / sizeof bts[0]; bi++)
+                        for (size_t ti = 0; ti < sizeof qt / sizeof qt[0] * 2; ti++) {
+                            const uint32_t d = ds[di], bt = bts[bi], n = 3 * bt + 2;
+                            const pkv_dtype dt = qt[ti / 2];
+                            const uint32_t qdot = (uint32_t)(ti % 2);
+                            if (!vnni_pair_covers(dt, d, qdot))
+                                continue;
+                            layer L;
+                            layer_build(&L, &r, 2, hg, d, bt, dt, n, 1.0f);
+                            L.kp.quant_dot = qdot;
+                            float *q = pkvt_alloc((size_t)hg * d * sizeof(float));
+                            float *a = pkvt_alloc((size_t)hg * d * sizeof(float));
+                            float *b = pkvt_alloc((size_t)hg * d * sizeof(float));
+                            pkvt_fill(&r, q, (size_t)hg * d, -2.0f, 2.0f);
+                            run_kernel(plain, &L, 1, q, a);
+                            run_kernel(simd_tables[i], &L, 1, q, b);
+                            ck_assert_msg(memcmp(a, b, (size_t)hg * d * sizeof(float)) == 0,
+                                          "%s and %s differ: d=%u hg=%u bt=%u %s "
+                                          "quant_dot %u (seed 0x%llx)",
+                                          vnni_pairs[p].isa, vnni_pairs[p].partner, d, hg, bt,
+                                          pkv_dtype_name(dt), qdot, (unsigned long long)seed);
+                            pair_compared++;
+                            free(q);
+                            free(a);
+                            free(b);
+                            layer_free(&L);
+                        }
+            printf("vnni_same_bits: %s against %s, %zu shapes bitwise\n", vnni_pairs[p].isa,
+                   vnni_pairs[p].partner, pair_compared);
+            compared += pair_compared;
+        }
     printf("vnni_same_bits: %zu shapes compared bitwise%s\n", compared,
-           compared ? "" : " (this run does not test avx512vnni)");
+           compared ? "" : " (this run tests no VNNI table)");
 }
 END_TEST
 
-/* The exact Q8/Q4 scores from integer limbs of q (avx512vnni, whole blocks) on the
+/* The exact Q8/Q4 scores from integer limbs of q (the VNNI tables, whole blocks) on the
  * queries fixed point handles worst, against the scalar kernel: a block's largest value
  * 10^7 times the rest (those keep 2^-22 of the largest), subnormal q (held exactly),
  * huge q, zero blocks, one value per block; and a NaN or an infinity in one head, which
@@ -602,8 +630,8 @@ START_TEST(limb_queries)
 END_TEST
 
 /* The walks that prepare a call's q on their stack first (walk.h, 32 KiB: the integer
- * dot quantizes it, AVX2 bf16 and AVX-512 exact Q4 permute it, avx512vnni's exact Q8/Q4
- * cut it into limbs) walk a call too large for it in runs of groups, or of heads of
+ * dot quantizes it, AVX2 bf16 and AVX-512 exact Q4 permute it, the VNNI tables' exact
+ * Q8/Q4 cut it into limbs) walk a call too large for it in runs of groups, or of heads of
  * one group: one call over all groups, with such sizes, against
  * the scalar kernel group by group. A run indexing the wrong heads or states is far
  * outside the bound. */
@@ -622,7 +650,7 @@ START_TEST(prepared_q_scratch_runs)
         {24, 3, 3, PKV_BF16, 0}, /* one 16-value block and a tail of 8 */
         {128, 4, 20, PKV_Q4, 0}, {200, 64, 5, PKV_Q4, 0}, {4096, 9, 2, PKV_Q4, 0},
         {40, 3, 3, PKV_Q4, 0}, /* one whole block and a tail of 8 */
-        /* exact Q8/Q4 q as three limbs a value (avx512vnni, whole blocks): runs of 21
+        /* exact Q8/Q4 q as three limbs a value (VNNI tables, whole blocks): runs of 21
          * groups; of 42 heads; of 2 heads */
         {128, 4, 22, PKV_Q8, 0}, {256, 64, 3, PKV_Q8, 0}, {4096, 9, 2, PKV_Q8, 0},
     };
@@ -1257,22 +1285,25 @@ START_TEST(dispatch_select)
     ck_assert(!pkvi_isa_supported("sse9"));
     ck_assert(!pkvi_isa_supported(NULL));
     /* the best available: avx512vnni, then avx512 if supported (and not emulated,
-     * which only PKV_FORCE_ISA picks), else avx2, else scalar */
+     * which only PKV_FORCE_ISA picks), else avx2vnni, avx2, scalar */
     const char *best = pkvi_isa_supported("avx512vnni") && !PKV_AVX512_EMULATED ? "avx512vnni"
                        : pkvi_isa_supported("avx512") && !PKV_AVX512_EMULATED ? "avx512"
+                       : pkvi_isa_supported("avx2vnni")                       ? "avx2vnni"
                        : pkvi_isa_supported("avx2")                           ? "avx2"
                                                                               : "scalar";
     if (!getenv("PKV_FORCE_ISA"))
         ck_assert_str_eq(k->isa, best);
-    printf("dispatch_select: host runs %s (avx2 %s, avx512 %s, avx512vnni %s)\n", k->isa,
-           pkvi_isa_supported("avx2") ? "yes" : "no", pkvi_isa_supported("avx512") ? "yes" : "no",
+    printf("dispatch_select: host runs %s (avx2 %s, avx2vnni %s, avx512 %s, avx512vnni %s)\n",
+           k->isa, pkvi_isa_supported("avx2") ? "yes" : "no",
+           pkvi_isa_supported("avx2vnni") ? "yes" : "no",
+           pkvi_isa_supported("avx512") ? "yes" : "no",
            pkvi_isa_supported("avx512vnni") ? "yes" : "no");
 }
 END_TEST
 
 START_TEST(force_isa)
 {
-    static const char *const names[] = {"scalar", "avx2", "avx512", "avx512vnni"};
+    static const char *const names[] = {"scalar", "avx2", "avx2vnni", "avx512", "avx512vnni"};
     char *saved = getenv("PKV_FORCE_ISA") ? strdup(getenv("PKV_FORCE_ISA")) : NULL;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         ck_assert_int_eq(setenv("PKV_FORCE_ISA", names[i], 1), 0);
@@ -1325,7 +1356,7 @@ static bool under_valgrind(void)
 
 START_TEST(isa_matches_cpuinfo)
 {
-    static const char *const names[] = {"avx2", "avx512", "avx512vnni"};
+    static const char *const names[] = {"avx2", "avx2vnni", "avx512", "avx512vnni"};
     size_t checked = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const bool lib = pkvi_isa_supported(names[i]);

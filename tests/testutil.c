@@ -260,6 +260,7 @@ const char *const pkvt_built_isas[] = {
     "scalar",
 #if PKV_HAVE_X86_KERNELS
     "avx2",
+    "avx2vnni",
     "avx512",
     "avx512vnni",
 #endif
@@ -319,6 +320,8 @@ int pkvt_cpuinfo_has_isa(const char *isa)
         return 1;
     if (strcmp(isa, "avx2") == 0)
         return cpuinfo_flags_have("avx avx2 fma f16c");
+    if (strcmp(isa, "avx2vnni") == 0)
+        return pkvt_cpuinfo_has_isa("avx2") == 1 && cpuinfo_flags_have("avx_vnni") == 1;
     if (strcmp(isa, "avx512") == 0) /* emulated (a test build): AVX2 is enough */
         return PKV_AVX512_EMULATED
                    ? pkvt_cpuinfo_has_isa("avx2")
@@ -844,7 +847,8 @@ static int check_requirements(void)
 {
     const char *isa = getenv("PKV_FORCE_ISA");
     if (isa && *isa) {
-        static const char *const known[] = {"scalar", "avx2", "avx512", "avx512vnni"};
+        static const char *const known[] = {"scalar", "avx2", "avx2vnni", "avx512",
+                                            "avx512vnni"};
         bool ok = false;
         for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
             ok = ok || strcmp(isa, known[i]) == 0;

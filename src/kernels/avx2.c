@@ -22,6 +22,7 @@
 #include "quant.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -640,6 +641,233 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, 
     }
 }
 
+#if PKVI_AVX2_VNNI
+/* ---- the Q8/Q4 scores of a whole tile, transposed (avx2vnni) -------------------------
+ * avx512.c's transposed tile (its comment says how) at half the width, for hosts with
+ * AVX-VNNI (vpdpbusd on ymm; Intel since Alder Lake, AMD since Zen 5): a tile's rows in
+ * two halves of 8 tokens, each block transposed so that lane t of kt[j] holds bytes
+ * 4j .. 4j+3 of row t's block; per head and limb one vpdpbusd per 4 values adds into 8
+ * tokens' lanes with no reduction across lanes. The arithmetic per token is
+ * avx512.c's, operation for operation, so the scores are the avx512vnni table's bit
+ * for bit: the integer-dot path (one limb, the avx2 table's bits too) and the exact
+ * path's limbs (three). */
+
+/* Q8 block of rows r0 .. r0+7 (rows at or past n read as 0, never loaded): an 8x8 dword
+ * transpose, lane t = row r0 + t. */
+AI void qv_kt_q8(const char *blk0, size_t row_bytes, uint32_t r0, uint32_t n, __m256i kt[8])
+{
+    __m256i z[8], t[8], u[8];
+    PKVI_UNROLL
+    for (uint32_t i = 0; i < 8; i++)
+        z[i] = r0 + i < n ? _mm256_loadu_si256((const void *)(blk0 + (r0 + i) * row_bytes + 2))
+                          : _mm256_setzero_si256();
+    PKVI_UNROLL
+    for (int i = 0; i < 8; i += 2) { /* rows i, i+1: dwords 0 1 | 4 5 and 2 3 | 6 7 */
+        t[i] = _mm256_unpacklo_epi32(z[i], z[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(z[i], z[i + 1]);
+    }
+    PKVI_UNROLL
+    for (int i = 0; i < 8; i += 4) { /* u[i + k]: rows i .. i+3, dwords k | k + 4 */
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    PKVI_UNROLL
+    for (int k = 0; k < 4; k++) {
+        kt[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+        kt[k + 4] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+    }
+}
+
+/* Q4 block of rows r0 .. r0+7: kt[j] lane t = row r0 + t's integers (nibble - 8) at
+ * positions 4j .. 4j+3 of kblock_bytes' order (low nibbles, then high). Rows i and
+ * i + 4 share a vector, a 4x4 dword transpose in each 128-bit lane, then the nibbles
+ * split. */
+AI void qv_kt_q4(const char *blk0, size_t row_bytes, uint32_t r0, uint32_t n, __m256i kt[8])
+{
+    __m256i z[4], t[4];
+    PKVI_UNROLL
+    for (uint32_t i = 0; i < 4; i++) {
+        const uint32_t a = r0 + i, b = r0 + i + 4;
+        const __m128i lo = a < n ? _mm_loadu_si128((const void *)(blk0 + a * row_bytes + 2))
+                                 : _mm_setzero_si128();
+        const __m128i hi = b < n ? _mm_loadu_si128((const void *)(blk0 + b * row_bytes + 2))
+                                 : _mm_setzero_si128();
+        z[i] = _mm256_set_m128i(hi, lo);
+    }
+    t[0] = _mm256_unpacklo_epi32(z[0], z[1]);
+    t[1] = _mm256_unpackhi_epi32(z[0], z[1]);
+    t[2] = _mm256_unpacklo_epi32(z[2], z[3]);
+    t[3] = _mm256_unpackhi_epi32(z[2], z[3]);
+    const __m256i p[4] = {_mm256_unpacklo_epi64(t[0], t[2]), _mm256_unpackhi_epi64(t[0], t[2]),
+                          _mm256_unpacklo_epi64(t[1], t[3]), _mm256_unpackhi_epi64(t[1], t[3])};
+    const __m256i m = _mm256_set1_epi8(15), e = _mm256_set1_epi8(8);
+    PKVI_UNROLL
+    for (int j = 0; j < 4; j++) {
+        kt[j] = _mm256_sub_epi8(_mm256_and_si256(p[j], m), e);
+        kt[j + 4] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(p[j], 4), m), e);
+    }
+}
+
+/* The scores of rows r0 .. min(r0 + 8, n) - 1 for HB heads whose q is NL limbs of int8
+ * per value (avx512.c's tile_scores_limbs: the last limb signed, the unsigned operand
+ * after a byte xor - stored so for NL = 3 -, 128 times each token's sum of k taken off;
+ * NL = 3 joins the limbs' exact isums as float(isum_2) 2^16 + float(isum_1 2^8 +
+ * isum_0)). Each block's terms are added in block order into a stack array, not
+ * registers: 16 ymm registers do not hold 4 heads' sums beside a block's 8 transposed
+ * vectors. */
+AI void tile8_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t r0,
+                           uint32_t n, const int8_t *ql, const float *qs, size_t dpad,
+                           uint32_t nb, float *s, const char *pf, const bool l2, const int HB,
+                           const int NL)
+{
+    const size_t bb = pkvi_quant_block_bytes(dt);
+    const size_t lines = (n * row_bytes + 63) / 64; /* half the lines each half */
+    const __m256i ones = _mm256_set1_epi8(1), flip = _mm256_set1_epi8(-128);
+    _Alignas(32) float acc[4][8];
+    for (uint32_t b = 0; b < nb; b++) {
+        const char *blk0 = krow + b * bb;
+        if (pf) {
+            const size_t u = (r0 / 8) * nb + b, un = 2 * (size_t)nb;
+            for (size_t ln = u * lines / un; ln < (u + 1) * lines / un; ln++)
+                pf_line(pf + ln * 64, l2);
+        }
+        __m256i kt[8];
+        if (dt == PKV_Q8)
+            qv_kt_q8(blk0, row_bytes, r0, n, kt);
+        else
+            qv_kt_q4(blk0, row_bytes, r0, n, kt);
+        __m256i ks = _mm256_setzero_si256(); /* per token: sum of its 32 integers */
+        PKVI_UNROLL
+        for (int j = 0; j < 8; j++)
+            ks = _mm256_dpbusd_avx_epi32(ks, ones, kt[j]);
+        const __m256i bias = _mm256_slli_epi32(ks, 7);
+        const __m256 dk = _mm256_cvtph_ps(block_scales8(blk0, row_bytes, n, r0, r0 + 4));
+        PKVI_UNROLL
+        for (int h = 0; h < HB; h++) {
+            const int8_t *qb = ql + (size_t)h * NL * dpad + b * 32;
+            __m256i a[3];
+            PKVI_UNROLL
+            for (int r = 0; r < NL; r++)
+                a[r] = _mm256_setzero_si256();
+            PKVI_UNROLL
+            for (int j = 0; j < 8; j++)
+                PKVI_UNROLL
+                for (int r = 0; r < NL; r++) {
+                    int32_t q4;
+                    memcpy(&q4, qb + (size_t)r * dpad + 4 * j, sizeof q4);
+                    const __m256i qv = _mm256_set1_epi32(q4);
+                    a[r] = _mm256_dpbusd_avx_epi32(
+                        a[r], NL == 1 ? _mm256_xor_si256(qv, flip) : qv, kt[j]);
+                }
+            const __m256 top = _mm256_cvtepi32_ps(_mm256_sub_epi32(a[NL - 1], bias));
+            const __m256 isum =
+                NL == 1 ? top
+                        : _mm256_fmadd_ps(top, _mm256_set1_ps(65536.0f),
+                                          _mm256_cvtepi32_ps(_mm256_add_epi32(
+                                              _mm256_slli_epi32(a[1], 8), a[0])));
+            const __m256 dkq = _mm256_mul_ps(dk, _mm256_set1_ps(qs[h * nb + b]));
+            const __m256 term = _mm256_mul_ps(dkq, isum);
+            _mm256_store_ps(acc[h], b ? _mm256_add_ps(_mm256_load_ps(acc[h]), term)
+                                      : _mm256_add_ps(_mm256_setzero_ps(), term));
+        }
+    }
+    const uint32_t m = n - r0 < 8 ? n - r0 : 8;
+    PKVI_UNROLL
+    for (int h = 0; h < HB; h++)
+        memcpy(s + h * PKVI_TILE + r0, acc[h], m * sizeof(float));
+}
+
+AI void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
+                          const int8_t *ql, const float *qs, size_t dpad, uint32_t nb,
+                          float *s, const char *pf, const bool l2, const int HB, const int NL)
+{
+    tile8_scores_limbs(dt, krow, row_bytes, 0, n, ql, qs, dpad, nb, s, pf, l2, HB, NL);
+    if (n > 8)
+        tile8_scores_limbs(dt, krow, row_bytes, 8, n, ql, qs, dpad, nb, s, pf, l2, HB, NL);
+}
+
+AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
+                       uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
+                       uint32_t nb, float *s, const char *pf, const bool l2, const int HB)
+{
+    if (d % 32 != 0)
+        return false;
+    tile_scores_limbs(dt, krow, row_bytes, n, qi, qs, dpad, nb, s, pf, l2, HB, 1);
+    return true;
+}
+
+/* ---- the exact path's scores from integer limbs of q (avx2vnni, whole blocks) --------
+ * avx512.c's definition (its comment, and docs/numerics.md section 3): per block, e =
+ * max(ilogb(a) - 21, -149) for its largest |q| a, Q = rint(q 2^-e) cut into limbs L, M
+ * (unsigned bytes) and H (signed, stored as H + 128), the same bytes and scales as that file's
+ * ql_prep_head. 2^-e is applied as one or two exact power-of-two multiplies (AVX2 has
+ * no vscalefps; 2^149 is not a float), and rint is round-to-nearest-even. */
+#define PKVI_WALK_LIMBS 1
+#include "qlimbs.h" /* QL_LIMBS, ql_block_exp, ldexp_pow2 */
+
+/* the low byte of each of 32 int32 lanes (values 8u .. 8u + 7 in c[u]), in value order */
+AI __m256i qv_low_bytes(const __m256i c[4])
+{
+    const __m256i lo = _mm256_set1_epi32(0xff);
+    const __m256i p = _mm256_packus_epi16(
+        _mm256_packus_epi32(_mm256_and_si256(c[0], lo), _mm256_and_si256(c[1], lo)),
+        _mm256_packus_epi32(_mm256_and_si256(c[2], lo), _mm256_and_si256(c[3], lo)));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
+{
+    const __m256 absm = QB_ABSM, fmax = QB_FMAX;
+    for (uint32_t i = 0, b = 0; i < d; i += 32, b++) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        int fin = 1;
+        PKVI_UNROLL
+        for (int u = 0; u < 4; u++) {
+            v[u] = _mm256_loadu_ps(q + i + 8 * u);
+            qb_scan(v[u], absm, fmax, &mx, &fin);
+        }
+        if (!fin) { /* a NaN or an infinity: the block's scale is NaN */
+            qs[b] = NAN;
+            for (uint32_t r = 0; r < QL_LIMBS; r++)
+                memset(ql + (size_t)r * d + i, 0, 32);
+            continue;
+        }
+        const int e = ql_block_exp(qb_hmax(mx));
+        qs[b] = ldexp_pow2(e);
+        /* 2^-e as 2^(-e - x) 2^x, x = 0 or 64, both factors floats; each product exact */
+        const int x = -e > 127 ? 64 : 0;
+        const __m256 s1 = _mm256_set1_ps(ldexp_pow2(x));
+        const __m256 s2 = _mm256_set1_ps(ldexp_pow2(-e - x));
+        __m256i Q[4];
+        PKVI_UNROLL
+        for (int u = 0; u < 4; u++)
+            Q[u] = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(_mm256_mul_ps(v[u], s1), s2),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i sh[4];
+        _mm256_storeu_si256((void *)(ql + i), qv_low_bytes(Q));
+        PKVI_UNROLL
+        for (int u = 0; u < 4; u++)
+            sh[u] = _mm256_srai_epi32(Q[u], 8);
+        _mm256_storeu_si256((void *)(ql + d + i), qv_low_bytes(sh));
+        PKVI_UNROLL
+        for (int u = 0; u < 4; u++)
+            sh[u] = _mm256_xor_si256(_mm256_srai_epi32(Q[u], 16), _mm256_set1_epi32(0x80));
+        _mm256_storeu_si256((void *)(ql + 2 * (size_t)d + i), qv_low_bytes(sh));
+    }
+}
+
+AI void ql_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
+                       const int8_t *ql, const float *qs, size_t dpad, uint32_t nb, float *s,
+                       const char *pf, const bool l2, const int HB)
+{
+    tile_scores_limbs(dt, krow, row_bytes, n, ql, qs, dpad, nb, s, pf, l2, HB, QL_LIMBS);
+}
+#define PKVI_QD_TILE 1
+#endif
+
 #include "qdot256.h" /* qk_heads_int: the integer-dot scores */
 
 /* The stream kick's distance (walk.h) for this file: 512 KiB, not the 128 KiB measured on
@@ -704,4 +932,8 @@ static void store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
     }
 }
 
+#if PKVI_AVX2_VNNI
+const pkvi_kernels pkvi_kernels_avx2vnni = {"avx2vnni", attend, store_row};
+#else
 const pkvi_kernels pkvi_kernels_avx2 = {"avx2", attend, store_row};
+#endif

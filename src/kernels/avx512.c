@@ -706,8 +706,9 @@ AI void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512i kt[8])
  * signed, the others unsigned bytes (ql + h * NL * dpad + r * dpad: limb r of head h),
  * value = sum_r limb_r 2^(8r) times the head's block scale qs[h * nb + b]. NL = 1 is the
  * integer dot (the limb is pkvi_quant_query's qi); NL = 3, the exact path's limbs
- * (ql_prep_head). The signed limb is the unsigned operand after a byte xor (+ 128), and
- * 128 times each token's sum of k comes off its lanes. Per block the limbs' isums are
+ * (ql_prep_head). The signed limb is the unsigned operand after a byte xor (+ 128): here
+ * for NL = 1, by ql_prep_head for NL = 3 (once per call, not once per tile). 128 times
+ * each token's sum of k comes off the lanes. Per block the limbs' isums are
  * exact int32; for NL = 3 they join as float(isum_2) 2^16 + float(isum_1 2^8 + isum_0),
  * the second sum exact in int32 (|.| < 2^28.1) and rounded once, then one fused
  * multiply-add: the block's dot to within 2u of its magnitude. */
@@ -753,8 +754,8 @@ AI void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint
                     int32_t q4;
                     memcpy(&q4, qb + (size_t)r * dpad + 4 * j, sizeof q4);
                     const __m512i qv = _mm512_set1_epi32(q4);
-                    a[r] = _mm512_dpbusd_epi32(a[r], r == NL - 1 ? _mm512_xor_si512(qv, flip) : qv,
-                                               kt[j]);
+                    a[r] = _mm512_dpbusd_epi32(
+                        a[r], NL == 1 ? _mm512_xor_si512(qv, flip) : qv, kt[j]);
                 }
             const __m512 top = _mm512_cvtepi32_ps(_mm512_sub_epi32(a[NL - 1], bias));
             const __m512 isum =
@@ -788,23 +789,14 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
  * Block b of a head's q is held as Q_j 2^e: e = max(ilogb(a) - 21, -149), a the
  * block's largest |q_j|, Q_j = rint(q_j 2^-e), so |Q_j| <= 2^22 and |q_j - Q_j 2^e| <=
  * 2^(e-1), at most 2^-22 a (4u of the block's largest; below a = 2^-128, 2^-150).
- * Q_j = H 2^16 + M 2^8 + L with L, M in [0, 255] and H in [-64, 64]: three vpdpbusd
+ * Q_j = H 2^16 + M 2^8 + L with L, M in [0, 255] and H in [-64, 64], stored as H + 128
+ * (the byte xor tile_scores_limbs needs for its unsigned operand): three vpdpbusd
  * per 4 values and head where the f32 path spends a conversion, a scale multiply and
  * an FMA per value (tile_scores_limbs). A block whose largest |q| is not finite gets
  * the scale NaN, so the head's scores are NaN, as on the f32 path. The error this adds
  * to a score is in docs/numerics.md section 4. */
 #define PKVI_WALK_LIMBS 1
-#define QL_LIMBS 3
-/* 2^e for e in [-149, 127], exactly */
-AI float ldexp_pow2(int e)
-{
-    if (e < -126)
-        return ldexpf(1.0f, e);
-    const uint32_t u = (uint32_t)(e + 127) << 23;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+#include "qlimbs.h" /* QL_LIMBS, ql_block_exp, ldexp_pow2 */
 
 AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
 {
@@ -819,13 +811,7 @@ AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
         if (nan || !(a <= 3.4028235e38f)) { /* max drops a NaN lane: each lane is tested */
             qs[b] = NAN;
         } else {
-            if (a >= 0x1p-126f) { /* normal: ilogb from the exponent field */
-                uint32_t bits;
-                memcpy(&bits, &a, sizeof bits);
-                e = (int)(bits >> 23) - 127 - 21;
-            } else if (a > 0.0f) { /* subnormal: libm, clamped at 2^-149 */
-                e = ilogbf(a) - 21 > e ? ilogbf(a) - 21 : e;
-            }
+            e = ql_block_exp(a);
             qs[b] = ldexp_pow2(e);
         }
         if (!(qs[b] >= 0.0f)) {
@@ -844,7 +830,8 @@ AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
             _mm_storeu_si128((void *)(ql + d + i + 16 * u),
                              _mm512_cvtepi32_epi8(_mm512_srli_epi32(Q, 8)));
             _mm_storeu_si128((void *)(ql + 2 * (size_t)d + i + 16 * u),
-                             _mm512_cvtepi32_epi8(_mm512_srli_epi32(Q, 16)));
+                             _mm_xor_si128(_mm512_cvtepi32_epi8(_mm512_srli_epi32(Q, 16)),
+                                           _mm_set1_epi8(-128)));
         }
     }
 }

@@ -59,6 +59,20 @@ static bool cpu_leaves(uint32_t *ecx1, uint32_t *ebx7, uint32_t *ecx7)
     return true;
 }
 
+/* AVX-VNNI (vpdpbusd on ymm, VEX-encoded): cpuid leaf 7 subleaf 1, EAX bit 4. Apart from
+ * the levels below: Zen 4 has AVX512-VNNI without it, Alder Lake it without AVX-512. */
+static bool cpu_avx_vnni(void)
+{
+    uint32_t a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (a < 1) /* the highest subleaf of leaf 7 */
+        return false;
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a >> 4) & 1u;
+}
+
 /* Each level includes the ones below it. */
 enum { CPU_AVX2 = 1, CPU_AVX512 = 2, CPU_AVX512VNNI = 3 };
 
@@ -130,6 +144,8 @@ const pkvi_kernels *pkvi_kernels_named(const char *isa)
 #if PKVI_X86
     if (strcmp(isa, "avx2") == 0)
         return &pkvi_kernels_avx2;
+    if (strcmp(isa, "avx2vnni") == 0)
+        return &pkvi_kernels_avx2vnni;
     if (strcmp(isa, "avx512") == 0)
         return &pkvi_kernels_avx512;
     if (strcmp(isa, "avx512vnni") == 0)
@@ -149,6 +165,8 @@ bool pkvi_isa_supported(const char *isa)
     const unsigned level = cpu_level();
     if (k == &pkvi_kernels_avx2)
         return level >= CPU_AVX2;
+    if (k == &pkvi_kernels_avx2vnni)
+        return level >= CPU_AVX2 && cpu_avx_vnni();
     /* a test build's emulated kernels need AVX2 only */
     if (k == &pkvi_kernels_avx512)
         return level >= (PKV_AVX512_EMULATED ? CPU_AVX2 : CPU_AVX512);
@@ -186,7 +204,7 @@ pkv_status pkvi_kernels_select(const pkvi_kernels **out)
         return PKV_OK;
     }
     /* An emulated AVX-512 kernel (a test build) runs only where PKV_FORCE_ISA asks. */
-    static const char *const best_first[] = {"avx512vnni", "avx512", "avx2"};
+    static const char *const best_first[] = {"avx512vnni", "avx512", "avx2vnni", "avx2"};
     for (size_t i = PKV_AVX512_EMULATED ? 2 : 0; i < sizeof best_first / sizeof best_first[0];
          i++)
         if (pkvi_isa_supported(best_first[i])) {

@@ -95,7 +95,7 @@ typedef void (*pkvi_attend_fn)(const pkvi_kparams *p, const void *const *pages,
                                uint32_t n_groups, const pkvi_heads *x);
 
 typedef struct {
-    const char *isa;                 /* "scalar", "avx2", "avx512", "avx512vnni" */
+    const char *isa; /* "scalar", "avx2", "avx2vnni", "avx512", "avx512vnni" */
     pkvi_attend_fn attend;
     /* store n floats as dtype t: bitwise dtype.c's pkvi_store_row (f16/bf16 round to
      * nearest even; Q8/Q4 are quant.c's bytes) */
@@ -104,12 +104,16 @@ typedef struct {
 
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_scalar;
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx2;    /* may be unavailable */
+/* avx2's kernel with AVX-VNNI: Q8/Q4 scores from a transposed tile by vpdpbusd (the
+ * integer dot's bits, and the exact path's from limbs of q as avx512vnni's); needs
+ * AVX-VNNI too (may be unavailable) */
+PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx2vnni;
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512;  /* may be unavailable */
 /* avx512's kernel with vpdpbusd in its integer-dot scores: the same results, bit for
  * bit; needs AVX512-VNNI too (may be unavailable) */
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512vnni;
 /* Best kernels the CPU and OS support (cpuid + XGETBV), honouring PKV_FORCE_ISA
- * (scalar|avx2|avx512|avx512vnni; a forced ISA the host lacks gives PKV_EINVAL). */
+ * (scalar|avx2|avx2vnni|avx512|avx512vnni; a forced ISA the host lacks gives PKV_EINVAL). */
 PKVI_HIDDEN pkv_status pkvi_kernels_select(const pkvi_kernels **out);
 /* The table an engine of storage type dt uses, given the best one k for the host:
  * k: every table built reads every dtype (kept for a table that some day lacks one). */
@@ -117,9 +121,9 @@ PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_for_dtype(const pkvi_kernels *k, pk
 /* PKV_EINVAL when PKV_FORCE_ISA names an ISA this host cannot run (or none at all);
  * *name is the variable's value (NULL when unset). */
 PKVI_HIDDEN pkv_status pkvi_kernels_check_force(const char **name);
-/* The table of an ISA name this build contains ("scalar", "avx2", "avx512",
- * "avx512vnni"), whether
- * or not the host can run it; NULL for a name it does not contain. */
+/* The table of an ISA name this build contains ("scalar", "avx2", "avx2vnni", "avx512",
+ * "avx512vnni"), whether or not the host can run it; NULL for a name it does not
+ * contain. */
 PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_named(const char *isa);
 /* Where the SIMD walks' software prefetches of the unit ahead go (pkvi_kparams.pf_l2):
  * 1 (L2, T1) on Zen 4, where T1 fills L2 only and leaves the L1 miss buffers to the

@@ -1,0 +1,43 @@
+/*
+ * kernels/qlimbs.h - the block exponent of the exact path's integer limbs of q
+ * (docs/numerics.md section 3), written once for the two files that cut q into limbs:
+ * avx512.c (the avx512vnni table) and avx2.c (avx2vnni). Included after the including
+ * file defines AI; no state.
+ */
+#ifndef PKV_KERNELS_QLIMBS_H
+#define PKV_KERNELS_QLIMBS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define QL_LIMBS 3 /* L, M, H: Q = H 2^16 + M 2^8 + L */
+
+/* 2^e for e in [-149, 127], exactly */
+AI float ldexp_pow2(int e)
+{
+    if (e < -126)
+        return ldexpf(1.0f, e);
+    const uint32_t u = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* e = max(ilogb(a) - 21, -149) for a block's largest |q| a (finite, not negative; 0
+ * gives -149), so that |rint(q 2^-e)| <= 2^22. ilogb from the exponent field where a
+ * is normal (libm's ilogbf and ldexpf were 3-7% of a 64-token decode), libm's below. */
+AI int ql_block_exp(float a)
+{
+    int e = -149;
+    if (a >= 0x1p-126f) {
+        uint32_t bits;
+        memcpy(&bits, &a, sizeof bits);
+        e = (int)(bits >> 23) - 127 - 21;
+    } else if (a > 0.0f) {
+        e = ilogbf(a) - 21 > e ? ilogbf(a) - 21 : e;
+    }
+    return e;
+}
+
+#endif /* PKV_KERNELS_QLIMBS_H */

@@ -24,6 +24,9 @@
  * paths as given.
  * BENCH_AB_BT_A / BENCH_AB_BT_B set block_tokens of each build's engines (default:
  * the library's), to compare page sizes with one build.
+ * BENCH_AB_ISA_A / BENCH_AB_ISA_B force each build's kernels (PKV_FORCE_ISA, which an
+ * engine reads when it is created), to compare two tables of one build: e.g. the same
+ * library twice with avx2 and avx2vnni.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, strtok_r, mkdtemp */
 #include "pagedkv.h"
@@ -125,8 +128,8 @@ static int parse_dtype(const char *s, pkv_config *c)
 }
 
 /* A session of ctx positions of random K/V (the same for every build: seeded). */
-static int setup(const api *a, const char *dt, uint32_t ctx, uint32_t bt, pkv_engine **e,
-                 pkv_session **s)
+static int setup(const api *a, const char *dt, uint32_t ctx, uint32_t bt, const char *isa,
+                 pkv_engine **e, pkv_session **s)
 {
     pkv_config c = a->config_default();
     c.block_tokens = bt;
@@ -139,8 +142,11 @@ static int setup(const api *a, const char *dt, uint32_t ctx, uint32_t bt, pkv_en
         fprintf(stderr, "bench_ab: unknown dtype '%s'\n", dt);
         return -1;
     }
+    if (isa && setenv("PKV_FORCE_ISA", isa, 1) != 0)
+        return -1;
     if (a->engine_create(&c, e) != PKV_OK || a->session_create(*e, s) != PKV_OK) {
-        fprintf(stderr, "bench_ab: engine or session refused (%s)\n", dt);
+        fprintf(stderr, "bench_ab: engine or session refused (%s%s%s)\n", dt,
+                isa ? ", PKV_FORCE_ISA=" : "", isa ? isa : "");
         return -1;
     }
     float k[G * D], v[G * D];
@@ -204,7 +210,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_ab LIB_A LIB_B [ctx=4096] [dtypes=f16,q8,q8i] "
                         "[rounds=21] [loops=10]\n"
                         "environment: BENCH_AB_COPIES (fresh copies of each library, "
-                        "default 3), BENCH_AB_BT_A / BENCH_AB_BT_B (block_tokens)\n");
+                        "default 3), BENCH_AB_BT_A / BENCH_AB_BT_B (block_tokens), "
+                        "BENCH_AB_ISA_A / BENCH_AB_ISA_B (PKV_FORCE_ISA)\n");
         return 2;
     }
     const uint32_t ctx = argc > 3 ? (uint32_t)strtoul(argv[3], NULL, 10) : 4096;
@@ -221,6 +228,7 @@ int main(int argc, char **argv)
     const char *bte[2] = {getenv("BENCH_AB_BT_A"), getenv("BENCH_AB_BT_B")};
     const uint32_t bt[2] = {bte[0] ? (uint32_t)strtoul(bte[0], NULL, 10) : 0,
                             bte[1] ? (uint32_t)strtoul(bte[1], NULL, 10) : 0};
+    const char *isa[2] = {getenv("BENCH_AB_ISA_A"), getenv("BENCH_AB_ISA_B")};
     const char *tmp = getenv("TMPDIR");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/bench_ab.XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -235,7 +243,9 @@ int main(int argc, char **argv)
         rmdir(dir);
     if (!loaded)
         return 1;
-    printf("A %s (block_tokens %u)\nB %s (block_tokens %u)\n", argv[1], bt[0], argv[2], bt[1]);
+    printf("A %s (block_tokens %u%s%s)\nB %s (block_tokens %u%s%s)\n", argv[1], bt[0],
+           isa[0] ? ", " : "", isa[0] ? isa[0] : "", argv[2], bt[1], isa[1] ? ", " : "",
+           isa[1] ? isa[1] : "");
     printf("ctx %u, one llama3-8b layer, 1 thread, %d rounds of %d decodes each, %d copies "
            "of each build\n", ctx, rounds, loops, copies);
     printf("%-5s %10s %10s %8s  %s\n", "dtype", "A ns", "B ns", "B/A", "outputs");
@@ -248,7 +258,7 @@ int main(int argc, char **argv)
         int bad = 0;
         for (int c = 0; c < copies && !bad; c++)
             for (int b = 0; b < 2 && !bad; b++)
-                bad = setup(&lib[b][c], dt, ctx, bt[b], &e[b][c], &s[b][c]) != 0;
+                bad = setup(&lib[b][c], dt, ctx, bt[b], isa[b], &e[b][c], &s[b][c]) != 0;
         for (int i = 0; i < H * D; i++)
             q[i] = frand();
         double best[2][MAX_COPIES], ratio[MAX_ROUNDS];

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define BENCH_X86 1
 #else
@@ -212,7 +213,7 @@ uint32_t bench_fma_lanes(const char *isa)
     const uint32_t host = host_fma_lanes();
     if (isa && strncmp(isa, "avx512", 6) == 0 && host >= 16)
         return 16;
-    if (isa && strcmp(isa, "avx2") == 0 && host >= 8)
+    if (isa && strncmp(isa, "avx2", 4) == 0 && host >= 8) /* avx2, avx2vnni */
         return 8;
     return host;
 }
@@ -253,15 +254,15 @@ double bench_fma_peak(uint32_t n, const char *isa)
 /* ---- peak int8 dot-product rate ---------------------------------------------------- */
 
 /* 4 streams; each round of a stream multiplies and adds W bytes (W = 32 or 64; VNNI:
- * two instructions of 64). The empty asm keeps each stream's input "changed", so no
- * compiler hoists the products out of the loop; the accumulators are the only
- * loop-carried dependence. */
+ * two instructions of 64, or of 32 for AVX-VNNI). The empty asm keeps each stream's
+ * input "changed", so no compiler hoists the products out of the loop; the
+ * accumulators are the only loop-carried dependence. */
 #define INT8_STREAMS 4
 
 typedef struct {
     uint64_t iters;
     int32_t sink[BENCH_MAX_THREADS];
-    int kind;       /* 0 none, 1 avx2, 2 avx512bw, 3 avx512 vnni */
+    int kind;       /* 0 none, 1 avx2, 2 avx512bw, 3 avx512 vnni, 4 avx-vnni (ymm) */
 } int8_job;
 
 #if BENCH_X86
@@ -338,19 +339,71 @@ __attribute__((target("avx512f,avx512vnni"))) static int32_t int8_vnni(uint64_t 
     _mm512_storeu_si512(w, _mm512_add_epi32(s, t));
     return int8_sink(w, 16);
 }
+
+/* AVX-VNNI's vpdpbusd on ymm: the avx2vnni kernels' int8 dot. Two chains per stream,
+ * as int8_vnni. */
+__attribute__((target("avx2,avxvnni"))) static int32_t int8_avxvnni(uint64_t iters)
+{
+    const __m256i b = _mm256_set1_epi8(3);
+    __m256i x0 = _mm256_set1_epi8(1), x1 = _mm256_set1_epi8(2), x2 = _mm256_set1_epi8(3),
+            x3 = _mm256_set1_epi8(4);
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    __m256i c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+#define S(i)                                                                                \
+    a##i = _mm256_dpbusd_avx_epi32(a##i, x##i, b);                                          \
+    c##i = _mm256_dpbusd_avx_epi32(c##i, x##i, b);                                          \
+    __asm__ volatile("" : "+x"(x##i))
+    for (uint64_t k = 0; k < iters; k++)
+        INT8_ROUND(S);
+#undef S
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));
+    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3));
+    int32_t w[8];
+    _mm256_storeu_si256((__m256i *)w, _mm256_add_epi32(s, t));
+    return int8_sink(w, 8);
+}
+
+/* AVX-VNNI: cpuid leaf 7 subleaf 1, EAX bit 4 (gcc's and clang's __builtin_cpu_supports
+ * do not all know it); its YMM state is AVX2's. */
+static bool host_avxvnni(void)
+{
+    uint32_t a, b, c, d;
+    if (!__builtin_cpu_supports("avx2") || __get_cpuid_max(0, NULL) < 7)
+        return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (a < 1)
+        return false;
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a >> 4) & 1u;
+}
 #endif
 
-/* The host's widest int8 dot: 3 VNNI, 2 AVX-512 BW, 1 AVX2, 0 none. */
-static int host_int8_kind(void)
+/* Whether the host runs int8 dot kind k (int8_job.kind). */
+static bool host_int8_has(int k)
 {
 #if BENCH_X86
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
-        return 3;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
-        return 2;
-    if (__builtin_cpu_supports("avx2"))
-        return 1;
+    switch (k) {
+    case 1:
+        return __builtin_cpu_supports("avx2");
+    case 2:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    case 3:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
+    case 4:
+        return host_avxvnni();
+    }
 #endif
+    (void)k;
+    return false;
+}
+
+/* The host's widest int8 dot: AVX-512 VNNI, AVX-512 BW, AVX-VNNI, AVX2, or 0 none. */
+static int host_int8_kind(void)
+{
+    static const int widest_first[] = {3, 2, 4, 1};
+    for (size_t i = 0; i < sizeof widest_first / sizeof widest_first[0]; i++)
+        if (host_int8_has(widest_first[i]))
+            return widest_first[i];
     return 0;
 }
 
@@ -358,18 +411,18 @@ static int host_int8_kind(void)
  * has it; the host's widest otherwise. */
 static int int8_kind(const char *isa)
 {
-    const int host = host_int8_kind();
-    const int want = !isa ? host
+    const int want = !isa                           ? 0
                      : strcmp(isa, "avx512vnni") == 0 ? 3
                      : strcmp(isa, "avx512") == 0     ? 2
+                     : strcmp(isa, "avx2vnni") == 0   ? 4
                      : strcmp(isa, "avx2") == 0       ? 1
-                                                      : host;
-    return want <= host ? want : host;
+                                                      : 0;
+    return want && host_int8_has(want) ? want : host_int8_kind();
 }
 
 const char *bench_int8_kind(const char *isa)
 {
-    static const char *const names[] = {"none", "avx2", "avx512bw", "avx512-vnni"};
+    static const char *const names[] = {"none", "avx2", "avx512bw", "avx512-vnni", "avx-vnni"};
     return names[int8_kind(isa)];
 }
 
@@ -379,7 +432,9 @@ static void int8_part(void *ctx, uint32_t t, uint32_t n)
     int8_job *j = ctx;
     j->sink[t] = 0;
 #if BENCH_X86
-    if (j->kind == 3)
+    if (j->kind == 4)
+        j->sink[t] = int8_avxvnni(j->iters);
+    else if (j->kind == 3)
         j->sink[t] = int8_vnni(j->iters);
     else if (j->kind == 2)
         j->sink[t] = int8_avx512bw(j->iters);
@@ -396,7 +451,7 @@ double bench_int8_peak(uint32_t n, const char *isa)
     j.iters = 4000000;
     if (j.kind == 0)
         return NAN;
-    const double bytes = j.kind == 1 ? 32.0 : j.kind == 2 ? 64.0 : 128.0;
+    const double bytes = j.kind == 1 ? 32.0 : j.kind == 2 || j.kind == 4 ? 64.0 : 128.0;
     double v[5];
     for (int r = 0; r < 5; r++) {
         const double s = bench_team_run(n, int8_part, &j);

@@ -33,7 +33,7 @@ typedef struct {
 double bench_bw_measure(bench_bw *j, uint32_t n);
 
 /* The peak probes measure the instruction set of the kernels in use, isa as
- * pkv_stats.isa names it ("avx2", "avx512", "avx512vnni"), so a run under
+ * pkv_stats.isa names it ("avx2", "avx2vnni", "avx512", "avx512vnni"), so a run under
  * PKV_FORCE_ISA=avx2 on an AVX-512 host is held to AVX2's peaks; NULL, "scalar" or a
  * name the host cannot run: the host's widest. */
 
@@ -43,11 +43,11 @@ uint32_t bench_fma_lanes(const char *isa);
 double bench_fma_peak(uint32_t n, const char *isa);
 
 /* The int8 dot-product probe: independent streams of the kernels' int8 dot (VNNI
- * vpdpbusd for avx512vnni; vpmaddubsw + vpmaddwd + vpaddd on 64 bytes for avx512, on
- * 32 for avx2), accumulating into int32, which is what an integer-dot decode kernel
- * runs. Its peak in GOP/s (2 operations a multiply-add, as FLOPs count) on n threads,
- * and the name of the instruction sequence ("avx512-vnni", "avx512bw", "avx2"; "none":
- * NAN). */
+ * vpdpbusd for avx512vnni, on ymm for avx2vnni; vpmaddubsw + vpmaddwd + vpaddd on 64
+ * bytes for avx512, on 32 for avx2), accumulating into int32, which is what an
+ * integer-dot decode kernel runs. Its peak in GOP/s (2 operations a multiply-add, as
+ * FLOPs count) on n threads, and the name of the instruction sequence ("avx512-vnni",
+ * "avx512bw", "avx-vnni", "avx2"; "none": NAN). */
 double bench_int8_peak(uint32_t n, const char *isa);
 const char *bench_int8_kind(const char *isa);
 

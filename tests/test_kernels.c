@@ -179,7 +179,7 @@ static void run_kernel(const pkvi_kernels *k, const layer *L, uint32_t group, co
  *   E = 4u: the relative error of exp (2 ulp),
  *   T the tiles folded. Two implementations differ by at most twice that. */
 /* The magnitudes the bounds take, over the tokens and heads of one group: S (above),
- * Dl = max scale * sum_b (2^-22 a_b + 2^-150) sum_{c in b} |k_c| (limb_bound, below;
+ * Dl = max scale * sum_b (2^-30 a_b + 2^-150) sum_{c in b} |k_c| (limb_bound, below;
  * whole blocks of 32 only, a_b the block's largest |q|), and max|V|. */
 typedef struct {
     double S, Dl, vmax;
@@ -203,7 +203,7 @@ static magnitudes magnitudes_of(const layer *L, uint32_t group, const float *q)
                     a = fmax(a, fabs((double)qh[c]));
                     ks += fabs((double)kt[c]);
                 }
-                dl += (0x1p-22 * a + 0x1p-150) * ks;
+                dl += (0x1p-30 * a + 0x1p-150) * ks;
             }
             m.S = fmax(m.S, s * L->kp.scale);
             m.Dl = fmax(m.Dl, dl * L->kp.scale);
@@ -226,16 +226,15 @@ static double bound(const layer *L, uint32_t group, const float *q)
     return m.vmax * (2 * D + 2 * E + (3.0 * n + 3 * T + 1) * U);
 }
 
-/* What the exact Q8/Q4 scores of the VNNI tables add to it where every block of
- * the row is whole (docs/numerics.md section 4): q is held per block as integers times
- * 2^e, each value within 2^-22 a_b of itself (2^-150 for blocks under 2^-128), so each
+/* What the exact Q8/Q4 scores of avx512vnni add to it where every block of the row is
+ * whole (docs/numerics.md section 4): q is held per block as integers times
+ * 2^e, each value within 2^-30 a_b of itself (2^-150 for blocks under 2^-128), so each
  * score moves by up to Dl and the output by 2 Dl max|V|. 0 for every other table,
  * dtype or shape. */
 static bool uses_limbs(const pkvi_kernels *k, const layer *L)
 {
     const pkv_dtype dt = L->kp.dtype;
-    return (strcmp(k->isa, "avx512vnni") == 0 || strcmp(k->isa, "avx2vnni") == 0) &&
-           (dt == PKV_Q8 || dt == PKV_Q4) &&
+    return strcmp(k->isa, "avx512vnni") == 0 && (dt == PKV_Q8 || dt == PKV_Q4) &&
            !L->kp.quant_dot && L->kp.head_dim % 32 == 0;
 }
 
@@ -452,16 +451,14 @@ END_TEST
 /* The VNNI tables against the tables they extend, bit for bit (not merely within the
  * bound). avx512vnni is avx512.c compiled again with vpdpbusd in the integer-dot
  * scores, whose isums are the same integers: on every dtype and path the two give the
- * same bits, -mavx512vnni having changed nothing else. avx2vnni is avx2.c compiled
- * again with a transposed tile for Q8/Q4 rows whose blocks are all whole: its
- * integer-dot scores are avx2's integers under the same arithmetic, and every other
- * dtype or shape is avx2's code. Both VNNI tables form the exact Q8/Q4 scores of whole
- * blocks from integer limbs of q, other arithmetic than their partners' f32 scores:
- * quant_vs_scalar and limb_queries hold those to their bound. (avx2vnni's limb scores
- * are avx512vnni's operation for operation, but the two tables' softmax and V sums are
- * not the same code, so their outputs are not compared here.) Runs where this run
- * tests a VNNI table, against its partner (a host with avx512vnni has avx512, one with
- * avx2vnni has avx2). */
+ * same bits, -mavx512vnni having changed nothing else, except the exact Q8/Q4 scores
+ * of whole blocks, which avx512vnni forms from integer limbs of q: other arithmetic
+ * than avx512's f32 scores, held to their bound by quant_vs_scalar and limb_queries.
+ * avx2vnni is avx2.c compiled again with a transposed tile for the integer-dot scores
+ * of Q8/Q4 rows whose blocks are all whole: avx2's integers under the same arithmetic;
+ * every other dtype, shape or path is avx2's code. Runs where this run tests a VNNI
+ * table, against its partner (a host with avx512vnni has avx512, one with avx2vnni has
+ * avx2). */
 static const struct {
     const char *isa, *partner;
 } vnni_pairs[] = {
@@ -469,14 +466,15 @@ static const struct {
     {"avx2vnni", "avx2"},
 };
 
-/* Whether a VNNI table and its partner give the same bits for dtype dt, head_dim d and
+/* Whether VNNI table isa and its partner give the same bits for dtype dt, head_dim d and
  * path qdot. */
-static bool vnni_pair_covers(pkv_dtype dt, uint32_t d, uint32_t qdot)
+static bool vnni_pair_covers(const char *isa, pkv_dtype dt, uint32_t d, uint32_t qdot)
 {
     const bool block = dt == PKV_Q8 || dt == PKV_Q4;
     if (qdot && !block)
         return false;
-    return !(block && !qdot && d % 32 == 0); /* the limbs against f32 scores */
+    /* avx512vnni's limbs against avx512's f32 scores */
+    return !(strcmp(isa, "avx512vnni") == 0 && block && !qdot && d % 32 == 0);
 }
 
 START_TEST(vnni_same_bits)
@@ -504,7 +502,7 @@ START_TEST(vnni_same_bits)
                             const uint32_t d = ds[di], bt = bts[bi], n = 3 * bt + 2;
                             const pkv_dtype dt = qt[ti / 2];
                             const uint32_t qdot = (uint32_t)(ti % 2);
-                            if (!vnni_pair_covers(dt, d, qdot))
+                            if (!vnni_pair_covers(vnni_pairs[p].isa, dt, d, qdot))
                                 continue;
                             layer L;
                             layer_build(&L, &r, 2, hg, d, bt, dt, n, 1.0f);
@@ -650,8 +648,8 @@ START_TEST(prepared_q_scratch_runs)
         {24, 3, 3, PKV_BF16, 0}, /* one 16-value block and a tail of 8 */
         {128, 4, 20, PKV_Q4, 0}, {200, 64, 5, PKV_Q4, 0}, {4096, 9, 2, PKV_Q4, 0},
         {40, 3, 3, PKV_Q4, 0}, /* one whole block and a tail of 8 */
-        /* exact Q8/Q4 q as three limbs a value (VNNI tables, whole blocks): runs of 21
-         * groups; of 42 heads; of 2 heads */
+        /* exact Q8/Q4 q as four limbs a value (avx512vnni, whole blocks): runs of 16
+         * groups; of 32 heads; of 2 heads */
         {128, 4, 22, PKV_Q8, 0}, {256, 64, 3, PKV_Q8, 0}, {4096, 9, 2, PKV_Q8, 0},
     };
     const uint64_t seed = pkvt_seed();

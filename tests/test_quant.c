@@ -386,6 +386,65 @@ START_TEST(decode_matches_reference_on_rounded_rows)
 }
 END_TEST
 
+/* The exact path on queries with a wide block: one value of each 32-value block of q is
+ * 10^4 times the others, on a channel where every K row is 0, so the score is all in the
+ * small values. f32 scores keep each product to 2^-24 of itself; the avx512vnni
+ * kernel's limbs hold q to 2^-30 of its block's largest value (docs/numerics.md section
+ * 3), which keeps it within the SPEC's 1e-5 here (three limbs, 2^-22, missed it 24
+ * times over at head_dim 128). */
+START_TEST(exact_path_wide_query_blocks)
+{
+    static const uint32_t ds[] = {32, 128};
+    pkvt_rng r;
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng_init(&r, seed + 29);
+    double worst = 0;
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t di = 0; di < 2; di++) {
+            const pkv_dtype t = qtypes[ti];
+            const uint32_t h = 4, g = 1, d = ds[di], T = 40;
+            pkv_engine *e = pkvt_engine(1, h, g, d, 16, t);
+            pkv_session *s;
+            ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
+            const size_t kd = (size_t)g * d, qd = (size_t)h * d;
+            float *K = pkvt_alloc(T * kd * sizeof *K), *V = pkvt_alloc(T * kd * sizeof *V);
+            float *Kr = pkvt_alloc(T * kd * sizeof *K), *Vr = pkvt_alloc(T * kd * sizeof *V);
+            float *q = pkvt_alloc(qd * sizeof *q), *out = pkvt_alloc(qd * sizeof *out);
+            double *ref = pkvt_alloc(qd * sizeof *ref);
+            pkvt_fill(&r, K, T * kd, -2, 2);
+            pkvt_fill(&r, V, T * kd, -1, 1);
+            pkvt_fill(&r, q, qd, -1.3f, 1.3f);
+            for (uint32_t i = 0; i < T; i++)
+                for (uint32_t c = 0; c < d; c += 32)
+                    K[i * kd + c + (c / 32) % 7] = 0.0f; /* the wide channel of block c/32 */
+            for (uint32_t hh = 0; hh < h; hh++)
+                for (uint32_t c = 0; c < d; c += 32)
+                    q[hh * d + c + (c / 32) % 7] = hh % 2 ? -1e4f : 1e4f;
+            for (uint32_t i = 0; i < T; i++) {
+                pkv_dtype_round_row(t, d, K + (size_t)i * d, Kr + (size_t)i * d);
+                pkv_dtype_round_row(t, d, V + (size_t)i * d, Vr + (size_t)i * d);
+                ck_assert_int_eq(pkv_append(s, 0, K + i * kd, V + i * kd), PKV_OK);
+            }
+            ck_assert_int_eq(pkv_decode(s, 0, q, out), PKV_OK);
+            pkvt_ref_decode(h, g, d, 1.0f / sqrtf((float)d), PKV_F32, T, q, Kr, Vr, ref);
+            const double vmax = pkvt_maxabs(Vr, T * kd), diff = pkvt_maxdiff_fd(out, ref, qd);
+            worst = diff / vmax > worst ? diff / vmax : worst;
+            ck_assert_msg(diff <= 1e-5 * vmax, "%s d %u: %g of max|V| (seed %llu)",
+                          pkv_dtype_name(t), d, diff / vmax, (unsigned long long)seed);
+            pkv_session_destroy(s);
+            free(K);
+            free(V);
+            free(Kr);
+            free(Vr);
+            free(q);
+            free(out);
+            free(ref);
+            pkv_engine_destroy(e);
+        }
+    fprintf(stderr, "wide query blocks: largest |diff| / max|V| %.3g\n", worst);
+}
+END_TEST
+
 /* Prefill, batch and threads give the bits of token-by-token decode on Q8/Q4 pages,
  * on both paths (quant_dot 0 and 1). */
 START_TEST(paths_agree_bitwise)
@@ -673,6 +732,7 @@ int main(void)
     tcase_add_test(tc, q4_uses_all_sixteen_codes);
     tcase_add_test(tc, scale_search_lowers_the_error);
     tcase_add_test(tc, decode_matches_reference_on_rounded_rows);
+    tcase_add_test(tc, exact_path_wide_query_blocks);
     tcase_add_test(tc, paths_agree_bitwise);
     tcase_add_test(tc, a_nan_row_poisons_no_other_row);
     tcase_add_test(tc, quant_dot_needs_block_pages);

@@ -68,17 +68,17 @@ static inline uint64_t bench_kv_bytes(const cli_preset *p, pkv_dtype dt, uint64_
  * 2 * h * d FMAs = 4 * h * d FLOPs (dequantizing Q8/Q4 is not counted: it is what the
  * path costs beyond the roofline); the integer path takes the scores from int8 dot
  * products (h * d multiply-adds = 2 * h * d int8 operations) and p.v in f32 (2 * h * d
- * FLOPs). The exact Q8/Q4 path of the VNNI kernels (isa avx512vnni or avx2vnni), where
- * head_dim is a multiple of 32, takes its scores from q cut into three int8 limbs
- * (docs/numerics.md): 6 * h * d int8 operations, and p.v in f32. */
+ * FLOPs). The exact Q8/Q4 path of the avx512vnni kernels, where head_dim is a multiple
+ * of 32, takes its scores from q cut into four int8 limbs (docs/numerics.md): 8 * h * d
+ * int8 operations, and p.v in f32. */
 static inline void bench_arith(const cli_preset *p, pkv_dtype dt, uint32_t path,
                                const char *isa, double *flops, double *int_ops)
 {
     const double hd = (double)p->heads * p->head_dim;
     const bool limbs = path == BENCH_EXACT && bench_is_block(dt) && p->head_dim % 32 == 0 &&
-                       isa && (strcmp(isa, "avx512vnni") == 0 || strcmp(isa, "avx2vnni") == 0);
+                       isa && strcmp(isa, "avx512vnni") == 0;
     *flops = path == BENCH_INTEGER || limbs ? 2 * hd : 4 * hd;
-    *int_ops = path == BENCH_INTEGER ? 2 * hd : limbs ? 6 * hd : 0;
+    *int_ops = path == BENCH_INTEGER ? 2 * hd : limbs ? 8 * hd : 0;
 }
 
 typedef struct {

@@ -648,9 +648,10 @@ AI void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, 
  * two halves of 8 tokens, each block transposed so that lane t of kt[j] holds bytes
  * 4j .. 4j+3 of row t's block; per head and limb one vpdpbusd per 4 values adds into 8
  * tokens' lanes with no reduction across lanes. The arithmetic per token is
- * avx512.c's, operation for operation, so the scores are the avx512vnni table's bit
- * for bit: the integer-dot path (one limb, the avx2 table's bits too) and the exact
- * path's limbs (three). */
+ * avx512.c's, operation for operation, so the integer-dot scores are the avx512vnni
+ * table's and the avx2 table's bit for bit. The exact path keeps avx2's f32 scores:
+ * avx512.c's four limbs of q cost more here than those scores (docs/perf-log.md,
+ * "Four limbs"). */
 
 /* Q8 block of rows r0 .. r0+7 (rows at or past n read as 0, never loaded): an 8x8 dword
  * transpose, lane t = row r0 + t. */
@@ -710,17 +711,14 @@ AI void qv_kt_q4(const char *blk0, size_t row_bytes, uint32_t r0, uint32_t n, __
     }
 }
 
-/* The scores of rows r0 .. min(r0 + 8, n) - 1 for HB heads whose q is NL limbs of int8
- * per value (avx512.c's tile_scores_limbs: the last limb signed, the unsigned operand
- * after a byte xor - stored so for NL = 3 -, 128 times each token's sum of k taken off;
- * NL = 3 joins the limbs' exact isums as float(isum_2) 2^16 + float(isum_1 2^8 +
- * isum_0)). Each block's terms are added in block order into a stack array, not
- * registers: 16 ymm registers do not hold 4 heads' sums beside a block's 8 transposed
- * vectors. */
-AI void tile8_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t r0,
-                           uint32_t n, const int8_t *ql, const float *qs, size_t dpad,
-                           uint32_t nb, float *s, const char *pf, const bool l2, const int HB,
-                           const int NL)
+/* The integer-dot scores of rows r0 .. min(r0 + 8, n) - 1 for HB heads (avx512.c's
+ * tile_scores_limbs with one limb: q, pkvi_quant_query's int8, is the unsigned operand
+ * after a byte xor, and 128 times each token's sum of k is taken off). Each block's
+ * terms are added in block order into a stack array, not registers: 16 ymm registers do
+ * not hold 4 heads' sums beside a block's 8 transposed vectors. */
+AI void tile8_scores_qd(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t r0,
+                        uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
+                        uint32_t nb, float *s, const char *pf, const bool l2, const int HB)
 {
     const size_t bb = pkvi_quant_block_bytes(dt);
     const size_t lines = (n * row_bytes + 63) / 64; /* half the lines each half */
@@ -746,27 +744,16 @@ AI void tile8_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uin
         const __m256 dk = _mm256_cvtph_ps(block_scales8(blk0, row_bytes, n, r0, r0 + 4));
         PKVI_UNROLL
         for (int h = 0; h < HB; h++) {
-            const int8_t *qb = ql + (size_t)h * NL * dpad + b * 32;
-            __m256i a[3];
+            const int8_t *qb = qi + (size_t)h * dpad + b * 32;
+            __m256i a = _mm256_setzero_si256();
             PKVI_UNROLL
-            for (int r = 0; r < NL; r++)
-                a[r] = _mm256_setzero_si256();
-            PKVI_UNROLL
-            for (int j = 0; j < 8; j++)
-                PKVI_UNROLL
-                for (int r = 0; r < NL; r++) {
-                    int32_t q4;
-                    memcpy(&q4, qb + (size_t)r * dpad + 4 * j, sizeof q4);
-                    const __m256i qv = _mm256_set1_epi32(q4);
-                    a[r] = _mm256_dpbusd_avx_epi32(
-                        a[r], NL == 1 ? _mm256_xor_si256(qv, flip) : qv, kt[j]);
-                }
-            const __m256 top = _mm256_cvtepi32_ps(_mm256_sub_epi32(a[NL - 1], bias));
-            const __m256 isum =
-                NL == 1 ? top
-                        : _mm256_fmadd_ps(top, _mm256_set1_ps(65536.0f),
-                                          _mm256_cvtepi32_ps(_mm256_add_epi32(
-                                              _mm256_slli_epi32(a[1], 8), a[0])));
+            for (int j = 0; j < 8; j++) {
+                int32_t q4;
+                memcpy(&q4, qb + 4 * j, sizeof q4);
+                a = _mm256_dpbusd_avx_epi32(a, _mm256_xor_si256(_mm256_set1_epi32(q4), flip),
+                                            kt[j]);
+            }
+            const __m256 isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(a, bias));
             const __m256 dkq = _mm256_mul_ps(dk, _mm256_set1_ps(qs[h * nb + b]));
             const __m256 term = _mm256_mul_ps(dkq, isum);
             _mm256_store_ps(acc[h], b ? _mm256_add_ps(_mm256_load_ps(acc[h]), term)
@@ -779,92 +766,18 @@ AI void tile8_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uin
         memcpy(s + h * PKVI_TILE + r0, acc[h], m * sizeof(float));
 }
 
-AI void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
-                          const int8_t *ql, const float *qs, size_t dpad, uint32_t nb,
-                          float *s, const char *pf, const bool l2, const int HB, const int NL)
-{
-    tile8_scores_limbs(dt, krow, row_bytes, 0, n, ql, qs, dpad, nb, s, pf, l2, HB, NL);
-    if (n > 8)
-        tile8_scores_limbs(dt, krow, row_bytes, 8, n, ql, qs, dpad, nb, s, pf, l2, HB, NL);
-}
-
 AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
                        uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
                        uint32_t nb, float *s, const char *pf, const bool l2, const int HB)
 {
     if (d % 32 != 0)
         return false;
-    tile_scores_limbs(dt, krow, row_bytes, n, qi, qs, dpad, nb, s, pf, l2, HB, 1);
+    tile8_scores_qd(dt, krow, row_bytes, 0, n, qi, qs, dpad, nb, s, pf, l2, HB);
+    if (n > 8)
+        tile8_scores_qd(dt, krow, row_bytes, 8, n, qi, qs, dpad, nb, s, pf, l2, HB);
     return true;
 }
 
-/* ---- the exact path's scores from integer limbs of q (avx2vnni, whole blocks) --------
- * avx512.c's definition (its comment, and docs/numerics.md section 3): per block, e =
- * max(ilogb(a) - 21, -149) for its largest |q| a, Q = rint(q 2^-e) cut into limbs L, M
- * (unsigned bytes) and H (signed, stored as H + 128), the same bytes and scales as that file's
- * ql_prep_head. 2^-e is applied as one or two exact power-of-two multiplies (AVX2 has
- * no vscalefps; 2^149 is not a float), and rint is round-to-nearest-even. */
-#define PKVI_WALK_LIMBS 1
-#include "qlimbs.h" /* QL_LIMBS, ql_block_exp, ldexp_pow2 */
-
-/* the low byte of each of 32 int32 lanes (values 8u .. 8u + 7 in c[u]), in value order */
-AI __m256i qv_low_bytes(const __m256i c[4])
-{
-    const __m256i lo = _mm256_set1_epi32(0xff);
-    const __m256i p = _mm256_packus_epi16(
-        _mm256_packus_epi32(_mm256_and_si256(c[0], lo), _mm256_and_si256(c[1], lo)),
-        _mm256_packus_epi32(_mm256_and_si256(c[2], lo), _mm256_and_si256(c[3], lo)));
-    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
-{
-    const __m256 absm = QB_ABSM, fmax = QB_FMAX;
-    for (uint32_t i = 0, b = 0; i < d; i += 32, b++) {
-        __m256 v[4], mx = _mm256_setzero_ps();
-        int fin = 1;
-        PKVI_UNROLL
-        for (int u = 0; u < 4; u++) {
-            v[u] = _mm256_loadu_ps(q + i + 8 * u);
-            qb_scan(v[u], absm, fmax, &mx, &fin);
-        }
-        if (!fin) { /* a NaN or an infinity: the block's scale is NaN */
-            qs[b] = NAN;
-            for (uint32_t r = 0; r < QL_LIMBS; r++)
-                memset(ql + (size_t)r * d + i, 0, 32);
-            continue;
-        }
-        const int e = ql_block_exp(qb_hmax(mx));
-        qs[b] = ldexp_pow2(e);
-        /* 2^-e as 2^(-e - x) 2^x, x = 0 or 64, both factors floats; each product exact */
-        const int x = -e > 127 ? 64 : 0;
-        const __m256 s1 = _mm256_set1_ps(ldexp_pow2(x));
-        const __m256 s2 = _mm256_set1_ps(ldexp_pow2(-e - x));
-        __m256i Q[4];
-        PKVI_UNROLL
-        for (int u = 0; u < 4; u++)
-            Q[u] = _mm256_cvtps_epi32(
-                _mm256_round_ps(_mm256_mul_ps(_mm256_mul_ps(v[u], s1), s2),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m256i sh[4];
-        _mm256_storeu_si256((void *)(ql + i), qv_low_bytes(Q));
-        PKVI_UNROLL
-        for (int u = 0; u < 4; u++)
-            sh[u] = _mm256_srai_epi32(Q[u], 8);
-        _mm256_storeu_si256((void *)(ql + d + i), qv_low_bytes(sh));
-        PKVI_UNROLL
-        for (int u = 0; u < 4; u++)
-            sh[u] = _mm256_xor_si256(_mm256_srai_epi32(Q[u], 16), _mm256_set1_epi32(0x80));
-        _mm256_storeu_si256((void *)(ql + 2 * (size_t)d + i), qv_low_bytes(sh));
-    }
-}
-
-AI void ql_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
-                       const int8_t *ql, const float *qs, size_t dpad, uint32_t nb, float *s,
-                       const char *pf, const bool l2, const int HB)
-{
-    tile_scores_limbs(dt, krow, row_bytes, n, ql, qs, dpad, nb, s, pf, l2, HB, QL_LIMBS);
-}
 #define PKVI_QD_TILE 1
 #endif
 

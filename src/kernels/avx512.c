@@ -743,7 +743,7 @@ AI void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint
         PKVI_UNROLL
         for (int h = 0; h < HB; h++) {
             const int8_t *qb = ql + (size_t)h * NL * dpad + b * 32;
-            __m512i a[3];
+            __m512i a[4];
             PKVI_UNROLL
             for (int r = 0; r < NL; r++)
                 a[r] = _mm512_setzero_si512();
@@ -757,10 +757,12 @@ AI void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint
                     a[r] = _mm512_dpbusd_epi32(
                         a[r], NL == 1 ? _mm512_xor_si512(qv, flip) : qv, kt[j]);
                 }
-            const __m512 top = _mm512_cvtepi32_ps(_mm512_sub_epi32(a[NL - 1], bias));
+            const __m512i top = _mm512_sub_epi32(a[NL - 1], bias);
             const __m512 isum =
-                NL == 1 ? top
-                        : _mm512_fmadd_ps(top, _mm512_set1_ps(65536.0f),
+                NL == 1 ? _mm512_cvtepi32_ps(top)
+                        : _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(
+                                              _mm512_slli_epi32(top, 8), a[NL - 2])),
+                                          _mm512_set1_ps(65536.0f),
                                           _mm512_cvtepi32_ps(_mm512_add_epi32(
                                               _mm512_slli_epi32(a[1], 8), a[0])));
             const __m512 dkq = _mm512_mul_ps(dk, _mm512_set1_ps(qs[h * nb + b]));
@@ -825,12 +827,14 @@ AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
             const __m512i Q = _mm512_cvt_roundps_epi32(
                 _mm512_scalef_ps(v[u], sc), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             _mm_storeu_si128((void *)(ql + i + 16 * u), _mm512_cvtepi32_epi8(Q));
-            /* the low byte of Q >> 8 and of Q >> 16: a logical shift gives the same
-             * bits as an arithmetic one below 24 */
+            /* the low bytes of Q >> 8, Q >> 16 and Q >> 24: a logical shift gives the
+             * same bits as an arithmetic one there */
             _mm_storeu_si128((void *)(ql + d + i + 16 * u),
                              _mm512_cvtepi32_epi8(_mm512_srli_epi32(Q, 8)));
             _mm_storeu_si128((void *)(ql + 2 * (size_t)d + i + 16 * u),
-                             _mm_xor_si128(_mm512_cvtepi32_epi8(_mm512_srli_epi32(Q, 16)),
+                             _mm512_cvtepi32_epi8(_mm512_srli_epi32(Q, 16)));
+            _mm_storeu_si128((void *)(ql + 3 * (size_t)d + i + 16 * u),
+                             _mm_xor_si128(_mm512_cvtepi32_epi8(_mm512_srli_epi32(Q, 24)),
                                            _mm_set1_epi8(-128)));
         }
     }

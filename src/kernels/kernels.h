@@ -104,13 +104,13 @@ typedef struct {
 
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_scalar;
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx2;    /* may be unavailable */
-/* avx2's kernel with AVX-VNNI: Q8/Q4 scores from a transposed tile by vpdpbusd (the
- * integer dot's bits, and the exact path's from limbs of q as avx512vnni's); needs
- * AVX-VNNI too (may be unavailable) */
+/* avx2's kernel with AVX-VNNI: the integer-dot Q8/Q4 scores from a transposed tile by
+ * vpdpbusd (avx2's bits); needs AVX-VNNI too (may be unavailable) */
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx2vnni;
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512;  /* may be unavailable */
-/* avx512's kernel with vpdpbusd in its integer-dot scores: the same results, bit for
- * bit; needs AVX512-VNNI too (may be unavailable) */
+/* avx512's kernel with vpdpbusd: the integer-dot scores the same bits; the exact
+ * Q8/Q4 scores of whole blocks from integer limbs of q (docs/numerics.md section 3);
+ * needs AVX512-VNNI too (may be unavailable) */
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512vnni;
 /* Best kernels the CPU and OS support (cpuid + XGETBV), honouring PKV_FORCE_ISA
  * (scalar|avx2|avx2vnni|avx512|avx512vnni; a forced ISA the host lacks gives PKV_EINVAL). */

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define QL_LIMBS 3 /* L, M, H: Q = H 2^16 + M 2^8 + L */
+#define QL_LIMBS 4 /* L, M, N, H: Q = H 2^24 + N 2^16 + M 2^8 + L */
 
 /* 2^e for e in [-149, 127], exactly */
 AI float ldexp_pow2(int e)
@@ -24,18 +24,19 @@ AI float ldexp_pow2(int e)
     return f;
 }
 
-/* e = max(ilogb(a) - 21, -149) for a block's largest |q| a (finite, not negative; 0
- * gives -149), so that |rint(q 2^-e)| <= 2^22. ilogb from the exponent field where a
+/* e = max(ilogb(a) - 29, -149) for a block's largest |q| a (finite, not negative; 0
+ * gives -149), so that |rint(q 2^-e)| <= 2^30. ilogb from the exponent field where a
  * is normal (libm's ilogbf and ldexpf were 3-7% of a 64-token decode), libm's below. */
+#define QL_SHIFT (8 * QL_LIMBS - 3) /* ilogb(a) - e: the top limb's H stays in [-64, 64] */
 AI int ql_block_exp(float a)
 {
     int e = -149;
     if (a >= 0x1p-126f) {
         uint32_t bits;
         memcpy(&bits, &a, sizeof bits);
-        e = (int)(bits >> 23) - 127 - 21;
+        e = (int)(bits >> 23) - 127 - QL_SHIFT;
     } else if (a > 0.0f) {
-        e = ilogbf(a) - 21 > e ? ilogbf(a) - 21 : e;
+        e = ilogbf(a) - QL_SHIFT > e ? ilogbf(a) - QL_SHIFT : e;
     }
     return e;
 }

@@ -314,15 +314,19 @@ PKV_API pkv_status pkv_mha_forward(uint32_t n_tokens, uint32_t d_model, uint32_t
 PKV_API size_t pkv_row_bytes(pkv_dtype t, uint32_t n);
 /* What the cache gives back for a row of n values stored as t: dst = dequant(quant(src))
  * (for f32/f16/bf16 each value rounded alone). src and dst may be the same array.
- * Nothing happens for an unknown dtype, n == 0 or NULL. */
+ * Nothing happens for an unknown dtype, n == 0 or NULL. For Q8/Q4 a rounded row rounded
+ * again can move (each block's scale is searched anew, each value within half a step):
+ * append the values themselves, and keep rows rounded once as the reference. */
 PKV_API void pkv_dtype_round_row(pkv_dtype t, uint32_t n, const float *src, float *dst);
 /* Bytes of one stored value of dtype t (4, 2, 2); 0 for the block types and for an
  * unknown dtype. */
 PKV_API size_t pkv_dtype_size(pkv_dtype t);
 /* "f32", "f16", "bf16", "q8", "q4"; "?" for an unknown dtype. */
 PKV_API const char *pkv_dtype_name(pkv_dtype t);
-/* Round one float to dtype t (round-to-nearest-even) and back: what the cache stores.
- * For tests and references. Unknown dtype: x unchanged. */
+/* Round one float to dtype t (round-to-nearest-even) and back: what the cache stores
+ * for f32/f16/bf16. Q8/Q4 round a whole row together (its blocks share scales): use
+ * pkv_dtype_round_row; here x is rounded as a block of one. For tests and references.
+ * Unknown dtype: x unchanged. */
 PKV_API float pkv_dtype_round(pkv_dtype t, float x);
 /* The configuration the engine runs with (defaults resolved: block_tokens, scale,
  * n_threads). spill_dir points into the engine. PKV_EINVAL for NULL. */

@@ -42,20 +42,22 @@ static float f16_next(float r)
     return r + (r < ldexpf(1.0f, -14) ? ldexpf(1.0f, -24) : ldexpf(1.0f, e - 11));
 }
 
-/* The smallest f16 d with 7.5 d >= b (b > 0; 7.5 d is exact in f32), at most 65504. */
-static float f16_cover(float b)
+/* The smallest f16 d with c d >= b (b > 0; c d is exact in f32 for c = 7.5, 8.5 and
+ * 127.5), at most 65504. */
+static float f16_cover(float b, float c)
 {
-    float d = pkv_dtype_round(PKV_F16, b / 7.5f);
-    while (d < 65504.0f && 7.5f * d < b)
+    float d = pkv_dtype_round(PKV_F16, b / c);
+    while (d < 65504.0f && c * d < b)
         d = f16_next(d);
     return d > 65504.0f ? 65504.0f : d;
 }
 
 /* The (signed) covering scale d_0 of a block of m values, the format of src/quant.c
- * written again: a = max |x_j|. Q8: f16(a / 127), nearest even. Q4: of the sign
- * opposite to the block's first value of magnitude a, |d| = max(f16(a / 8), the
- * smallest f16 with 7.5 |d| >= b), b the largest magnitude of the other sign's values.
- * |d| at least the smallest f16 subnormal, at most 65504; 0 for a zero block. */
+ * written again: a = max |x_j|. Q8: max(f16(a / 127) nearest even, the smallest f16
+ * with 127.5 d >= a). Q4: of the sign opposite to the block's first value of magnitude
+ * a, |d| = max(f16(a / 8), the smallest f16 with 8.5 |d| >= a, the smallest with 7.5 |d|
+ * >= b), b the largest magnitude of the other sign's values. |d| at least the smallest
+ * f16 subnormal, at most 65504; 0 for a zero block. */
 static float cover_of(pkv_dtype t, const float *x, uint32_t m)
 {
     float a = 0, b = 0;
@@ -70,10 +72,10 @@ static float cover_of(pkv_dtype t, const float *x, uint32_t m)
             b = fabsf(x[j]);
     if (a == 0.0f)
         return 0.0f;
-    float d = pkv_dtype_round(PKV_F16, a / 127.0f);
+    float d = fmaxf(pkv_dtype_round(PKV_F16, a / 127.0f), f16_cover(a, 127.5f));
     if (t == PKV_Q4) {
-        d = pkv_dtype_round(PKV_F16, a / 8.0f);
-        const float db = b == 0.0f ? 0.0f : f16_cover(b);
+        d = fmaxf(pkv_dtype_round(PKV_F16, a / 8.0f), f16_cover(a, 8.5f));
+        const float db = b == 0.0f ? 0.0f : f16_cover(b, 7.5f);
         d = db > d ? db : d;
     }
     if (d == 0.0f)
@@ -201,6 +203,26 @@ START_TEST(round_row_within_half_a_step)
             pkv_dtype_round_row(t, n, z, z);
             ck_assert_mem_eq(z, y, n * sizeof *z);
         }
+        /* every magnitude from 2^-30 to 2^4: blocks whose scale is an f16 subnormal
+         * (a largest value under 127 * 2^-14 for Q8, 8 * 2^-14 for Q4) keep the bound */
+        for (int e = -30; e <= 4; e++)
+            for (int rep = 0; rep < 64; rep++) {
+                const uint32_t m = 1 + pkvt_below(&r, 32);
+                pkvt_fill(&r, x, m, -1, 1);
+                for (uint32_t j = 0; j < m; j++)
+                    x[j] = ldexpf(x[j], e);
+                pkv_dtype_round_row(t, m, x, y);
+                if (pkvt_maxabs(x, m) == 0.0f)
+                    continue;
+                char what[64];
+                snprintf(what, sizeof what, "%s 2^%d block %d", pkv_dtype_name(t), e, rep);
+                const float d = stored_scale(t, x, m, y, what);
+                for (uint32_t j = 0; j < m; j++)
+                    ck_assert_msg(fabsf(x[j] - y[j]) <= fabsf(d) / 2,
+                                  "%s value %u: |%g - %g| > %g / 2 (seed %llu)", what, j,
+                                  (double)x[j], (double)y[j], (double)d,
+                                  (unsigned long long)seed);
+            }
     }
 }
 END_TEST

@@ -705,13 +705,13 @@ AI void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512i kt[8])
 /* The scores of n rows and HB heads whose q is NL limbs of int8 per value, the last one
  * signed, the others unsigned bytes (ql + h * NL * dpad + r * dpad: limb r of head h),
  * value = sum_r limb_r 2^(8r) times the head's block scale qs[h * nb + b]. NL = 1 is the
- * integer dot (the limb is pkvi_quant_query's qi); NL = 3, the exact path's limbs
- * (ql_prep_head). The signed limb is the unsigned operand after a byte xor (+ 128): here
- * for NL = 1, by ql_prep_head for NL = 3 (once per call, not once per tile). 128 times
- * each token's sum of k comes off the lanes. Per block the limbs' isums are
- * exact int32; for NL = 3 they join as float(isum_2) 2^16 + float(isum_1 2^8 + isum_0),
- * the second sum exact in int32 (|.| < 2^28.1) and rounded once, then one fused
- * multiply-add: the block's dot to within 2u of its magnitude. */
+ * integer dot (the limb is pkvi_quant_query's qi); NL = 4 (QL_LIMBS), the exact path's
+ * limbs (ql_prep_head). The signed limb is the unsigned operand after a byte xor (+ 128):
+ * here for NL = 1, by ql_prep_head for NL = 4 (once per call, not once per tile). 128
+ * times each token's sum of k comes off the lanes. Per block the limbs' isums are exact
+ * int32; for NL = 4 they join as float(isum_3 2^8 + isum_2) 2^16 + float(isum_1 2^8 +
+ * isum_0), both sums exact in int32 (|.| < 2^28.1) and each rounded once, then one fused
+ * multiply-add: the block's dot to within 3u of its terms' magnitudes. */
 AI void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
                           const int8_t *ql, const float *qs, size_t dpad, uint32_t nb,
                           float *s, const char *pf, const bool l2, const int HB, const int NL)
@@ -788,13 +788,15 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
 }
 
 /* ---- the exact path's scores from integer limbs of q (avx512vnni, whole blocks) ------
- * Block b of a head's q is held as Q_j 2^e: e = max(ilogb(a) - 21, -149), a the
- * block's largest |q_j|, Q_j = rint(q_j 2^-e), so |Q_j| <= 2^22 and |q_j - Q_j 2^e| <=
- * 2^(e-1), at most 2^-22 a (4u of the block's largest; below a = 2^-128, 2^-150).
- * Q_j = H 2^16 + M 2^8 + L with L, M in [0, 255] and H in [-64, 64], stored as H + 128
- * (the byte xor tile_scores_limbs needs for its unsigned operand): three vpdpbusd
- * per 4 values and head where the f32 path spends a conversion, a scale multiply and
- * an FMA per value (tile_scores_limbs). A block whose largest |q| is not finite gets
+ * Block b of a head's q is held as Q_j 2^e: e = max(ilogb(a) - 29, -149), a the
+ * block's largest |q_j|, Q_j = rint(q_j 2^-e), so |Q_j| <= 2^30 and |q_j - Q_j 2^e| <=
+ * 2^(e-1), at most 2^-30 a (below a = 2^-120, 2^-150); values of at least a / 64 are
+ * held exactly. (Three limbs, 2^-22 a, missed SPEC §9's 1e-5 where a block's largest
+ * value sits on a K channel of zeros: docs/numerics.md section 3.) Q_j = H 2^24 + N 2^16
+ * + M 2^8 + L with L, M, N in [0, 255] and H in [-64, 64], stored as H + 128 (the byte
+ * xor tile_scores_limbs needs for its unsigned operand): four vpdpbusd per 4 values and
+ * head where the f32 path spends a conversion, a scale multiply and an FMA per value
+ * (tile_scores_limbs). A block whose largest |q| is not finite gets
  * the scale NaN, so the head's scores are NaN, as on the f32 path. The error this adds
  * to a score is in docs/numerics.md section 4. */
 #define PKVI_WALK_LIMBS 1

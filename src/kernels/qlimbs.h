@@ -1,8 +1,8 @@
 /*
  * kernels/qlimbs.h - the block exponent of the exact path's integer limbs of q
- * (docs/numerics.md section 3), written once for the two files that cut q into limbs:
- * avx512.c (the avx512vnni table) and avx2.c (avx2vnni). Included after the including
- * file defines AI; no state.
+ * (docs/numerics.md section 3), for avx512.c's avx512vnni table (avx2.c's avx2vnni table
+ * cut q into limbs too until the fourth limb made that slower than its f32 scores).
+ * Included after the including file defines AI; no state.
  */
 #ifndef PKV_KERNELS_QLIMBS_H
 #define PKV_KERNELS_QLIMBS_H

@@ -19,11 +19,12 @@
  *        magnitude of the values of the other sign, which go to the 7 end. |d_0| =
  *        max(f16(a / 8) nearest even, the smallest f16 with 8.5 |d_0| >= a, the
  *        smallest f16 with 7.5 |d_0| >= b): a lands on -8 (up to the scale's rounding)
- *        and b on at most 7.5, so every value stays within half a step. Against the 15 codes of [-7, 7] with d = a / 7, the step
- *        shrinks by up to 7/8: on bell-shaped rows the squared error falls to ~0.8, and
- *        on stories260K (head_dim 8, one block per row) Q4's mean KL against f32 by
- *        ~1/3 (docs/numerics.md). Q8 keeps [-127, 127]: the same scheme with 256 codes
- *        shrinks its step by at most 1/128, and measured no better on stories260K.
+ *        and b on at most 7.5, so every value stays within half a step. Against the 15
+ *        codes of [-7, 7] with d = a / 7, the step shrinks by up to 7/8: on bell-shaped
+ *        rows the squared error falls to ~0.8, and on stories260K (head_dim 8, one block
+ *        per row) Q4's mean KL against f32 by ~1/3 (docs/numerics.md). Q8 keeps
+ *        [-127, 127]: the same scheme with 256 codes shrinks its step by at most 1/128,
+ *        and measured no better on stories260K.
  * Then the scale search (search_scale): d is the one of the 8 scales f16(|d_0| (1 + k /
  *   64)), k = 0..7, sign of d_0, whose block has the least squared error (the smallest
  *   of equals). A scale a few percent coarser often puts the block's values nearer its
@@ -75,33 +76,30 @@ static uint16_t scale_bits(float v)
     return h;
 }
 
-/* The smallest f16 scale (bits) d with c d >= v, or 65504: values of magnitude <= v then
+/* max(h, the smallest f16 scale d with c d >= v), or 65504: values of magnitude <= v then
  * land at most on c, so clamped to the code below c + 1/2 they stay within half a step.
  * c is 7.5, 8.5 or 127.5, so c d is exact in f32 (at most 8 bits times 11) and the test
- * is exact; v / c rounded to f16 is below the answer by at most one f16, and positive
- * f16 bits count up with their values. */
-static uint16_t scale_cover(float v, float c)
+ * is exact. Counting h up to the first f16 that passes gives that maximum, as positive
+ * f16 bits count up with their values; from h = f16(v / c), or from a / 127 or a / 8
+ * rounded to nearest, it is at most one step. */
+static uint16_t cover_from(uint16_t h, float v, float c)
 {
-    uint16_t h = scale_bits(v / c);
     while (h < 0x7bffu && c * pkvi_f16_to_f32(h) < v)
         h++;
     return h;
 }
 
-static uint16_t max16(uint16_t x, uint16_t y)
-{
-    return x > y ? x : y; /* positive f16 bits order as their values */
-}
-
 uint16_t pkvi_quant_first_scale(pkv_dtype t, float a, float b, bool neg)
 {
-    /* a / 127 and a / 8 rounded to nearest, unless the scale is so small (an f16
+    /* a / 127 and a / 8 rounded to nearest, raised where that scale is so small (an f16
      * subnormal, a / 127 under 2^-14) that a would land more than half a step past the
-     * end code: then the least scale that keeps it within (the cover) */
+     * end code: then to the least scale that keeps it within (the cover). Above the
+     * subnormals the nearest scale always covers, and the test is one multiply. */
     if (t == PKV_Q8)
-        return max16(scale_bits(a / 127.0f), scale_cover(a, 127.5f));
-    const uint16_t h = max16(max16(scale_bits(a / 8.0f), scale_cover(a, 8.5f)),
-                             scale_cover(b, 7.5f));
+        return cover_from(scale_bits(a / 127.0f), a, 127.5f);
+    const uint16_t ha = cover_from(scale_bits(a / 8.0f), a, 8.5f);
+    const uint16_t hb = cover_from(scale_bits(b / 7.5f), b, 7.5f);
+    const uint16_t h = ha > hb ? ha : hb; /* positive f16 bits order as their values */
     return neg ? h : (uint16_t)(h | 0x8000u); /* d < 0: a goes to the -8 end */
 }
 

@@ -801,6 +801,8 @@ AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_
  * to a score is in docs/numerics.md section 4. */
 #define PKVI_WALK_LIMBS 1
 #include "qlimbs.h" /* QL_LIMBS, ql_block_exp, ldexp_pow2 */
+_Static_assert(QL_LIMBS == 4, "tile_scores_limbs joins limbs 3 and 2, then 1 and 0, and "
+                              "ql_prep_head writes four");
 
 AI void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
 {

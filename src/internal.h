@@ -6,22 +6,22 @@
  * concerns it uses, so the include graph is the module map of docs/design.md:
  *
  *   util.h  dtype.h  kernels/kernels.h  threads.h  io.h        (leaves)
- *   pool.h  <- spill.h <- btable.h <- engine_state.h <- session.h     (the page stack)
+ *   pool.h  <- spill.h <- btable.h <- engine/engine.h <- session.h     (the page stack)
  *   decode.h                                                    (the pipeline)
  */
 #ifndef PAGEDKV_INTERNAL_H
 #define PAGEDKV_INTERNAL_H
 
-#include "util.h"
-#include "dtype.h"
+#include "base/util.h"
+#include "base/dtype.h"
 #include "kernels/kernels.h"
-#include "threads.h"
-#include "io.h"
-#include "pool.h"
-#include "spill.h"
-#include "btable.h"
-#include "engine_state.h"
-#include "session.h"
-#include "decode.h"
+#include "base/threads.h"
+#include "store/io.h"
+#include "store/pool.h"
+#include "store/spill.h"
+#include "cache/btable.h"
+#include "engine/engine.h"
+#include "session/session.h"
+#include "attention/decode.h"
 
 #endif /* PAGEDKV_INTERNAL_H */

@@ -374,7 +374,7 @@ typedef struct {
     bool budget;                     /* a budget series is drawn */
 } panel_info;
 
-/* The panels of an SVG written by tools/svg.c: their scales, plot areas, and the
+/* The panels of an SVG written by tools/common/svg.c: their scales, plot areas, and the
  * extreme data vertices (polylines and circles inside the plot area). */
 static size_t read_panels(const char *svg, panel_info *out, size_t cap)
 {

@@ -11,7 +11,7 @@
  * plain pread, CRCs against a bitwise (one bit per step) implementation written here.
  */
 #include "testutil.h"
-#include "io_backend.h"
+#include "store/io_backend.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -90,7 +90,7 @@ START_TEST(crc_vectors)
 }
 END_TEST
 
-/* The slicing tables (generated from the polynomial by src/gen_crc32c.c) against the
+/* The slicing tables (generated from the polynomial by src/store/gen_crc32c.c) against the
  * bitwise definition: one nonzero byte at every position of one and two 8-byte
  * blocks, every value, reaches every entry of all eight tables. */
 START_TEST(crc_every_table_entry)

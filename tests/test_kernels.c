@@ -14,7 +14,7 @@
  * choice of table against /proc/cpuinfo.
  */
 #include "internal.h"
-#include "quant.h"
+#include "base/quant.h"
 #include "testutil.h"
 
 #include <math.h>

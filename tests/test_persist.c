@@ -15,7 +15,7 @@
  */
 #include "testutil.h"
 #include "internal.h"
-#include "io_backend.h"
+#include "store/io_backend.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -52,7 +52,7 @@ static float f16_cover(float b, float c)
     return d > 65504.0f ? 65504.0f : d;
 }
 
-/* The (signed) covering scale d_0 of a block of m values, the format of src/quant.c
+/* The (signed) covering scale d_0 of a block of m values, the format of src/base/quant.c
  * written again: a = max |x_j|. Q8: max(f16(a / 127) nearest even, the smallest f16
  * with 127.5 d >= a). Q4: of the sign opposite to the block's first value of magnitude
  * a, |d| = max(f16(a / 8), the smallest f16 with 8.5 |d| >= a, the smallest with 7.5 |d|

@@ -1,5 +1,5 @@
 /*
- * test_reference.c - Check suite for src/reference.c: the dense causal-attention
+ * test_reference.c - Check suite for src/attention/reference.c: the dense causal-attention
  * oracle, the textbook MHA/GQA/MQA layer and the KV-cache size formula (SPEC §1).
  *
  * The references here are written independently of the library: attention is the

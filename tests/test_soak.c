@@ -9,7 +9,7 @@
  * spills), that it leaves nothing behind and that it CAN fail: the hidden
  * --inject-bug corrupts its model once and the run must exit 1 naming the seed and the
  * op, while the same run stopped just before that op passes. Usage errors exit 2.
- * Does not own the library's own tests; the soak's checks are in tools/cmd_soak.c.
+ * Does not own the library's own tests; the soak's checks are in tools/soak/soak.c.
  *
  * Test cases: "soak" (failure, files, usage), "sync" (clean runs with PKV_NO_URING=1),
  * "io_uring" (clean runs on io_uring that decide exactly as on sync; meson reports it

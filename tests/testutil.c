@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "io_backend.h"
+#include "store/io_backend.h"
 
 extern char **environ;
 

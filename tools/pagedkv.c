@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
+#include "common/cli.h"
 
 typedef struct {
     const char *name;

@@ -18,8 +18,8 @@
  * and the unrolling (PKVI_UNROLL) as in avx512.c.
  */
 #include "kernels/kernels.h"
-#include "dtype.h"
-#include "quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 
 #include <immintrin.h>
 #include <math.h>

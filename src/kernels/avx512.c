@@ -47,8 +47,8 @@
  * registers (without it gcc -O2 runs this file 3.5x slower than -O3).
  */
 #include "kernels/kernels.h"
-#include "dtype.h"
-#include "quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 
 #include <immintrin.h>
 #include <math.h>

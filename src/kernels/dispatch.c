@@ -17,7 +17,7 @@
  *     AVX2 hosts, and chosen only through PKV_FORCE_ISA.
  */
 #include "kernels/kernels.h"
-#include "dtype.h"
+#include "base/dtype.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
 #ifndef PAGEDKV_KERNELS_H
 #define PAGEDKV_KERNELS_H
 
-#include "util.h"
+#include "base/util.h"
 
 /* Largest n_heads / n_kv_heads (bounds the kernels' stack scratch). */
 #define PKVI_MAX_GROUP_HEADS 256u

@@ -8,7 +8,7 @@
 #define PKV_KERNELS_QDOT256_H
 
 #include "qblock256.h" /* qb_scan, qb_hmax, qb_pack_i8 */
-#include "quant.h"
+#include "base/quant.h"
 
 #include <immintrin.h>
 #include <math.h>

@@ -18,7 +18,7 @@
 #define PKV_KERNELS_QSTORE256_H
 
 #include "qblock256.h" /* qb_scan, qb_hmax, qb_pack_i8 */
-#include "quant.h"
+#include "base/quant.h"
 
 #include <immintrin.h>
 #include <string.h>

@@ -23,8 +23,8 @@
  * read.
  */
 #include "kernels/kernels.h"
-#include "dtype.h"
-#include "quant.h"
+#include "base/dtype.h"
+#include "base/quant.h"
 
 #include <math.h>
 #include <string.h>

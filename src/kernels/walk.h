@@ -32,7 +32,7 @@
 #ifndef PKV_KERNELS_WALK_H
 #define PKV_KERNELS_WALK_H
 
-#include "quant.h"
+#include "base/quant.h"
 
 #include <stdbool.h>
 #include <string.h>

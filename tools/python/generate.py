@@ -5,7 +5,7 @@
         --tokenizer ../shared/models/tok512.bin -n 256 -i "Once upon a time"
 
 Greedy decoding, token by token: the text equals `pagedkv generate ... -t 0`'s. The
-transformer is the one tools/llama/llama.c runs (RMSNorm with eps 1e-5, RoPE on
+transformer is the one examples/llama/llama.c runs (RMSNorm with eps 1e-5, RoPE on
 adjacent pairs with base 10000, grouped-query attention, SwiGLU feed-forward, the
 classifier shared with the token embedding when the header's vocab_size is positive);
 pagedkv keeps every layer's K/V in its paged cache and computes the attention.

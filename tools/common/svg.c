@@ -1,0 +1,509 @@
+/*
+ * svg.c - the chart writer of svg.h.
+ *
+ * Owns: the page layout (fixed pixel geometry below), axis ranges and ticks, tick
+ * labels, the legend, XML escaping. Does not own the data or the FILE.
+ *
+ * Invariants
+ *   - Every coordinate written is finite: non-finite points, and points <= 0 on a log
+ *     axis, are skipped before mapping; an empty or degenerate range is widened.
+ *   - Ticks lie inside the axis range, and the axis range holds every drawn point
+ *     with a margin of AXIS_PAD of the axis at each end (none at a zero end of a
+ *     linear axis): axes end near the data. A log axis narrower than one tick step
+ *     is widened to the powers around it.
+ *   - Each panel says how it was laid out, for programs reading the file:
+ *     data-x-scale / data-y-scale ("linear" or "log") and data-x-range / data-y-range
+ *     (the axis ends in data units), data-plot (the plot area: left, top, right,
+ *     bottom in the panel's pixels).
+ *   - All text goes through xml_text(), so a series name cannot break the document.
+ */
+#include "common/svg.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Page geometry in pixels: a plot area with room for tick labels on the left and
+ * below, and the legend on the right, outside the data. */
+enum {
+    PAGE_W = 1000,
+    TITLE_H = 40,
+    PANEL_H = 400,
+    PLOT_L = 92,
+    PLOT_R = PAGE_W - 280,
+    PLOT_T = 42,
+    PLOT_B = PANEL_H - 62,
+    MAX_TICKS = 24
+};
+
+static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                                      "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+
+/* One laid-out axis: the range drawn, the ticks, and the unit of its labels. */
+typedef struct {
+    const svg_axis *ax;
+    double lo, hi;          /* axis range in data units (> 0 on a log axis) */
+    double ticks[MAX_TICKS];
+    size_t n_ticks;
+    double step;            /* linear: distance between ticks in data units */
+    double unit;            /* labels are written as value / unit */
+    const char *unit_name;  /* suffix of labels: "GiB", "K", "" */
+} axis_layout;
+
+static void xml_text(FILE *f, const char *s)
+{
+    for (const char *p = s ? s : ""; *p; p++) {
+        switch (*p) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&apos;", f); break;
+        default:
+            /* control characters are not allowed in XML 1.0 text */
+            if ((unsigned char)*p >= 0x20 || *p == '\t' || *p == '\n')
+                fputc(*p, f);
+        }
+    }
+}
+
+/* Heckbert's "nice number": 1, 2, 5 or 10 times a power of ten near x. */
+static double nice_num(double x, bool round_it)
+{
+    double e = floor(log10(x));
+    double p = pow(10.0, e);
+    double fr = x / p, nf;
+    if (round_it)
+        nf = fr < 1.5 ? 1 : fr < 3 ? 2 : fr < 7 ? 5 : 10;
+    else
+        nf = fr <= 1 ? 1 : fr <= 2 ? 2 : fr <= 5 ? 5 : 10;
+    return nf * p;
+}
+
+/* Binary unit for a magnitude: the largest 1024^k (k <= 4) not above m. */
+static void binary_unit(double m, bool bytes, double *unit, const char **name)
+{
+    static const char *const bnames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    static const char *const cnames[] = {"", "K", "M", "G", "T"};
+    int k = 0;
+    double u = 1.0;
+    while (k < 4 && m >= u * 1024.0) {
+        u *= 1024.0;
+        k++;
+    }
+    *unit = u;
+    *name = bytes ? bnames[k] : cnames[k];
+}
+
+/* Margin beyond the data at each end of an axis, as a fraction of its length: the
+ * axis ends near the data instead of at the next round number (which can leave up to
+ * half a linear axis, or most of a decade, empty). */
+#define AXIS_PAD 0.03
+
+static void layout_linear(axis_layout *a, double lo, double hi)
+{
+    if (a->ax->from_zero) {
+        lo = fmin(lo, 0.0);
+        hi = fmax(hi, 0.0);
+    }
+    a->unit = 1.0;
+    a->unit_name = "";
+    if (a->ax->format != SVG_FMT_NUMBER)
+        binary_unit(fmax(fabs(lo), fabs(hi)), a->ax->format == SVG_FMT_BYTES, &a->unit,
+                    &a->unit_name);
+    double l = lo / a->unit, h = hi / a->unit;
+    if (!(h > l)) {
+        double pad = l != 0.0 ? fabs(l) * 0.1 : 1.0;
+        l -= pad;
+        h += pad;
+    }
+    /* a zero end stays at zero; others get the margin */
+    const double pad = (h - l) * AXIS_PAD;
+    l = l == 0.0 ? 0.0 : l - pad;
+    h = h == 0.0 ? 0.0 : h + pad;
+    double step = nice_num(nice_num(h - l, false) / 5.0, true);
+    if (a->ax->format != SVG_FMT_NUMBER && a->unit == 1.0)
+        step = fmax(step, 1.0);   /* no fractions of a token or a byte */
+    const double tlo = ceil(l / step - 1e-9) * step;
+    a->n_ticks = 0;
+    for (double t = tlo; t <= h + step * 1e-9 && a->n_ticks < MAX_TICKS; t += step)
+        a->ticks[a->n_ticks++] = (fabs(t) < step * 1e-9 ? 0.0 : t) * a->unit;
+    a->lo = l * a->unit;
+    a->hi = h * a->unit;
+    a->step = step * a->unit;
+}
+
+/* Ticks of a log axis over [lo, hi]: powers of base every k exponents, with 2x and 5x
+ * between them when mid is set (base 10 over a decade or two). */
+static void log_ticks(axis_layout *a, double base, int k, bool mid, double lo, double hi)
+{
+    a->n_ticks = 0;
+    const double elo = floor(log(lo) / log(base)), ehi = ceil(log(hi) / log(base));
+    for (double e = ceil(elo / k) * k; e <= ehi && a->n_ticks < MAX_TICKS; e += k) {
+        const double v = pow(base, e), m[3] = {1, 2, 5};
+        for (int i = 0; i < (mid ? 3 : 1) && a->n_ticks < MAX_TICKS; i++)
+            if (v * m[i] >= lo * (1 - 1e-9) && v * m[i] <= hi * (1 + 1e-9))
+                a->ticks[a->n_ticks++] = v * m[i];
+    }
+}
+
+static void layout_log(axis_layout *a, double lo, double hi)
+{
+    const double base = a->ax->format == SVG_FMT_NUMBER ? 10.0 : 2.0;
+    if (!(hi > lo)) {
+        lo /= base;
+        hi *= base;
+    }
+    /* the margin, in log space */
+    const double pad = pow(hi / lo, AXIS_PAD);
+    lo /= pad;
+    hi *= pad;
+    const double span = log(hi / lo) / log(base);
+    static const int steps10[] = {1, 2, 3, 5, 10};
+    static const int steps2[] = {1, 2, 5, 10, 20, 30};
+    const int *st = base == 10.0 ? steps10 : steps2;
+    size_t nst = base == 10.0 ? 5 : 6;
+    int k = st[nst - 1];
+    for (size_t i = 0; i < nst; i++)
+        if (span / st[i] <= 8.0) {
+            k = st[i];
+            break;
+        }
+    log_ticks(a, base, k, base == 10.0 && span <= 2.0, lo, hi);
+    if (a->n_ticks < 2) {
+        /* less than one step wide: widen to the powers around the data */
+        lo = pow(base, floor(log(lo) / log(base) + 1e-9));
+        hi = pow(base, ceil(log(hi) / log(base) - 1e-9));
+        if (hi <= lo)
+            hi = lo * base;
+        log_ticks(a, base, 1, base == 10.0, lo, hi);
+    }
+    a->lo = lo;
+    a->hi = hi;
+    a->step = 0.0;
+    a->unit = 1.0;
+    a->unit_name = "";
+}
+
+static bool usable(const svg_axis *ax, double v)
+{
+    return isfinite(v) && (!ax->log || ax->categories || v > 0.0);
+}
+
+static void layout_axis(axis_layout *a, const svg_axis *ax, const svg_panel *p, bool is_x)
+{
+    if (ax->categories && ax->n_categories) {
+        /* one slot per category, its tick in the middle */
+        a->ax = ax;
+        a->lo = -0.5;
+        a->hi = (double)ax->n_categories - 0.5;
+        a->n_ticks = 0;
+        for (size_t i = 0; i < ax->n_categories && a->n_ticks < MAX_TICKS; i++)
+            a->ticks[a->n_ticks++] = (double)i;
+        a->step = 1.0;
+        a->unit = 1.0;
+        a->unit_name = "";
+        return;
+    }
+    double lo = INFINITY, hi = -INFINITY;
+    for (size_t s = 0; s < p->n_series; s++) {
+        const svg_series *se = &p->series[s];
+        for (size_t i = 0; i < se->n; i++) {
+            double x = se->x[i], y = se->y[i];
+            if (!usable(&p->x, x) || !usable(&p->y, y))
+                continue;
+            double v = is_x ? x : y;
+            lo = fmin(lo, v);
+            hi = fmax(hi, v);
+        }
+    }
+    a->ax = ax;
+    if (!(lo <= hi)) {  /* no point at all */
+        lo = ax->log ? 1.0 : 0.0;
+        hi = ax->log ? 10.0 : 1.0;
+    }
+    if (ax->log)
+        layout_log(a, lo, hi);
+    else
+        layout_linear(a, lo, hi);
+}
+
+/* Position of v along the axis as a fraction 0..1 of its length. */
+static double frac(const axis_layout *a, double v)
+{
+    if (a->ax->log && !a->ax->categories)
+        return (log(v) - log(a->lo)) / (log(a->hi) - log(a->lo));
+    return (v - a->lo) / (a->hi - a->lo);
+}
+
+static double px_x(const axis_layout *a, double v)
+{
+    return PLOT_L + frac(a, v) * (PLOT_R - PLOT_L);
+}
+
+static double px_y(const axis_layout *a, double v)
+{
+    return PLOT_B - frac(a, v) * (PLOT_B - PLOT_T);
+}
+
+/* Four significant digits: enough for any tick, and no float noise such as
+ * 0.30000000000000004 in a label. */
+static void short_num(char *buf, size_t len, double v, const char *suffix)
+{
+    snprintf(buf, len, "%.4g%s", v, suffix);
+}
+
+static const char *tick_label(const axis_layout *a, double v, char *buf, size_t len)
+{
+    if (a->ax->categories) {
+        const size_t i = (size_t)(v + 0.5);
+        snprintf(buf, len, "%s", i < a->ax->n_categories ? a->ax->categories[i] : "");
+        return buf;
+    }
+    if (v == 0.0) {
+        snprintf(buf, len, "0");
+        return buf;
+    }
+    double unit;
+    const char *name;
+    switch (a->ax->format) {
+    case SVG_FMT_BYTES:
+        if (a->ax->log)
+            binary_unit(fabs(v), true, &unit, &name);
+        else
+            unit = a->unit, name = a->unit_name;
+        snprintf(buf, len, "%.4g %s", v / unit, name);
+        return buf;
+    case SVG_FMT_COUNT:
+        if (a->ax->log)
+            binary_unit(fabs(v), false, &unit, &name);
+        else
+            unit = a->unit, name = a->unit_name;
+        short_num(buf, len, v / unit, name);
+        return buf;
+    case SVG_FMT_NUMBER:
+    default: {
+        static const char *const si[] = {"", "k", "M", "G", "T"};
+        int k = 0;
+        double m = fabs(v);
+        while (k < 4 && m >= 1e4) {
+            m /= 1e3;
+            k++;
+        }
+        short_num(buf, len, v / pow(1e3, k), si[k]);
+        return buf;
+    }
+    }
+}
+
+static void draw_axes(FILE *f, const axis_layout *xa, const axis_layout *ya,
+                      const svg_panel *p)
+{
+    char buf[48];
+    fputs("<g class=\"grid\" stroke=\"#e3e3e3\" stroke-width=\"1\">\n", f);
+    for (size_t i = 0; i < xa->n_ticks; i++) {
+        double x = px_x(xa, xa->ticks[i]);
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>\n", x, PLOT_T, x,
+                PLOT_B);
+    }
+    for (size_t i = 0; i < ya->n_ticks; i++) {
+        double y = px_y(ya, ya->ticks[i]);
+        fprintf(f, "<line x1=\"%d\" y1=\"%.2f\" x2=\"%d\" y2=\"%.2f\"/>\n", PLOT_L, y, PLOT_R,
+                y);
+    }
+    fputs("</g>\n<g class=\"ticks\" fill=\"#333\">\n", f);
+    for (size_t i = 0; i < xa->n_ticks; i++) {
+        double x = px_x(xa, xa->ticks[i]);
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\" stroke=\"#333\"/>", x,
+                PLOT_B, x, PLOT_B + 5);
+        fprintf(f, "<text x=\"%.2f\" y=\"%d\" text-anchor=\"middle\">", x, PLOT_B + 19);
+        xml_text(f, tick_label(xa, xa->ticks[i], buf, sizeof buf));
+        fputs("</text>\n", f);
+    }
+    for (size_t i = 0; i < ya->n_ticks; i++) {
+        double y = px_y(ya, ya->ticks[i]);
+        fprintf(f, "<line x1=\"%d\" y1=\"%.2f\" x2=\"%d\" y2=\"%.2f\" stroke=\"#333\"/>",
+                PLOT_L - 5, y, PLOT_L, y);
+        fprintf(f, "<text x=\"%d\" y=\"%.2f\" text-anchor=\"end\">", PLOT_L - 8, y + 4);
+        xml_text(f, tick_label(ya, ya->ticks[i], buf, sizeof buf));
+        fputs("</text>\n", f);
+    }
+    fputs("</g>\n", f);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+               "stroke=\"#333\"/>\n",
+            PLOT_L, PLOT_T, PLOT_R - PLOT_L, PLOT_B - PLOT_T);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"13\">",
+            (PLOT_L + PLOT_R) / 2, PLOT_B + 42);
+    xml_text(f, p->x.label);
+    fputs("</text>\n", f);
+    int cy = (PLOT_T + PLOT_B) / 2;
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"13\" "
+               "transform=\"rotate(-90 %d %d)\">",
+            22, cy, 22, cy);
+    xml_text(f, p->y.label);
+    fputs("</text>\n", f);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"15\" "
+               "font-weight=\"bold\">",
+            (PLOT_L + PLOT_R) / 2, PLOT_T - 14);
+    xml_text(f, p->title);
+    fputs("</text>\n", f);
+}
+
+/* Bars of series se, the bi-th of nb bar series: 80% of each slot (one x unit: a
+ * category), split evenly; from the axis' lower end (log) or from 0 (linear). */
+static void draw_bars(FILE *f, const svg_series *se, const char *color,
+                      const axis_layout *xa, const axis_layout *ya, const svg_panel *p,
+                      size_t panel_no, size_t bi, size_t nb)
+{
+    const double slot = (PLOT_R - PLOT_L) / (xa->hi - xa->lo) * 0.8; /* one x unit */
+    const double w = slot / (double)(nb ? nb : 1);
+    const double base = ya->ax->log ? PLOT_B
+                                    : px_y(ya, fmin(fmax(0.0, ya->lo), ya->hi));
+    fprintf(f, "<g fill=\"%s\" clip-path=\"url(#plot%zu)\">\n", color, panel_no);
+    for (size_t i = 0; i < se->n; i++) {
+        if (!usable(&p->x, se->x[i]) || !usable(&p->y, se->y[i]))
+            continue;
+        const double x = px_x(xa, se->x[i]) - slot / 2 + (double)bi * w;
+        const double y = px_y(ya, se->y[i]);
+        fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\"/>\n", x,
+                fmin(y, base), w * 0.92, fabs(base - y));
+    }
+    fputs("</g>\n", f);
+}
+
+static void draw_series(FILE *f, const svg_series *se, const char *color,
+                        const axis_layout *xa, const axis_layout *ya, const svg_panel *p,
+                        size_t panel_no, size_t bi, size_t nb)
+{
+    fputs("<g class=\"series\"><title>", f);
+    xml_text(f, se->name);
+    fprintf(f, "</title>\n");
+    if (se->bars) {
+        draw_bars(f, se, color, xa, ya, p, panel_no, bi, nb);
+        fputs("</g>\n", f);
+        return;
+    }
+    if (se->line) {
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" "
+                   "stroke-linejoin=\"round\"%s clip-path=\"url(#plot%zu)\" points=\"",
+                color, se->dashed ? " stroke-dasharray=\"6 4\"" : "", panel_no);
+        size_t k = 0;
+        for (size_t i = 0; i < se->n; i++) {
+            if (!usable(&p->x, se->x[i]) || !usable(&p->y, se->y[i]))
+                continue;
+            const char *sep = k == 0 ? "" : k % 8 == 0 ? "\n" : " ";
+            k++;
+            fprintf(f, "%s%.2f,%.2f", sep, px_x(xa, se->x[i]), px_y(ya, se->y[i]));
+        }
+        fputs("\"/>\n", f);
+    }
+    size_t drawn = 0;
+    for (size_t i = 0; i < se->n; i++)
+        drawn += usable(&p->x, se->x[i]) && usable(&p->y, se->y[i]);
+    if (se->markers || drawn == 1) {   /* a line of one point would be invisible */
+        fprintf(f, "<g fill=\"%s\" clip-path=\"url(#plot%zu)\">\n", color, panel_no);
+        for (size_t i = 0; i < se->n; i++) {
+            if (!usable(&p->x, se->x[i]) || !usable(&p->y, se->y[i]))
+                continue;
+            fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2.6\"/>\n", px_x(xa, se->x[i]),
+                    px_y(ya, se->y[i]));
+        }
+        fputs("</g>\n", f);
+    }
+    fputs("</g>\n", f);
+}
+
+static void draw_legend(FILE *f, const svg_panel *p, const char *const *colors)
+{
+    fputs("<g class=\"legend\">\n", f);
+    for (size_t s = 0; s < p->n_series; s++) {
+        const svg_series *se = &p->series[s];
+        int y = PLOT_T + 12 + (int)s * 22;
+        int x = PLOT_R + 16;
+        if (se->line)
+            fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
+                       "stroke-width=\"2\"%s/>",
+                    x, y, x + 26, y, colors[s], se->dashed ? " stroke-dasharray=\"6 4\"" : "");
+        if (se->markers)
+            fprintf(f, "<circle cx=\"%d\" cy=\"%d\" r=\"3\" fill=\"%s\"/>", x + 13, y,
+                    colors[s]);
+        if (se->bars)
+            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"26\" height=\"10\" fill=\"%s\"/>",
+                    x, y - 5, colors[s]);
+        fprintf(f, "<text x=\"%d\" y=\"%d\">", x + 34, y + 4);
+        xml_text(f, se->name);
+        fputs("</text>\n", f);
+    }
+    fputs("</g>\n", f);
+}
+
+int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_panels)
+{
+    if (!f || (!panels && n_panels))
+        return -1;
+    for (size_t i = 0; i < n_panels; i++) {
+        if (panels[i].n_series && !panels[i].series)
+            return -1;
+        for (size_t s = 0; s < panels[i].n_series; s++)
+            if (panels[i].series[s].n && (!panels[i].series[s].x || !panels[i].series[s].y))
+                return -1;
+    }
+    int height = TITLE_H + (int)n_panels * PANEL_H;
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+               "viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, "
+               "sans-serif\" font-size=\"12\">\n",
+            PAGE_W, height, PAGE_W, height);
+    fputs("<rect x=\"0\" y=\"0\" width=\"100%\" height=\"100%\" fill=\"white\"/>\n", f);
+    fprintf(f, "<text x=\"%d\" y=\"26\" text-anchor=\"middle\" font-size=\"15\">",
+            PAGE_W / 2);
+    xml_text(f, title);
+    fputs("</text>\n", f);
+    size_t next_color = 0;
+    for (size_t i = 0; i < n_panels; i++) {
+        const svg_panel *p = &panels[i];
+        axis_layout xa, ya;
+        layout_axis(&xa, &p->x, p, true);
+        layout_axis(&ya, &p->y, p, false);
+        fprintf(f, "<g class=\"panel\" transform=\"translate(0 %d)\" data-x-scale=\"%s\" "
+                   "data-y-scale=\"%s\" data-x-range=\"%.6g %.6g\" "
+                   "data-y-range=\"%.6g %.6g\" data-plot=\"%d %d %d %d\">\n",
+                TITLE_H + (int)i * PANEL_H, p->x.log ? "log" : "linear",
+                p->y.log ? "log" : "linear", xa.lo, xa.hi, ya.lo, ya.hi, PLOT_L, PLOT_T,
+                PLOT_R, PLOT_B);
+        fprintf(f, "<defs><clipPath id=\"plot%zu\"><rect x=\"%d\" y=\"%d\" width=\"%d\" "
+                   "height=\"%d\"/></clipPath></defs>\n",
+                i, PLOT_L - 4, PLOT_T - 4, PLOT_R - PLOT_L + 8, PLOT_B - PLOT_T + 8);
+        draw_axes(f, &xa, &ya, p);
+        const char *colors[16];
+        size_t ns = p->n_series < 16 ? p->n_series : 16, nb = 0, bi = 0;
+        for (size_t s = 0; s < ns; s++)
+            nb += p->series[s].bars;
+        for (size_t s = 0; s < ns; s++) {
+            const svg_series *se = &p->series[s];
+            colors[s] = se->color ? se->color
+                                  : palette[next_color++ % (sizeof palette / sizeof *palette)];
+            draw_series(f, se, colors[s], &xa, &ya, p, i, bi, nb);
+            bi += se->bars;
+        }
+        svg_panel shown = *p;
+        shown.n_series = ns;
+        draw_legend(f, &shown, colors);
+        fputs("</g>\n", f);
+    }
+    fputs("</svg>\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+int svg_write_file(const char *path, const char *title, const svg_panel *panels,
+                   size_t n_panels)
+{
+    if (!path)
+        return -1;
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    int rc = svg_write(f, title, panels, n_panels);
+    if (fclose(f) != 0)
+        rc = -1;
+    return rc;
+}

@@ -60,6 +60,26 @@ static uint32_t online_cpus(void)
     return n > 0 && n < 1024 ? (uint32_t)n : 1;
 }
 
+/* Pages of one split-K chunk at block_tokens bt (CHUNK_TOKENS rounded up to pages). */
+static uint64_t chunk_pages_of(uint64_t bt)
+{
+    return (CHUNK_TOKENS + bt - 1) / bt;
+}
+
+/* Split-K chunks a windowed layer's sink pages take (0 without a window). */
+static uint64_t sink_chunks(const pkv_layer_config *lc, uint64_t bt)
+{
+    const uint64_t cp = chunk_pages_of(bt);
+    return (pkvi_window_sink_pages(lc, bt) + cp - 1) / cp;
+}
+
+/* The most sink_tokens a windowed layer may have at block_tokens bt: PKVI_MAX_CHUNKS
+ * chunks' worth (32768 at 16 tokens a page). */
+static uint64_t max_sinks(uint64_t bt)
+{
+    return (uint64_t)PKVI_MAX_CHUNKS * chunk_pages_of(bt) * bt;
+}
+
 /* Write the reason of a rejection into why (size n; may be NULL) and return st. */
 __attribute__((format(printf, 4, 5)))
 static pkv_status reject(char *why, size_t n, pkv_status st, const char *fmt, ...)
@@ -83,6 +103,9 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
         return reject(why, n, PKV_EINVAL,
                       "n_layers %u, n_heads %u, n_kv_heads %u, head_dim %u: each must be > 0",
                       c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
+    if (c.n_layers > PKVI_MAX_LAYERS)
+        return reject(why, n, PKV_EINVAL, "n_layers %u exceeds the engine limit %u",
+                      c.n_layers, PKVI_MAX_LAYERS);
     if (c.n_heads % c.n_kv_heads != 0)
         return reject(why, n, PKV_EINVAL, "n_heads %u is not a multiple of n_kv_heads %u",
                       c.n_heads, c.n_kv_heads);
@@ -116,12 +139,26 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
     if (c.head_dim_v > PKVI_MAX_HEAD_DIM)
         return reject(why, n, PKV_EINVAL, "head_dim_v %u exceeds the engine limit %u",
                       c.head_dim_v, PKVI_MAX_HEAD_DIM);
-    for (uint32_t l = 0; c.layer_cfg && l < c.n_layers; l++)
-        if (!pkvi_layer_config_ok(&c.layer_cfg[l], c.n_heads))
+    for (uint32_t l = 0; c.layer_cfg && l < c.n_layers; l++) {
+        const pkv_layer_config *lc = &c.layer_cfg[l];
+        if (!lc->window && (lc->sink_tokens || lc->rollback_tokens))
             return reject(why, n, PKV_EINVAL,
-                          "layer %u: sink_tokens or rollback_tokens need a window; softcap "
-                          "must be finite and >= 0; sink logits must be finite",
-                          l);
+                          "layer_cfg[%u]: sink_tokens %u, rollback_tokens %u need a window "
+                          "(window is 0)", l, lc->sink_tokens, lc->rollback_tokens);
+        if (!isfinite(lc->softcap) || lc->softcap < 0.0f)
+            return reject(why, n, PKV_EINVAL,
+                          "layer_cfg[%u]: softcap %g must be finite and >= 0 (0 = none)", l,
+                          (double)lc->softcap);
+        if (!pkvi_layer_config_ok(lc, c.n_heads))
+            return reject(why, n, PKV_EINVAL, "layer_cfg[%u]: a sink logit is not finite", l);
+        /* the sink run's chunks join every decode's wave of PKVI_MAX_CHUNKS */
+        if (sink_chunks(lc, c.block_tokens) > PKVI_MAX_CHUNKS)
+            return reject(why, n, PKV_EINVAL,
+                          "layer_cfg[%u]: sink_tokens %u exceed the engine limit of %llu at "
+                          "block_tokens %u (%u split-K chunks of sinks)", l, lc->sink_tokens,
+                          (unsigned long long)max_sinks(c.block_tokens), c.block_tokens,
+                          PKVI_MAX_CHUNKS);
+    }
     if (c.quant_dot > 1)
         return reject(why, n, PKV_EINVAL, "quant_dot %u: must be 0 (exact) or 1 (integer)",
                       c.quant_dot);
@@ -151,8 +188,8 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
     const char *isa = NULL;
     if (pkvi_kernels_check_force(&isa) != PKV_OK)
         return reject(why, n, PKV_EINVAL,
-                      "PKV_FORCE_ISA=%s: this CPU (and OS) cannot run it, or it is not "
-                      "one of scalar, avx2, avx512", isa);
+                      "PKV_FORCE_ISA=%s: not one of scalar, avx2, avx2vnni, avx512, "
+                      "avx512vnni, or kernels this CPU (and OS) cannot run", isa);
     uint32_t l2;
     if (pkvi_prefetch_l2(&l2) != PKV_OK)
         return reject(why, n, PKV_EINVAL, "PKV_PREFETCH=%s: not one of l1, l2",
@@ -193,7 +230,7 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     e->row_bytes = pkv_row_bytes(c.kv_dtype, c.head_dim);
     e->row_bytes_v = pkv_row_bytes(c.kv_dtype, c.head_dim_v);
     e->page_bytes = (uint64_t)c.n_kv_heads * c.block_tokens * (e->row_bytes + e->row_bytes_v);
-    e->chunk_pages = (CHUNK_TOKENS + c.block_tokens - 1) / c.block_tokens;
+    e->chunk_pages = (uint32_t)chunk_pages_of(c.block_tokens);
     e->split_awake = (double)PKVI_SPLIT_AWAKE_BYTES;
     e->split_asleep = (double)PKVI_SPLIT_ASLEEP_BYTES;
     e->kp.head_dim = c.head_dim;
@@ -230,13 +267,8 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
                        c.layer_cfg[l].sink_logits;
     }
     e->variants |= c.head_dim_v != c.head_dim;
-    for (uint32_t l = 0; l < c.n_layers; l++) {
-        const uint64_t sp = pkvi_sink_pages(e, &e->layers[l]);
-        const uint64_t ch = (sp + e->chunk_pages - 1) / e->chunk_pages;
-        if (ch > PKVI_MAX_CHUNKS) { /* sinks beyond 64 chunks' worth: absurd */
-            st = PKV_EINVAL;
-            goto fail;
-        }
+    for (uint32_t l = 0; l < c.n_layers; l++) { /* at most PKVI_MAX_CHUNKS: resolve */
+        const uint64_t ch = sink_chunks(&e->layers[l], c.block_tokens);
         if (ch > e->sink_chunks_max)
             e->sink_chunks_max = (uint32_t)ch;
     }

@@ -33,6 +33,9 @@
 
 /* Default tokens per page. See docs/design.md "Choosing block_tokens". */
 #define PKVI_DEFAULT_BLOCK_TOKENS 16u
+/* Largest n_layers: every session holds a block table per layer, and a session file's
+ * header holds them all (docs/file-format.md: at most 131060 layers). */
+#define PKVI_MAX_LAYERS 65536u
 /* Largest n_kv_heads: keeps the thread pool's task counts (a batch's sessions or a
  * prefill tile's queries, times groups: at most 256 * 65536 = 2^24) within 32 bits. */
 #define PKVI_MAX_KV_HEADS 65536u

@@ -446,7 +446,8 @@ static qset last_queries(const pkv_engine *e, const pkvi_btable *t, uint32_t lay
     qset Q = {.t = t, .lc = lc, .len = len, .P = P, .nq = nq, .H = nq * e->hg,
               .sigma = lc->sink_logits && first == 0, .qg = qg, .st = st, .out = out};
     if (lc->window) {
-        const uint64_t lo = pos + 1 > lc->window ? pos + 1 - lc->window : 0;
+        /* pos - (window - 1), not pos + 1 - window: pos may be UINT64_MAX - 1 */
+        const uint64_t lo = pos >= lc->window ? pos - (lc->window - 1) : 0;
         const uint64_t sink_end = lc->sink_tokens < lo ? lc->sink_tokens : lo;
         const uint64_t w_lo = lo > first ? lo : first;
         if (sink_end > first)
@@ -494,26 +495,29 @@ static pkv_status distinct(pkv_session *const *ss, uint32_t n)
     return st;
 }
 
-/* Decode n queries, one per session: n sets of one query, BATCH_MAX per run. */
-static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
+/* Decode n queries, one per session: n sets of one query, BATCH_MAX per run. `call`
+ * is the public call, for the failure reasons. */
+static pkv_status decode_many(pkv_engine *e, const char *call, uint32_t layer, uint32_t n,
                               pkv_session *const *sessions, const float *q, float *out)
 {
     if (layer >= e->cfg.n_layers)
-        return pkvi_fail(e, PKV_EINVAL, "decode: layer %u, but the engine has %u", layer,
+        return pkvi_fail(e, PKV_EINVAL, "%s: layer %u, but the engine has %u", call, layer,
                          e->cfg.n_layers);
     PKVI_BOUNDARY_CHECK(e);
     for (uint32_t i = 0; i < n; i++)
         if (!sessions[i] || sessions[i]->e != e)
-            return pkvi_fail(e, PKV_EINVAL, "decode: session %u is NULL or of another engine",
-                             i);
+            return pkvi_fail(e, PKV_EINVAL, "%s: session %u is NULL or of another engine",
+                             call, i);
     const pkv_status dup = distinct(sessions, n);
     if (dup != PKV_OK)
-        return pkvi_fail(e, dup, dup == PKV_EINVAL ? "pkv_decode_batch: a session is in the "
-                                                     "batch twice" : "out of memory");
+        return pkvi_fail(e, dup, "%s: %s", call,
+                         dup == PKV_EINVAL ? "a session is in the batch twice"
+                                           : "out of memory (checking for duplicates)");
     for (uint32_t i = 0; i < n; i++)
         if (sessions[i]->layers[layer].len == sessions[i]->layers[layer].first)
-            return pkvi_fail(e, PKV_ESTATE, "decode: layer %u of session %u is empty", layer,
-                             i);
+            return pkvi_fail(e, PKV_ESTATE, n == 1 ? "%s: layer %u is empty"
+                                                   : "%s: layer %u of session %u is empty",
+                             call, layer, i);
 
     const size_t qd = (size_t)e->cfg.n_heads * e->cfg.head_dim;
     const size_t od = (size_t)e->cfg.n_heads * e->cfg.head_dim_v;
@@ -523,7 +527,7 @@ static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
         uint32_t got = 0;
         pkv_status st = PKV_OK;
         for (; got < nb; got++) {
-            st = pkvi_session_acquire(sessions[i0 + got], layer);
+            st = pkvi_session_acquire(sessions[i0 + got], layer, call);
             if (st != PKV_OK)
                 break;
         }
@@ -546,17 +550,22 @@ static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
 
 pkv_status pkv_decode(pkv_session *s, uint32_t layer, const float *q, float *out)
 {
-    if (!s || !q || !out)
+    if (!s)
         return PKV_EINVAL;
-    return decode_many(s->e, layer, 1, &s, q, out);
+    if (!q || !out)
+        return pkvi_fail(s->e, PKV_EINVAL, "pkv_decode: %s is NULL", !q ? "q" : "out");
+    return decode_many(s->e, "pkv_decode", layer, 1, &s, q, out);
 }
 
 pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
                             pkv_session *const *sessions, const float *q, float *out)
 {
-    if (!e || !sessions || !q || !out || n == 0)
+    if (!e)
         return PKV_EINVAL;
-    return decode_many(e, layer, n, sessions, q, out);
+    if (!sessions || !q || !out || n == 0)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_decode_batch: %s",
+                         n == 0 ? "n is 0" : "sessions, q or out is NULL");
+    return decode_many(e, "pkv_decode_batch", layer, n, sessions, q, out);
 }
 
 /* ---- prefill --------------------------------------------------------------------------- */
@@ -582,10 +591,12 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     if (!s)
         return PKV_EINVAL;
     pkv_engine *e = s->e;
-    if (!q || !k || !v || !out || n == 0 || layer >= e->cfg.n_layers)
+    if (layer >= e->cfg.n_layers)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_prefill: layer %u, but the engine has %u", layer,
+                         e->cfg.n_layers);
+    if (!q || !k || !v || !out || n == 0)
         return pkvi_fail(e, PKV_EINVAL, "pkv_prefill: %s",
-                         layer >= e->cfg.n_layers ? "layer out of range"
-                         : n == 0 ? "n is 0" : "q, k, v or out is NULL");
+                         n == 0 ? "n is 0" : "q, k, v or out is NULL");
     PKVI_BOUNDARY_CHECK(e);
     const pkvi_btable *t = &s->layers[layer];
     const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, dv = e->cfg.head_dim_v;
@@ -596,7 +607,8 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     const uint32_t tmax = tile_max(e, layer);
     uint64_t end_len;
     if (!pkvi_add(t->len, n, &end_len) || end_len > UINT64_MAX - bt)
-        return PKV_EINVAL;
+        return pkvi_fail(e, PKV_EINVAL, "pkv_prefill: layer %u holds %llu positions; %u more "
+                         "overflow a position", layer, (unsigned long long)t->len, n);
 
     /* scratch: the queries by group [g][tmax * hg][d], then [C][g] state blocks */
     const uint64_t C = pkvi_max_chunks(e, (end_len + bt - 1) / bt);
@@ -605,16 +617,17 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     if (!pkvi_mul((uint64_t)g * H, d, &qfloats) || !pkvi_mul(C * g, H * (dv + 2ull), &floats) ||
         !pkvi_add(floats, qfloats, &floats) || !pkvi_mul(floats, sizeof(float), &bytes) ||
         bytes > SIZE_MAX - 63)
-        return PKV_ENOMEM;
+        return pkvi_fail(e, PKV_ENOMEM, "pkv_prefill: the scratch of %u queries overflows", n);
     float *qg = aligned_alloc(PKVI_PAGE_ALIGN, (size_t)((bytes + 63) & ~63ull));
     if (!qg)
-        return PKV_ENOMEM;
+        return pkvi_fail(e, PKV_ENOMEM, "pkv_prefill: out of memory (scratch of %llu bytes)",
+                         (unsigned long long)bytes);
     float *states = qg + qfloats;
 
-    pkv_status st = pkvi_session_acquire(s, layer);
+    pkv_status st = pkvi_session_acquire(s, layer, "pkv_prefill");
     pkvi_reservation r;
     if (st == PKV_OK) {
-        st = pkvi_session_reserve(s, layer, n, &r);
+        st = pkvi_session_reserve(s, layer, n, &r, "pkv_prefill");
         if (st != PKV_OK)
             pkvi_session_release(s, layer);
     }
@@ -648,34 +661,40 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
 
 /* ---- shards: partial states and their merge (SPEC §11) ------------------------------- */
 
-pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
-                                 const float *q, uint32_t max_chunks, float *states,
-                                 uint32_t *n_chunks)
+/* pkv_decode_partial_at and pkv_decode_partial (at_last: pos is the layer's last
+ * position, whatever it says), `call` naming which for the reasons. */
+static pkv_status partial_at(pkv_session *s, const char *call, uint32_t layer, bool at_last,
+                             uint64_t pos, const float *q, uint32_t max_chunks, float *states,
+                             uint32_t *n_chunks)
 {
-    if (!s)
-        return PKV_EINVAL;
     pkv_engine *e = s->e;
-    if (!q || !states || !n_chunks || layer >= e->cfg.n_layers)
-        return pkvi_fail(e, PKV_EINVAL, "pkv_decode_partial: %s",
-                         layer >= e->cfg.n_layers ? "layer out of range"
-                                                  : "q, states or n_chunks is NULL");
+    if (layer >= e->cfg.n_layers)
+        return pkvi_fail(e, PKV_EINVAL, "%s: layer %u, but the engine has %u", call, layer,
+                         e->cfg.n_layers);
+    if (!q || !states || !n_chunks)
+        return pkvi_fail(e, PKV_EINVAL, "%s: q, states or n_chunks is NULL", call);
     PKVI_BOUNDARY_CHECK(e);
     const pkvi_btable *t = &s->layers[layer];
     if (t->len == t->first)
-        return pkvi_fail(e, PKV_ESTATE, "pkv_decode_partial: layer %u is empty", layer);
-    if (pos < t->len - 1)
-        return pkvi_fail(e, PKV_EINVAL, "pkv_decode_partial_at: position %llu is before the "
-                         "layer's last (%llu)", (unsigned long long)pos,
-                         (unsigned long long)(t->len - 1));
+        return pkvi_fail(e, PKV_ESTATE, "%s: layer %u is empty", call, layer);
+    if (at_last)
+        pos = t->len - 1;
+    /* before any arithmetic on pos: a query is at or after the layer's last position,
+     * and below UINT64_MAX (no layer reaches it: a length is a uint64) */
+    if (pos < t->len - 1 || pos == UINT64_MAX)
+        return pkvi_fail(e, PKV_EINVAL, "%s: position %llu is %s", call,
+                         (unsigned long long)pos,
+                         pos == UINT64_MAX ? "UINT64_MAX, which no layer reaches"
+                                           : "before the layer's last");
     qset Q = last_queries(e, t, layer, 1, pos, q, s->partials, NULL);
     Q.part = states;
     const uint64_t need = Q.C + Q.sigma;
     if (need > max_chunks) {
         *n_chunks = need > UINT32_MAX ? UINT32_MAX : (uint32_t)need;
-        return pkvi_fail(e, PKV_ERANGE, "pkv_decode_partial: %llu states do not fit "
-                         "max_chunks = %u", (unsigned long long)need, max_chunks);
+        return pkvi_fail(e, PKV_ERANGE, "%s: %llu states do not fit max_chunks = %u", call,
+                         (unsigned long long)need, max_chunks);
     }
-    const pkv_status st = pkvi_session_acquire(s, layer);
+    const pkv_status st = pkvi_session_acquire(s, layer, call);
     if (st != PKV_OK)
         return st;
     /* the pages may have been brought back: the set reads the table afresh */
@@ -694,22 +713,33 @@ pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
     return PKV_OK;
 }
 
+pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
+                                 const float *q, uint32_t max_chunks, float *states,
+                                 uint32_t *n_chunks)
+{
+    if (!s)
+        return PKV_EINVAL;
+    return partial_at(s, "pkv_decode_partial_at", layer, false, pos, q, max_chunks, states,
+                      n_chunks);
+}
+
 pkv_status pkv_decode_partial(pkv_session *s, uint32_t layer, const float *q,
                               uint32_t max_chunks, float *states, uint32_t *n_chunks)
 {
-    if (!s || layer >= s->e->cfg.n_layers)
-        return s ? pkvi_fail(s->e, PKV_EINVAL, "pkv_decode_partial: layer out of range")
-                 : PKV_EINVAL;
-    const uint64_t len = s->layers[layer].len;
-    return pkv_decode_partial_at(s, layer, len ? len - 1 : 0, q, max_chunks, states,
-                                 n_chunks);
+    if (!s)
+        return PKV_EINVAL;
+    return partial_at(s, "pkv_decode_partial", layer, true, 0, q, max_chunks, states,
+                      n_chunks);
 }
 
 pkv_status pkv_partial_chunks(const pkv_session *s, uint32_t layer, uint64_t *out)
 {
-    if (!s || !out || layer >= s->e->cfg.n_layers)
+    if (!s)
         return PKV_EINVAL;
-    const pkv_engine *e = s->e;
+    pkv_engine *e = s->e; /* the reason record is not part of the logical state */
+    if (!out || layer >= e->cfg.n_layers)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_partial_chunks: %s",
+                         !out ? "out is NULL" : "layer out of range");
     const pkvi_btable *t = &s->layers[layer];
     if (t->len == t->first) {
         *out = 0;
@@ -739,8 +769,11 @@ static void fold_head(const pkv_engine *e, uint32_t n_chunks, const float *state
 pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
                               float *out)
 {
-    if (!e || !states || !out || n_chunks == 0)
+    if (!e)
         return PKV_EINVAL;
+    if (!states || !out || n_chunks == 0)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_merge_partials: %s",
+                         n_chunks == 0 ? "n_chunks is 0" : "states or out is NULL");
     const uint32_t h = e->cfg.n_heads, dv = e->cfg.head_dim_v;
     for (uint32_t j = 0; j < h; j++) {
         float m, l, *o = out + (size_t)j * dv;
@@ -753,14 +786,17 @@ pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks, const floa
 pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
                              float *state_out)
 {
-    if (!e || !states || !state_out || n_chunks == 0)
+    if (!e)
         return PKV_EINVAL;
+    if (!states || !state_out || n_chunks == 0)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_fold_partials: %s",
+                         n_chunks == 0 ? "n_chunks is 0" : "states or state_out is NULL");
     const uint32_t h = e->cfg.n_heads;
     const size_t hs = (size_t)e->cfg.head_dim_v + 2;
     /* into a copy first: state_out may be one of the states */
     float *tmp = malloc((size_t)h * hs * sizeof(float));
     if (!tmp)
-        return PKV_ENOMEM;
+        return pkvi_fail(e, PKV_ENOMEM, "pkv_fold_partials: out of memory");
     for (uint32_t j = 0; j < h; j++)
         fold_head(e, n_chunks, states, j, tmp + j * hs, tmp + j * hs + 1, tmp + j * hs + 2);
     memcpy(state_out, tmp, (size_t)h * hs * sizeof(float));

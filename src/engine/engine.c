@@ -331,8 +331,10 @@ void pkv_engine_destroy(pkv_engine *e)
 
 pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
 {
-    if (!ce || !out)
+    if (!ce)
         return PKV_EINVAL;
+    if (!out)
+        return pkvi_fail(ce, PKV_EINVAL, "pkv_engine_stats: out is NULL");
     pkv_engine *e = (pkv_engine *)ce; /* the lock is not part of the logical state */
     pkv_stats s;
     memset(&s, 0, sizeof s);
@@ -367,8 +369,10 @@ pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
 
 pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out)
 {
-    if (!e || !out)
+    if (!e)
         return PKV_EINVAL;
+    if (!out)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_engine_config: out is NULL");
     *out = e->cfg;
     return PKV_OK;
 }

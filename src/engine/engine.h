@@ -96,9 +96,16 @@ struct pkv_engine {
 };
 
 /* Record why a call on e failed (printf format; pkv_engine_last_error reads it) and
- * return st, so failure paths read `return pkvi_fail(e, PKV_EINVAL, "...", ...)`. */
-PKVI_HIDDEN pkv_status pkvi_fail(pkv_engine *e, pkv_status st, const char *fmt, ...)
+ * return st, so failure paths read `return pkvi_fail(e, PKV_EINVAL, "...", ...)`.
+ * Every reason starts with the name of the public call that fails ("pkv_decode: ..."):
+ * an internal helper that records one takes that name from its caller. The record is
+ * not logical state: calls on a const engine or session record too. */
+PKVI_HIDDEN pkv_status pkvi_fail(const pkv_engine *e, pkv_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The engine's I/O object for session files, created on first use (io_uring unless
+ * PKV_NO_URING=1 or the kernel refuses it, read then). PKV_ENOMEM. Thread-safe. */
+PKVI_HIDDEN pkv_status pkvi_engine_file_io(pkv_engine *e, pkvi_io **out);
 
 /* Validate cfg (SPEC §2 rules); on success *out is cfg with defaults resolved. */
 PKVI_HIDDEN pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out);

@@ -12,8 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
-pkv_status pkvi_fail(pkv_engine *e, pkv_status st, const char *fmt, ...)
+pkv_status pkvi_fail(const pkv_engine *ce, pkv_status st, const char *fmt, ...)
 {
+    pkv_engine *e = (pkv_engine *)ce; /* the record is not part of the logical state */
     char buf[sizeof e->err];
     va_list ap;
     va_start(ap, fmt);

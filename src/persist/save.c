@@ -386,7 +386,7 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
         const pkvi_btable *ly = &s->layers[l];
         if (ly->n_pages == 0)
             continue;
-        if ((st = pkvi_session_acquire(s, l)) != PKV_OK) {
+        if ((st = pkvi_session_acquire(s, l, "pkv_session_save")) != PKV_OK) {
             w_why = "could not bring spilled pages back";
             goto out;
         }

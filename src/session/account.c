@@ -19,8 +19,10 @@
 
 pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out)
 {
-    if (!s || !out)
+    if (!s)
         return PKV_EINVAL;
+    if (!out)
+        return pkvi_fail(s->e, PKV_EINVAL, "pkv_session_memory: out is NULL");
     pkv_engine *e = s->e;
     pkv_memory m;
     memset(&m, 0, sizeof m);
@@ -53,8 +55,12 @@ pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out)
 pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t first,
                              uint64_t n, pkv_page_info *out, uint64_t *n_out)
 {
-    if (!s || layer >= s->e->cfg.n_layers || (!out && n > 0))
+    if (!s)
         return PKV_EINVAL;
+    if (layer >= s->e->cfg.n_layers || (!out && n > 0))
+        return pkvi_fail(s->e, PKV_EINVAL, "pkv_session_pages: %s",
+                         layer >= s->e->cfg.n_layers ? "layer out of range"
+                                                     : "out is NULL with n > 0");
     pkv_engine *e = s->e;
     const pkvi_btable *t = &s->layers[layer];
     uint64_t k = 0;
@@ -148,7 +154,10 @@ pkv_status pkv_engine_check(pkv_engine *e)
 {
     if (!e)
         return PKV_EINVAL;
-    return pkvi_sessions_check(e, true) ? PKV_OK : PKV_ECORRUPT;
+    if (!pkvi_sessions_check(e, true))
+        return pkvi_fail(e, PKV_ECORRUPT, "pkv_engine_check: an invariant is broken (a library "
+                         "defect: please report it)");
+    return PKV_OK;
 }
 
 bool pkvi_engine_check(pkv_engine *e)

@@ -222,7 +222,7 @@ pkv_status pkvi_session_take_pages(pkv_engine *e, uint64_t n, pkvi_page **out)
 
 /* ---- residency ------------------------------------------------------------------------ */
 
-pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer)
+pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer, const char *call)
 {
     pkv_engine *e = s->e;
     if (!e->spill)
@@ -237,8 +237,8 @@ pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer)
         s->lru = ++e->clock;
     pthread_mutex_unlock(&e->lock);
     if (st != PKV_OK)
-        return pkvi_fail(e, st, "layer %u: its spilled pages could not be brought back (%s)",
-                         layer, st == PKV_EIO ? "a read failed" : "the budget has no room");
+        return pkvi_fail(e, st, "%s: layer %u: its spilled pages could not be brought back (%s)",
+                         call, layer, st == PKV_EIO ? "a read failed" : "the budget has no room");
     return st;
 }
 

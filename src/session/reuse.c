@@ -150,8 +150,11 @@ static uint64_t usable_pages(const pkv_engine *e, pkvi_pnode *const *chain, uint
 pkv_status pkv_session_from_prefix(pkv_engine *e, uint64_t n, const int32_t *tokens,
                                    pkv_session **out, uint64_t *n_cached)
 {
-    if (!e || !out || !n_cached)
+    if (!e)
         return PKV_EINVAL;
+    if (!out || !n_cached)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_session_from_prefix: %s is NULL",
+                         !out ? "out" : "n_cached");
     if (n && !tokens)
         return pkvi_fail(e, PKV_EINVAL, "pkv_session_from_prefix: tokens is NULL");
     PKVI_BOUNDARY_CHECK(e);

@@ -119,11 +119,13 @@ static void truncate_record(pkv_session *s, uint64_t n)
 
 pkv_status pkv_session_create(pkv_engine *e, pkv_session **out)
 {
-    if (!out || !e)
+    if (!e)
         return PKV_EINVAL;
+    if (!out)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_session_create: out is NULL");
     pkv_session *s = pkvi_session_alloc(e);
     if (!s)
-        return PKV_ENOMEM;
+        return pkvi_fail(e, PKV_ENOMEM, "pkv_session_create: out of memory");
     pthread_mutex_lock(&e->lock);
     pkvi_session_link(e, s);
     pthread_mutex_unlock(&e->lock);
@@ -133,13 +135,15 @@ pkv_status pkv_session_create(pkv_engine *e, pkv_session **out)
 
 pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
 {
-    if (!out || !src)
+    if (!src)
         return PKV_EINVAL;
     pkv_engine *e = src->e;
+    if (!out)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_session_fork: out is NULL");
     PKVI_BOUNDARY_CHECK(e);
     pkv_session *s = pkvi_session_alloc(e);
     if (!s)
-        return PKV_ENOMEM;
+        return pkvi_fail(e, PKV_ENOMEM, "pkv_session_fork: out of memory");
     /* Allocate everything first, so the shared part below cannot fail. */
     uint64_t max_pages = 0;
     for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
@@ -147,13 +151,13 @@ pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
         max_pages = n > max_pages ? n : max_pages;
         if (pkvi_btable_reserve(&s->layers[l], n) != PKV_OK) {
             pkvi_session_free(s);
-            return PKV_ENOMEM;
+            return pkvi_fail(e, PKV_ENOMEM, "pkv_session_fork: out of memory");
         }
     }
     if (pkvi_session_reserve_partials(s, max_pages) != PKV_OK ||
         copy_record(s, src) != PKV_OK) {
         pkvi_session_free(s);
-        return PKV_ENOMEM;
+        return pkvi_fail(e, PKV_ENOMEM, "pkv_session_fork: out of memory");
     }
     /* B5: src's pages gain holders here; the only thread that may write one of them
      * (src's owner, for a tail page with refs == 1) is the one making this call. */
@@ -260,10 +264,13 @@ pkv_status pkv_session_set_first(pkv_session *s, uint64_t first)
     pkv_engine *e = s->e;
     PKVI_BOUNDARY_CHECK(e);
     const uint64_t align = pkv_shard_align(e), bt = e->cfg.block_tokens;
-    if (first % align || first > UINT64_MAX / 2)
+    if (first % align)
         return pkvi_fail(e, PKV_EINVAL, "pkv_session_set_first: %llu is not a multiple of "
-                         "pkv_shard_align (%llu), or too far", (unsigned long long)first,
+                         "pkv_shard_align (%llu)", (unsigned long long)first,
                          (unsigned long long)align);
+    if (first > UINT64_MAX / 2)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_session_set_first: %llu is above 2^63 - 1, the "
+                         "last first position a shard may have", (unsigned long long)first);
     for (uint32_t l = 0; l < e->cfg.n_layers; l++)
         if (s->layers[l].len || s->layers[l].n_pages)
             return pkvi_fail(e, PKV_ESTATE, "pkv_session_set_first: layer %u is not empty",

@@ -60,9 +60,11 @@ typedef struct {
 /* ---- session/write.c ----------------------------------------------------------------- */
 
 /* Reserve room for n more positions of `layer` (see above). PKV_ENOMEM (budget or
- * system), PKV_EIO (a spilled tail could not be read back); nothing changed. */
+ * system), PKV_EIO (a spilled tail could not be read back), PKV_EINVAL (the length
+ * would overflow); nothing changed. The reason is recorded under `call`, the public
+ * call's name. */
 PKVI_HIDDEN pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
-                                            pkvi_reservation *r);
+                                            pkvi_reservation *r, const char *call);
 /* Store n rows (k, v [n][g][d]) at the layer's end; within the reservation. */
 PKVI_HIDDEN void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
                                     const float *k, const float *v);
@@ -92,8 +94,9 @@ PKVI_HIDDEN pkv_status pkvi_session_set_tokens(pkv_session *s, uint64_t n,
 /* ---- session/residency.c ------------------------------------------------------------- */
 
 /* Pin `layer` and bring every page of it into memory (spill engines; else a no-op):
- * O(1) for a resident layer. PKV_EIO / PKV_ENOMEM leave the session unchanged. */
-PKVI_HIDDEN pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer);
+ * O(1) for a resident layer. PKV_EIO / PKV_ENOMEM leave the session unchanged; the
+ * reason is recorded under the public call's name `call`. */
+PKVI_HIDDEN pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer, const char *call);
 PKVI_HIDDEN void pkvi_session_release(pkv_session *s, uint32_t layer);
 
 /* ---- session/account.c --------------------------------------------------------------- */

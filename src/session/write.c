@@ -21,14 +21,16 @@
 /* ---- reserve, write, finish ------------------------------------------------------------ */
 
 pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
-                                pkvi_reservation *r)
+                                pkvi_reservation *r, const char *call)
 {
     pkv_engine *e = s->e;
     pkvi_btable *t = &s->layers[layer];
     const uint64_t bt = e->cfg.block_tokens, start = t->len;
     uint64_t end_len;
     if (n == 0 || !pkvi_add(start, n, &end_len) || end_len > UINT64_MAX - bt)
-        return PKV_EINVAL;
+        return pkvi_fail(e, PKV_EINVAL, "%s: layer %u holds %llu positions; %llu more %s", call,
+                         layer, (unsigned long long)start, (unsigned long long)n,
+                         n ? "overflow a position" : "is nothing to write");
     const uint64_t end_page = (end_len + bt - 1) / bt;
     const uint64_t n_new = end_page - t->n_pages;
     const bool partial = start % bt != 0;
@@ -39,7 +41,7 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
         uint64_t bytes;
         if (!pkvi_mul(n_new + 1, sizeof *fresh, &bytes) || bytes > SIZE_MAX ||
             !(fresh = malloc((size_t)bytes)))
-            return PKV_ENOMEM;
+            return pkvi_fail(e, PKV_ENOMEM, "%s: layer %u: out of memory", call, layer);
     }
     pthread_mutex_lock(&e->lock);
     if (e->spill)
@@ -66,13 +68,14 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
         if (fresh != small)
             free(fresh);
         if (st == PKV_EIO)
-            return pkvi_fail(e, st, "layer %u: a spilled page could not be read back", layer);
+            return pkvi_fail(e, st, "%s: layer %u: a spilled page could not be read back", call,
+                             layer);
         if (budget)
-            return pkvi_fail(e, st, "layer %u: %llu more page(s) do not fit the budget of %llu "
-                             "pages%s", layer, (unsigned long long)(n_new + cow),
+            return pkvi_fail(e, st, "%s: layer %u: %llu more page(s) do not fit the budget of "
+                             "%llu pages%s", call, layer, (unsigned long long)(n_new + cow),
                              (unsigned long long)budget,
                              e->spill ? " (nothing more could be spilled)" : " (no spill_dir)");
-        return pkvi_fail(e, st, "layer %u: out of memory", layer);
+        return pkvi_fail(e, st, "%s: layer %u: out of memory", call, layer);
     }
     /* Nothing fails from here on. */
     if (cow) { /* copy-on-write: the only copy a fork ever causes */
@@ -167,7 +170,7 @@ pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k, const floa
         return pkvi_fail(s->e, PKV_EINVAL, "pkv_append: k or v is NULL");
     PKVI_BOUNDARY_CHECK(s->e);
     pkvi_reservation r;
-    const pkv_status st = pkvi_session_reserve(s, layer, 1, &r);
+    const pkv_status st = pkvi_session_reserve(s, layer, 1, &r, "pkv_append");
     if (st != PKV_OK)
         return st;
     pkvi_session_write(s, &r, 1, k, v);
@@ -183,7 +186,7 @@ pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer, const void *by
         s->layers[layer].len % e->cfg.block_tokens)
         return PKV_EINVAL;
     pkvi_reservation r;
-    const pkv_status st = pkvi_session_reserve(s, layer, tokens, &r);
+    const pkv_status st = pkvi_session_reserve(s, layer, tokens, &r, "pkv_session_load");
     if (st != PKV_OK)
         return st;
     pkvi_session_write_pages(s, &r, bytes, tokens);

@@ -79,8 +79,9 @@ PKVI_HIDDEN pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer,
                                               const void *bytes, uint32_t tokens);
 
 /* Load of a windowed layer: positions up to page * block_tokens were released when it
- * was saved; the table gets its hole [sink pages, page) so the next page pushed is
- * `page`. Only right after the sink pages were pushed; PKV_EINVAL otherwise. */
+ * was saved; the table gets its hole [sink pages, page) (a shard's: [0, page)) so the
+ * next page pushed is `page`. Only right after the sink pages were pushed (a shard:
+ * right after pkv_session_set_first); PKV_EINVAL otherwise. */
 PKVI_HIDDEN pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer,
                                                uint64_t page);
 

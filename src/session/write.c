@@ -199,18 +199,20 @@ pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer, uint64_t page
     pkv_engine *e = s->e;
     pkvi_btable *t = &s->layers[layer];
     const uint64_t bt = e->cfg.block_tokens;
-    const uint64_t sinks = pkvi_sink_pages(e, &e->layers[layer]);
-    if (!e->layers[layer].window || t->n_pages != sinks || t->len != sinks * bt ||
-        page <= sinks || t->hole_hi != t->hole_lo)
+    /* the hole grows from the sink pages, or a shard's own hole [0, first / bt) */
+    const uint64_t from = t->first ? t->first / bt : pkvi_sink_pages(e, &e->layers[layer]);
+    if (!e->layers[layer].window || t->n_pages != from || t->len != from * bt ||
+        page <= from || (t->first ? t->hole_hi != from : t->hole_hi != t->hole_lo))
         return PKV_EINVAL;
     pthread_mutex_lock(&e->lock);
     pkv_status st = pkvi_btable_reserve(t, page);
     if (st == PKV_OK) {
-        for (uint64_t i = sinks; i < page; i++) {
+        for (uint64_t i = from; i < page; i++) {
             t->pages[i] = NULL;
             t->data[i] = NULL;
         }
-        t->hole_lo = sinks;
+        if (!t->first)
+            t->hole_lo = from;
         t->hole_hi = t->n_pages = page;
         t->len = page * bt;
     }

@@ -244,6 +244,7 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     e->kp.group_stride = (size_t)(c.block_tokens * (e->row_bytes + e->row_bytes_v));
     pthread_mutex_init(&e->lock, NULL);
     pthread_mutex_init(&e->err_lock, NULL);
+    pthread_mutex_init(&e->file_io_lock, NULL);
 
     /* per-layer variants: a copy of the array and of every sink-logit vector */
     e->layers = calloc(c.n_layers, sizeof *e->layers);
@@ -318,10 +319,12 @@ void pkv_engine_destroy(pkv_engine *e)
     if (e->prefix.n_layers) /* zero in a create that failed before it */
         pkvi_prefix_fini(&e->prefix, pkvi_engine_pages(e));
     pkvi_spill_close(e->spill);
+    pkvi_io_close(e->file_io);
     pkvi_threads_destroy(e->threads);
     pkvi_pool_fini(&e->pool); /* a no-op on the zeroed pool of a failed create */
     pthread_mutex_destroy(&e->lock);
     pthread_mutex_destroy(&e->err_lock);
+    pthread_mutex_destroy(&e->file_io_lock);
     for (uint32_t l = 0; e->layers && l < e->cfg.n_layers; l++)
         free((float *)e->layers[l].sink_logits);
     free(e->layers);
@@ -365,6 +368,17 @@ pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
     s.bytes_allocator = pkvi_pool_allocator_bytes(&e->pool, allocated);
     *out = s;
     return PKV_OK;
+}
+
+pkv_status pkvi_engine_file_io(pkv_engine *e, pkvi_io **out)
+{
+    pkv_status st = PKV_OK;
+    pthread_mutex_lock(&e->file_io_lock);
+    if (!e->file_io)
+        st = pkvi_io_open(false, &e->file_io);
+    *out = e->file_io;
+    pthread_mutex_unlock(&e->file_io_lock);
+    return st;
 }
 
 pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out)

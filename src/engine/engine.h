@@ -83,6 +83,12 @@ struct pkv_engine {
     uint64_t n_sessions;         /* lock */
     pkvi_prefix prefix;          /* the prefix cache's index (SPEC §10); lock */
 
+    pthread_mutex_t file_io_lock;/* guards file_io's creation alone: not e->lock, which
+                                    saves take to pin pages while they hold file_io */
+    pkvi_io *file_io;            /* session files' I/O (save, load), one ring for all of
+                                    the engine's sessions (io.c serializes its use);
+                                    created on first use; file_io_lock */
+
     pthread_mutex_t err_lock;    /* guards err alone (error.c) */
     char err[256];               /* reason of the most recent failed call; err_lock */
 

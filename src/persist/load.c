@@ -485,16 +485,18 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
 
 pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out)
 {
-    /* "" is EINVAL, as pkv_session_save says: the same bad input, the same status */
-    if (e == NULL || path == NULL || *path == '\0' || out == NULL)
+    if (e == NULL)
         return PKV_EINVAL;
+    /* "" is EINVAL, as pkv_session_save says: the same bad input, the same status */
+    if (path == NULL || *path == '\0' || out == NULL)
+        return pkvi_fail(e, PKV_EINVAL, "pkv_session_load: %s",
+                         out == NULL ? "out is NULL" : path ? "path is empty" : "path is NULL");
     pkvi_io *io = NULL;
-    pkv_status st = pkvi_io_open(false, &io);
+    pkv_status st = pkvi_engine_file_io(e, &io);
     if (st != PKV_OK)
-        return st;
+        return pkvi_fail(e, st, "pkv_session_load: out of memory");
     const char *why = NULL;
     st = pkvi_session_load_io(e, path, io, out, &why);
-    pkvi_io_close(io);
     if (st != PKV_OK)
         return pkvi_fail(e, st, "pkv_session_load: %s: %s", path, why ? why : "failed");
     return st;

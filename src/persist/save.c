@@ -576,15 +576,17 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
 
 pkv_status pkv_session_save(pkv_session *s, const char *path)
 {
-    if (s == NULL || path == NULL)
+    if (s == NULL)
         return PKV_EINVAL;
+    if (path == NULL || *path == '\0')
+        return pkvi_fail(s->e, PKV_EINVAL, "pkv_session_save: path is %s",
+                         path ? "empty" : "NULL");
     pkvi_io *io = NULL;
-    pkv_status st = pkvi_io_open(false, &io);
+    pkv_status st = pkvi_engine_file_io(s->e, &io);
     if (st != PKV_OK)
-        return st;
+        return pkvi_fail(s->e, st, "pkv_session_save: out of memory");
     const char *why = NULL;
     st = pkvi_session_save_io(s, path, io, &why);
-    pkvi_io_close(io);
     if (st == PKV_ECORRUPT)
         return pkvi_fail(s->e, st, "pkv_session_save: %s: not written, the file would not "
                          "load (%s): a library defect, please report it", path,

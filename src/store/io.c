@@ -2,11 +2,17 @@
  * io.c - the I/O object behind pkvi_io_*: backend choice, the pread/pwrite backend,
  * fsync and fault injection.
  *
- * Owns: struct pkvi_io (one per user: the engine's spill file, each save/load call);
- *   the synchronous backend; the per-object fault counters.
+ * Owns: struct pkvi_io (one per user: the engine's spill file, the engine's session
+ *   files - save and load of all its sessions - and each pkv_session_file_check
+ *   call); the synchronous backend; the per-object fault counters; the object's lock.
  * Does not own: the io_uring backend (io_uring.c, reached through io_backend.h), the
- *   file descriptors (callers open and close them), locking (one io object is used
- *   by one thread at a time; the spill code holds e->lock around it).
+ *   file descriptors (callers open and close them).
+ *
+ * Locking: io->lock serializes the submissions on one object (its ring, fault
+ *   counters and backend choice), so several threads may share it - the engine's
+ *   saves and loads of different sessions do. A submission completes every request
+ *   before it returns, so the lock is held only while that object's I/O runs; fsync
+ *   takes no lock (it touches no ring).
  *
  * Invariants:
  *   - pkvi_io_submit returns only when no request of the call is still in flight, so
@@ -24,14 +30,17 @@
 #include "store/io_backend.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 struct pkvi_io {
+    pthread_mutex_t lock;    /* guards every field below during a submission */
     pkvi_uring *uring;       /* NULL: the pread/pwrite backend */
     uint64_t max_chunk;      /* bytes per transfer (tests lower it) */
-    uint64_t fault[3];       /* countdown per pkvi_fault_kind, 0 = disarmed */
+    uint64_t fault[3];       /* countdown per pkvi_fault_kind, 0 = disarmed; fsync's
+                                entry is read without the lock (one thread: tests) */
 };
 
 static bool env_no_uring(void)
@@ -48,6 +57,10 @@ pkv_status pkvi_io_open(bool force_sync, pkvi_io **out)
     pkvi_io *io = calloc(1, sizeof *io);
     if (io == NULL)
         return PKV_ENOMEM;
+    if (pthread_mutex_init(&io->lock, NULL) != 0) {
+        free(io);
+        return PKV_ENOMEM;
+    }
     io->max_chunk = PKVI_IO_MAX_CHUNK;
     if (!force_sync && !env_no_uring()) {
         /* Any failure to set up a ring (ENOSYS, EPERM under seccomp, ENOMEM for
@@ -64,6 +77,7 @@ void pkvi_io_close(pkvi_io *io)
     if (io == NULL)
         return;
     pkvi_uring_destroy(io->uring);
+    pthread_mutex_destroy(&io->lock);
     free(io);
 }
 
@@ -161,6 +175,9 @@ static pkv_status backend_submit(pkvi_io *io, const pkvi_io_req *reqs, uint32_t 
     return sync_submit(reqs, n, io->max_chunk);
 }
 
+/* pkvi_io_submit under io->lock. */
+static pkv_status submit_locked(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n);
+
 pkv_status pkvi_io_submit(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n)
 {
     if (io == NULL || (n > 0 && reqs == NULL))
@@ -188,6 +205,14 @@ pkv_status pkvi_io_submit(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n)
         }
     }
 
+    pthread_mutex_lock(&io->lock);
+    const pkv_status st = submit_locked(io, reqs, n);
+    pthread_mutex_unlock(&io->lock);
+    return st;
+}
+
+static pkv_status submit_locked(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n)
+{
     /* Fault injection: the armed requests are skipped (they "fail"); every other
      * request is performed, in segments between them. */
     pkv_status st = PKV_OK;

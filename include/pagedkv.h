@@ -87,7 +87,8 @@
  *
  * Environment
  *   The library reads three variables, each when an engine (or a first session-file
- *   call of an engine) needs it; it never writes the environment.
+ *   call of an engine) needs it; pkv_config_explain reads the first two as create
+ *   does. It never writes the environment.
  *     PKV_FORCE_ISA  scalar, avx2, avx2vnni, avx512 or avx512vnni: the kernels an
  *                    engine uses (read by pkv_engine_create; a name this CPU and OS
  *                    cannot run, or an unknown one, is PKV_EINVAL). Unset or empty:

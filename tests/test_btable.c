@@ -34,7 +34,7 @@ enum { MAXT = 6, MAXE = 40, MAXP = 4096, PB = 48 };
 typedef struct {
     pkvi_page *pg;
     uint32_t holders;        /* table entries naming it, plus 1 while indexed */
-    bool indexed, spilled, alive;
+    bool in_index, spilled, alive;
     unsigned char mark;
 } mpage;
 
@@ -154,9 +154,9 @@ static void check_world(world *w, const char *what)
             EXPECT_MSG(m->alive && pkvi_btable_page(T->t, i) == m->pg, "%s: table %d entry %llu names the wrong page (seed %llu)", what, k, (unsigned long long)i, (unsigned long long)seed);
             EXPECT((data[i]) == (m->spilled ? NULL : m->pg->data));
             spilled += m->spilled;
-            shared += !m->spilled && m->holders - m->indexed > 1;
+            shared += !m->spilled && m->holders - m->in_index > 1;
             EXPECT((info[i].id) == ((uint64_t)(uintptr_t)m->pg));
-            EXPECT((info[i].refs) == (m->holders - m->indexed));
+            EXPECT((info[i].refs) == (m->holders - m->in_index));
             EXPECT((info[i].resident) == (!m->spilled));
         }
         EXPECT((pkvi_btable_n_spilled(T->t)) == (spilled));
@@ -170,20 +170,20 @@ static void check_world(world *w, const char *what)
         if (w->tab[k].t)
             pkvi_btable_tally(w->tab[k].t, true);
     for (uint32_t p = 0; p < w->n_pg; p++)
-        if (w->pg[p].alive && w->pg[p].indexed)
+        if (w->pg[p].alive && w->pg[p].in_index)
             w->pg[p].pg->tally = 0;
     for (int k = 0; k < MAXT; k++)
         if (w->tab[k].t)
             pkvi_btable_tally(w->tab[k].t, false);
     for (uint32_t p = 0; p < w->n_pg; p++) /* the index counts its own (prefix.c) */
-        if (w->pg[p].alive && w->pg[p].indexed)
+        if (w->pg[p].alive && w->pg[p].in_index)
             w->pg[p].pg->tally++;
     pkvi_census c = {.ok = true};
     for (int k = 0; k < MAXT; k++)
         if (w->tab[k].t)
             pkvi_btable_census(w->tab[k].t, &c);
     for (uint32_t p = 0; p < w->n_pg; p++)
-        if (w->pg[p].alive && w->pg[p].indexed)
+        if (w->pg[p].alive && w->pg[p].in_index)
             pkvi_page_census(w->pg[p].pg, &c);
     uint64_t resident = 0, spilled = 0, indexed = 0, cached = 0, cached_res = 0;
     for (uint32_t p = 0; p < w->n_pg; p++) {
@@ -193,12 +193,12 @@ static void check_world(world *w, const char *what)
         EXPECT((m->pg->tally) == (0));
         resident += !m->spilled;
         spilled += m->spilled;
-        indexed += m->indexed;
-        EXPECT(pkvi_page_indexed(m->pg) == m->indexed);
+        indexed += m->in_index;
+        EXPECT(pkvi_page_indexed(m->pg) == m->in_index);
         EXPECT(pkvi_page_shared(m->pg) == (m->holders > 1));
-        EXPECT(pkvi_page_cached(m->pg) == (m->indexed && m->holders == 1));
-        cached += m->indexed && m->holders == 1;
-        cached_res += m->indexed && m->holders == 1 && !m->spilled;
+        EXPECT(pkvi_page_cached(m->pg) == (m->in_index && m->holders == 1));
+        cached += m->in_index && m->holders == 1;
+        cached_res += m->in_index && m->holders == 1 && !m->spilled;
         if (!m->spilled) {
             const unsigned char *b = m->pg->data;
             EXPECT_MSG(b[0] == m->mark && b[PB - 1] == m->mark, "%s: a page's bytes changed (seed %llu)", what, (unsigned long long)seed);
@@ -450,7 +450,7 @@ static int32_t random_page(world *w, pkvt_rng *r, int want_indexed)
     const uint32_t p0 = pkvt_below(r, w->n_pg);
     for (uint32_t d = 0; d < w->n_pg; d++) {
         const uint32_t p = (p0 + d) % w->n_pg;
-        if (w->pg[p].alive && (want_indexed < 0 || w->pg[p].indexed == (want_indexed > 0)))
+        if (w->pg[p].alive && (want_indexed < 0 || w->pg[p].in_index == (want_indexed > 0)))
             return (int32_t)p;
     }
     return -1;
@@ -505,10 +505,10 @@ static void step(world *w, pkvt_rng *r)
             return;
         const uint64_t i = pkvt_below(r, (uint32_t)full);
         const int32_t p = T->ent[i];
-        if (p < 0 || w->pg[p].indexed)
+        if (p < 0 || w->pg[p].in_index)
             return;
         pkvi_page_index(w->pg[p].pg);
-        w->pg[p].indexed = true;
+        w->pg[p].in_index = true;
         w->pg[p].holders++;
         check_world(w, "index");
     } else if (op == 10) {                                 /* the index lets one go */
@@ -518,7 +518,7 @@ static void step(world *w, pkvt_rng *r)
         if (w->pg[p].holders == 1) /* it was cached: it goes now */
             EXPECT(pkvi_page_cached(w->pg[p].pg));
         pkvi_page_unindex(w->ps, w->pg[p].pg);
-        w->pg[p].indexed = false;
+        w->pg[p].in_index = false;
         model_unref(w, p);
         check_world(w, "unindex");
     } else if (op == 11 || op == 12) {
@@ -556,9 +556,9 @@ static void world_fini(world *w)
         if (w->tab[k].t)
             destroy_table(w, &w->tab[k]);
     for (uint32_t p = 0; p < w->n_pg; p++)
-        if (w->pg[p].alive && w->pg[p].indexed) {
+        if (w->pg[p].alive && w->pg[p].in_index) {
             pkvi_page_unindex(w->ps, w->pg[p].pg);
-            w->pg[p].indexed = false;
+            w->pg[p].in_index = false;
             model_unref(w, (int32_t)p);
         }
     check_world(w, "end");

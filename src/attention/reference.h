@@ -2,7 +2,7 @@
  * reference.h - what the library itself uses of reference.c (the dense oracle of
  * include/pagedkv.h and docs/variants.md): the one definition of a valid layer config,
  * shared by the oracle and pkv_engine_create so both reject exactly the same configs.
- * The window arithmetic both of them follow is base/window.h.
+ * The window arithmetic both of them follow is base/window.h. No state, no lock.
  */
 #ifndef PAGEDKV_REFERENCE_H
 #define PAGEDKV_REFERENCE_H

@@ -38,7 +38,7 @@ class Config(unittest.TestCase):
                                 head_dim_v=6, layer_cfg=lc, quant_dot=0,
                                 prefix_cache_bytes=4096) as e:
                 c = _lib.Config()
-                _lib.pkv_engine_config(e._h, ctypes.byref(c))
+                _lib.pkv_engine_config(e._handle(), ctypes.byref(c))
                 self.assertEqual((c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                                   c.block_tokens, c.kv_dtype, c.scale, c.mem_budget,
                                   c.n_threads, c.head_dim_v, c.quant_dot,
@@ -63,7 +63,7 @@ class Config(unittest.TestCase):
         try:
             with pagedkv.Engine(**G, kv_dtype="q8", quant_dot=True) as e:
                 c = _lib.Config()
-                _lib.pkv_engine_config(e._h, ctypes.byref(c))
+                _lib.pkv_engine_config(e._handle(), ctypes.byref(c))
                 self.assertEqual(c.quant_dot, 1)
         except pagedkv.InvalidArgument as exc:
             self.assertIn("quant_dot", str(exc))

@@ -144,10 +144,10 @@ class Bitwise(unittest.TestCase):
             out_c = np.empty((h, d), dtype=np.float32)
             for t in range(T):
                 s.append(0, k[t], v[t])
-                self.assertEqual(_lib.pkv_append(raw._h, 0, k[t].ctypes.data,
+                self.assertEqual(_lib.pkv_append(raw._handle(), 0, k[t].ctypes.data,
                                                  v[t].ctypes.data), 0)
                 out_py = s.decode(0, q[t])
-                self.assertEqual(_lib.pkv_decode(raw._h, 0, q[t].ctypes.data,
+                self.assertEqual(_lib.pkv_decode(raw._handle(), 0, q[t].ctypes.data,
                                                  out_c.ctypes.data), 0)
                 self.assertTrue(np.array_equal(out_py.view(np.uint32), out_c.view(np.uint32)))
         out_c = np.empty((T, h, d), dtype=np.float32)

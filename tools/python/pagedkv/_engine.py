@@ -147,7 +147,7 @@ class Engine:
             why = ctypes.create_string_buffer(256)
             L.pkv_config_explain(ctypes.byref(c), why, len(why))
             errno = None
-            if status == L.EIO and spill_dir is not None:
+            if status in (L.EIO, L.EINVAL) and spill_dir is not None:
                 errno = _errors.os_reason(c.spill_dir, "d")
             L.raise_for(status, "Engine", why.value.decode(errors="replace"), errno,
                         None if errno is None else os.fsdecode(c.spill_dir))
@@ -195,7 +195,7 @@ class Engine:
     def _check(self, status, what, path=None, mode=None):
         if status != L.OK:
             errno = None
-            if status == L.EIO and path is not None:
+            if status in (L.EIO, L.EINVAL) and path is not None:
                 errno = _errors.os_reason(path, mode)
             L.raise_for(status, what, self.last_error(), errno,
                         None if errno is None else os.fsdecode(path))

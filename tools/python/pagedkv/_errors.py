@@ -14,9 +14,10 @@ are re-exported by the package.
         +-- NotADirectory     (NotADirectoryError)   ENOTDIR
         +-- PermissionDenied  (PermissionError)      EACCES, EPERM
 
-The library reports a failed open, read, write or rename as PKV_EIO and says why in
-words (pkv_engine_last_error); the errno is gone by then. os_reason() finds it again
-by asking the OS the same question about the path (stat, access) right after the
+The library reports a failed open, read, write or rename as PKV_EIO (and a directory
+given to pkv_session_load as PKV_EINVAL, "not a regular file") and says why in words
+(pkv_engine_last_error); the errno is gone by then. os_reason() finds it again by
+asking the OS the same question about the path (stat, access) right after the
 failure, so that `except FileNotFoundError` works and errno and filename are set.
 """
 import errno as E
@@ -52,16 +53,23 @@ class StateError(Error, RuntimeError):
 
 
 class _OSErrorStatus(Error, OSError):
-    """An OSError that is also a pagedkv.Error: errno, strerror and filename as OSError
-    sets them when the OS reason is known (str() is then "[Errno N] message:
-    'filename'"), else errno None and the message alone."""
+    """An OSError that is also a pagedkv.Error. When the OS reason is known, errno,
+    strerror (the OS's words) and filename are set as OSError sets them, and str() is
+    the library's message followed by "[Errno N] strerror"; else errno is None and
+    str() is the message alone."""
 
     def __init__(self, message, status=None, errno=None, filename=None):
         if errno is None:
             OSError.__init__(self, message)
         else:
-            OSError.__init__(self, errno, message, filename)
+            OSError.__init__(self, errno, os.strerror(errno), filename)
         self.status = status
+        self.message = message
+
+    def __str__(self):
+        if self.errno is None:
+            return self.message
+        return f"{self.message}: [Errno {self.errno}] {self.strerror}"
 
 
 class CorruptFile(_OSErrorStatus):
@@ -75,19 +83,20 @@ class IOFailure(_OSErrorStatus):
 
 
 class FileNotFound(IOFailure, FileNotFoundError):
-    """PKV_EIO because the file, or a directory on its path, does not exist."""
+    """The file, or a directory on its path, does not exist (PKV_EIO)."""
 
 
 class IsADirectory(IOFailure, IsADirectoryError):
-    """PKV_EIO because the path names a directory where a file is needed."""
+    """The path names a directory where a file goes (PKV_EIO from a save; PKV_EINVAL,
+    "not a regular file", from a load: `status` says which)."""
 
 
 class NotADirectory(IOFailure, NotADirectoryError):
-    """PKV_EIO because a component of the path is not a directory."""
+    """A component of the path is not a directory (PKV_EIO)."""
 
 
 class PermissionDenied(IOFailure, PermissionError):
-    """PKV_EIO because the process may not read (load) or write (save) there."""
+    """The process may not read (load) or write (save, spill) there (PKV_EIO)."""
 
 
 EXCEPTIONS = {EINVAL: InvalidArgument, ENOMEM: OutOfMemory, EIO: IOFailure,
@@ -104,9 +113,13 @@ def message(status_text, what, reason=""):
 
 
 def make(status, msg, errno=None, filename=None):
-    """The exception of a failed status; for PKV_EIO with an errno, its subclass."""
-    if status == EIO:
+    """The exception of a failed status. With an errno (the OS reason of a failed
+    file call: PKV_EIO, or PKV_EINVAL for a directory where a file goes), an
+    IOFailure of that errno's class, errno and filename set, `status` the library's."""
+    if errno is not None and status in (EIO, EINVAL):
         return _BY_ERRNO.get(errno, IOFailure)(msg, status, errno, filename)
+    if status == EIO:
+        return IOFailure(msg, status)
     if status == ECORRUPT:
         return CorruptFile(msg, status)
     return EXCEPTIONS.get(status, Error)(msg, status)

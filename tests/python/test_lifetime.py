@@ -197,9 +197,10 @@ SCENARIOS = {
 
 class Lifetimes(unittest.TestCase):
     def test_scenarios_in_a_fresh_interpreter(self):
-        runs = 2 if pkvtest.QUICK else 8
         for name, (engines, sessions, body) in SCENARIOS.items():
-            for i in range(runs):
+            # the report's script crashed in 8 runs of 8; the others are its variants
+            runs = 8 if name == "module_level" else 3
+            for i in range(2 if pkvtest.QUICK else runs):
                 with self.subTest(scenario=name, run=i):
                     rc, out, err = run_script(body)
                     self.assertEqual(rc, 0, f"exit status {rc}:\n{err[-3000:]}")
@@ -219,7 +220,7 @@ class Lifetimes(unittest.TestCase):
             gc.collect()
             os.write(1, b"| ")
         """
-        for i in range(2 if pkvtest.QUICK else 8):
+        for i in range(2 if pkvtest.QUICK else 4):
             rc, out, err = run_script(body)
             self.assertEqual(rc, 0, err[-3000:])
             check_log(self, out, 1, 3)

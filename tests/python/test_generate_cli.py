@@ -6,10 +6,12 @@ is the same one-line message and exit status 2, a bad file is the same message (
 the OS's reason) with status 1, never a traceback, and `| head` ends it quietly by
 SIGPIPE, as it ends the C tool."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import unittest
 
 import pkvtest
@@ -158,6 +160,57 @@ class Cli(unittest.TestCase):
                                 (msg, want.stderr))
                 if reason:
                     self.assertTrue(msg.endswith(": " + reason), msg)
+
+    def test_file_errors_are_oserrors(self):
+        # generate.py as a module: Model and Tokenizer raise the OS's exception, errno
+        # and filename set (PermissionError as user nobody when run as root)
+        code = textwrap.dedent("""
+            import errno, os, sys
+            sys.path.insert(0, os.path.dirname(sys.argv[1]))
+            import generate
+            d = sys.argv[2]
+            cases = [(generate.Model, os.path.join(d, "missing.bin"), FileNotFoundError,
+                      errno.ENOENT),
+                     (generate.Model, d, IsADirectoryError, errno.EISDIR),
+                     (lambda p: generate.Tokenizer(p, 300), os.path.join(d, "no", "t.bin"),
+                      FileNotFoundError, errno.ENOENT),
+                     (lambda p: generate.Tokenizer(p, 300), os.path.join(d, "model.bin", "t"),
+                      NotADirectoryError, errno.ENOTDIR)]
+            if len(sys.argv) > 3:
+                cases = [(generate.Model, sys.argv[3], PermissionError, errno.EACCES)]
+            for make, path, cls, err in cases:
+                try:
+                    make(path)
+                except cls as exc:
+                    assert (exc.errno, exc.filename) == (err, path), (exc.errno, exc.filename)
+                    print(type(exc).__name__)
+                else:
+                    raise AssertionError(f"{path}: no {cls.__name__}")
+        """)
+        d = self.tmp.name
+        r = subprocess.run([sys.executable, "-c", code, GENERATE, d], capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["FileNotFoundError", "IsADirectoryError",
+                                            "FileNotFoundError", "NotADirectoryError"])
+        secret = os.path.join(d, "secret.bin")
+        shutil.copy(self.model, secret)
+        os.chmod(secret, 0o600)
+        kw = {}
+        if os.geteuid() == 0:
+            os.chmod(d, 0o755)
+            kw["preexec_fn"] = lambda: (os.setgid(65534), os.setuid(65534))
+        else:
+            os.chmod(secret, 0)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        r = subprocess.run([sys.executable, "-c", code, GENERATE, d, secret],
+                           capture_output=True, text=True, env=env, **kw)
+        self.assertEqual((r.returncode, r.stdout.split()), (0, ["PermissionError"]),
+                         r.stderr)
+        got = py_run("--model", secret, **({"preexec_fn": kw["preexec_fn"]} if kw else {}))
+        self.assertEqual(got.returncode, 1, got.stderr)
+        self.assertEqual(got.stderr.decode(),
+                         f"generate.py: cannot open model '{secret}': Permission denied\n")
 
     def test_steps_beyond_seq_len(self):
         want = c_run("--model", self.model, "--tokenizer", self.tok, "-t", "0", "-n", "1000")

@@ -44,16 +44,25 @@ V1_MAGIC = 0x616b3432          # "ak42": llama2.c's version 1/2 exports
 
 
 def read_file(path, what):
-    """The bytes of a regular file, or BadFile with the OS's reason."""
+    """The bytes of a regular file. An OS error is raised as it is (FileNotFoundError,
+    IsADirectoryError, PermissionError, ...: errno and filename set) with `what`
+    ("model", "tokenizer") added; a file that is not regular (a FIFO, a device) is
+    BadFile."""
     try:
         with open(path, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise BadFile(f"{what} '{path}' is not a regular file")
             return f.read()
-    except IsADirectoryError:
-        raise BadFile(f"{what} '{path}' is not a regular file") from None
     except OSError as exc:
-        raise BadFile(f"cannot open {what} '{path}': {exc.strerror}") from None
+        exc.what = what
+        raise
+
+
+def file_error(exc):
+    """The C tool's message for an OS error of read_file."""
+    if isinstance(exc, IsADirectoryError):
+        return f"{exc.what} '{exc.filename}' is not a regular file"
+    return f"cannot open {exc.what} '{exc.filename}': {exc.strerror}"
 
 
 class Model:
@@ -408,6 +417,9 @@ def main(argv=None):
         tok = Tokenizer(a.tokenizer, model.vocab_size) if a.tokenizer else None
     except BadFile as exc:
         print(f"{ap.prog}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{ap.prog}: {file_error(exc)}", file=sys.stderr)
         return 1
     if tok is None and a.prompt and model.vocab_size < 259:
         ap.error("a prompt without --tokenizer needs a vocabulary of at least 259 (byte "

@@ -87,7 +87,7 @@ class Cli(unittest.TestCase):
                  ["-t", "1", "-p", "0", "-s", "3", "-n", "30"],
                  ["-t", "1.5", "-p", "0.5", "-s", "0", "-n", "60", "--dtype", "f16",
                   "--block-tokens", "4"]]
-        for args in cases:
+        for args in cases[:2] if pkvtest.QUICK else cases:   # sanitizer runs: QUICK
             for tok in (["--tokenizer", self.tok], []):
                 with self.subTest(args=args, tokenizer=bool(tok)):
                     want = c_run("--model", self.model, *tok, *args)

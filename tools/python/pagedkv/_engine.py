@@ -222,7 +222,7 @@ class Engine:
     if L.HAVE_PREFIX:
         def from_prefix(self, tokens):
             """(session, n_cached): a session sharing the longest cached prefix of the
-            token ids (SPEC §10): a sequence of ints in int32's range."""
+            token ids (docs/prefix-cache.md): a sequence of ints in int32's range."""
             e = self._handle()
             t = A.token_ids(tokens, "from_prefix tokens")
             n = ctypes.c_uint64()

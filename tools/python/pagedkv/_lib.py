@@ -172,7 +172,7 @@ pkv_row_bytes = _fn("pkv_row_bytes", ctypes.c_size_t, ctypes.c_int, u32)
 pkv_dtype_name = _fn("pkv_dtype_name", ctypes.c_char_p, ctypes.c_int)
 pkv_dtype_round_row = _fn("pkv_dtype_round_row", None, ctypes.c_int, u32, P, P)
 
-# SPEC §10, present once the prefix cache is merged: the package works without them.
+# The prefix cache's calls (docs/prefix-cache.md): the package works without them.
 HAVE_PREFIX = hasattr(lib, "pkv_session_set_tokens") and hasattr(lib, "pkv_session_from_prefix")
 if HAVE_PREFIX:
     pkv_session_set_tokens = _fn("pkv_session_set_tokens", st, P, u64, P)

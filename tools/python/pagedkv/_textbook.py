@@ -1,4 +1,4 @@
-"""The dense reference functions of SPEC §1: the textbook attention layer, causal
+"""The dense reference functions (docs/design.md): the textbook attention layer, causal
 attention and the KV-cache size formula (the C library computes them, in double)."""
 import ctypes
 
@@ -76,7 +76,7 @@ def causal_attention(Q, K, V, scale=0.0):
 
 
 def multi_head_attention(X, Wq, Wk, Wv, Wo, n_heads, n_kv_heads=None):
-    """The textbook layer (SPEC §1): X [T][d_model], Wq [d_model][h*d],
+    """The textbook layer: X [T][d_model], Wq [d_model][h*d],
     Wk, Wv [d_model][g*d], Wo [h*d][d_model] with d = d_model / h; Q = X Wq, K = X Wk,
     V = X Wv, causal attention per head (GQA mapping), heads concatenated, times Wo.
     Returns [T][d_model]. n_kv_heads defaults to n_heads (MHA). ValueError when

@@ -18,6 +18,7 @@
 #include "kernels/avx512_math.h"
 #include "kernels/avx512_pv.h"
 #include "kernels/avx512_qd.h"
+#include "kernels/avx512_qk.h" /* qk_heads: limb_fallback's f32 scores */
 #include "kernels/qdot256.h"
 #include "kernels/qlimbs.h"
 #include "kernels/qscales.h"
@@ -31,6 +32,14 @@
 
 _Static_assert(QL_LIMBS == 4, "tile_scores_limbs joins limbs 3 and 2, then 1 and 0, and "
                               "ql_prep_head writes four");
+
+/* What the limbs may move a score by (a logit, absolute): their rounding of q and the
+ * join of their sums, bounded per head and tile from q and the tile's K block scales
+ * (ql_prep_head, tile_scores_limbs); a head and tile that could go past it are scored
+ * from f32 q instead (limb_fallback). It moves the output by at most (e^(2 LIMB_BUDGET)
+ * - 1) max|V| = 4.8e-7 max|V|, a twentieth of SPEC §9's 1e-5 (docs/numerics.md section 4;
+ * docs/performance.md, decision table: LIMB_BUDGET). */
+#define LIMB_BUDGET 0x1p-22
 
 /* ---- the integer-dot scores of a whole tile, transposed (avx512vnni) ----------------
  * Where every block of the row is whole (d % 32 == 0), the tile's rows are transposed
@@ -124,10 +133,16 @@ PKVI_INLINE void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512
  * times each token's sum of k comes off the lanes. Per block the limbs' isums are exact
  * int32; for NL = 4 they join as float(isum_3 2^8 + isum_2) 2^16 + float(isum_1 2^8 +
  * isum_0), both sums exact in int32 (|.| < 2^28.1) and each rounded once, then one fused
- * multiply-add: the block's dot to within 3u of its terms' magnitudes. */
-PKVI_INLINE void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
-                                   const int8_t *ql, const float *qs, size_t dpad, uint32_t nb,
-                                   float *s, const char *pf, const bool l2, const int HB, const int NL)
+ * multiply-add: the block's dot to within 2u of sum |Q_j k_j| plus 2^-7 sum |k_j| (the
+ * lower limbs are unsigned, so a small negative Q_j puts up to 2^16 |k_j| in the low
+ * sum). NL = 4 also returns a mask, bit h set where the tile's largest |dk| exceeds
+ * lb[h] (ql_prep_head's budget): that head's scores may be off by more than LIMB_BUDGET
+ * and must be formed again (limb_fallback). */
+PKVI_INLINE unsigned tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes,
+                                       uint32_t n, const int8_t *ql, const float *qs,
+                                       size_t dpad, uint32_t nb, float *s, const char *pf,
+                                       const bool l2, const int HB, const int NL,
+                                       const float *lb)
 {
     const size_t bb = pkvi_quant_block_bytes(dt);
     const size_t lines = (n * row_bytes + 63) / 64; /* prefetched a share per block */
@@ -136,6 +151,7 @@ PKVI_INLINE void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_by
     PKVI_UNROLL
     for (int h = 0; h < HB; h++)
         acc[h] = _mm512_setzero_ps();
+    __m512 dkmax = _mm512_setzero_ps(); /* NL = 4: the tile's largest |dk| per token */
     for (uint32_t b = 0; b < nb; b++) {
         const char *blk0 = krow + b * bb;
         if (pf)
@@ -153,6 +169,8 @@ PKVI_INLINE void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_by
         const __m512i bias = _mm512_slli_epi32(ks, 7);
         const __m512 dk = dt == PKV_Q8 ? block_scales16_of(blk0, row_bytes, n, 0, 8, 4, 12)
                                        : block_scales16(blk0, row_bytes, n);
+        if (NL > 1) /* a NaN scale is left out: its scores are NaN on either path */
+            dkmax = _mm512_max_ps(_mm512_abs_ps(dk), dkmax);
         PKVI_UNROLL
         for (int h = 0; h < HB; h++) {
             const int8_t *qb = ql + (size_t)h * NL * dpad + b * 32;
@@ -184,10 +202,15 @@ PKVI_INLINE void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_by
         }
     }
     const __mmask16 nk = (__mmask16)((1u << n) - 1u);
+    unsigned past = 0;
     PKVI_UNROLL
-    for (int h = 0; h < HB; h++)
+    for (int h = 0; h < HB; h++) {
         _mm512_mask_storeu_ps(s + h * PKVI_TILE, nk,
                               dt == PKV_Q8 ? _mm512_permutexvar_ps(QD_T8, acc[h]) : acc[h]);
+        if (NL > 1)
+            past |= (_mm512_cmp_ps_mask(dkmax, _mm512_set1_ps(lb[h]), _CMP_GT_OQ) != 0) << h;
+    }
+    return past;
 }
 
 
@@ -200,12 +223,19 @@ PKVI_INLINE void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_by
  * + M 2^8 + L with L, M, N in [0, 255] and H in [-64, 64], stored as H + 128 (the byte
  * xor tile_scores_limbs needs for its unsigned operand): four vpdpbusd per 4 values and
  * head where the f32 path spends a conversion, a scale multiply and an FMA per value
- * (tile_scores_limbs). A block whose largest |q| is not finite gets
- * the scale NaN, so the head's scores are NaN, as on the f32 path. The error this adds
- * to a score is in docs/numerics.md section 4. */
-PKVI_INLINE void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
+ * (tile_scores_limbs). A block whose largest |q| is not finite gets the scale NaN, so
+ * the head's scores are NaN, as on the f32 path.
+ * Returns E = sum over the head's whole blocks of (sum_j |q_j - Q_j 2^e| + 2^(e - 2)),
+ * rounded up: with kmax the largest |k| of a stored K integer, the limbs and their join
+ * move the head's score of a row by at most scale * kmax * sum_b |dk_b| (E's block b
+ * term) <= scale * kmax * max_b |dk_b| * E (docs/numerics.md section 4). A block of
+ * values that all sit on its grid (every value of at least a / 64 does) adds only
+ * 2^(e - 2). */
+PKVI_INLINE double ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
 {
     const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 err = _mm512_setzero_ps(); /* sum of |q_j - Q_j 2^e| */
+    double join = 0;                  /* sum of 2^(e - 2) */
     for (uint32_t i = 0, b = 0; i < d; i += 32, b++) {
         const __m512 v[2] = {_mm512_loadu_ps(q + i), _mm512_loadu_ps(q + i + 16)};
         const float a = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v[0], absm),
@@ -224,11 +254,19 @@ PKVI_INLINE void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
                 memset(ql + (size_t)r * d + i, 0, 32);
             continue;
         }
-        const __m512 sc = _mm512_set1_ps((float)-e);
+        const __m512 sc = _mm512_set1_ps((float)-e), step = _mm512_set1_ps(qs[b]);
+        join += 0.25 * qs[b];
         PKVI_UNROLL
         for (int u = 0; u < 2; u++) {
-            const __m512i Q = _mm512_cvt_roundps_epi32(
-                _mm512_scalef_ps(v[u], sc), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512 r = _mm512_scalef_ps(v[u], sc); /* q_j 2^-e: exact */
+            const __m512i Q = _mm512_cvt_roundps_epi32(r, _MM_FROUND_TO_NEAREST_INT |
+                                                              _MM_FROUND_NO_EXC);
+            /* |r - rint(r)| is exact: r's bits below 2^0 */
+            err = _mm512_fmadd_ps(
+                _mm512_abs_ps(_mm512_sub_ps(r, _mm512_roundscale_ps(
+                                                   r, _MM_FROUND_TO_NEAREST_INT |
+                                                          _MM_FROUND_NO_EXC))),
+                step, err);
             _mm_storeu_si128((void *)(ql + i + 16 * u), _mm512_cvtepi32_epi8(Q));
             /* the low bytes of Q >> 8, Q >> 16 and Q >> 24: a logical shift gives the
              * same bits as an arithmetic one there */
@@ -241,6 +279,12 @@ PKVI_INLINE void ql_prep_head(uint32_t d, const float *q, int8_t *ql, float *qs)
                                            _mm_set1_epi8(-128)));
         }
     }
+    float e16[16];
+    _mm512_storeu_ps(e16, err);
+    double E = join;
+    for (int i = 0; i < 16; i++)
+        E += e16[i];
+    return E * (1 + 0x1p-16); /* rounded up past the f32 sums' roundings */
 }
 
 /* ---- the integer-dot scores, two blocks per vector ------------------------------------
@@ -299,6 +343,30 @@ PKVI_INLINE uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, 
 
 /* ---- the walks ------------------------------------------------------------------------ */
 
+/* The f32 scores (avx512_qk.h, avx512.c's arithmetic) of the heads h0 + i, bit i of
+ * `heads`, of a tile whose K block scales let the limbs move a score past LIMB_BUDGET.
+ * Out of line and rare: only a query whose blocks span a range the limbs cannot hold
+ * against large K comes here. */
+static __attribute__((noinline, cold)) void limb_fallback(pkv_dtype dt, const tile *t,
+                                                          uint32_t d, size_t row, bool l2,
+                                                          uint32_t h0, unsigned heads,
+                                                          float *s)
+{
+    float qp[PKVI_MAX_HEAD_DIM]; /* the head's q in the order qk_heads reads it */
+    for (uint32_t i = 0; heads >> i; i++) {
+        if (!(heads >> i & 1u))
+            continue;
+        const uint32_t h = h0 + i;
+        if (dt == PKV_Q8) {
+            q_permute(PKV_Q8, t->q + (size_t)h * d, qp, d);
+            qk_heads(PKV_Q8, t->k, row, d, t->n, qp, s + h * PKVI_TILE, NULL, l2, 1);
+        } else {
+            q_permute(PKV_Q4, t->q + (size_t)h * d, qp, d);
+            qk_heads(PKV_Q4, t->k, row, d, t->n, qp, s + h * PKVI_TILE, NULL, l2, 1);
+        }
+    }
+}
+
 /* The scores of the tile's rows for all hg heads into s [hg][PKVI_TILE] (walk_ops.qk):
  * QK_LIMBS (every block whole) from q's limbs, QK_INT from q quantized per block - a
  * whole tile at once where every block is whole, else qdot256.h's blocks with the
@@ -312,23 +380,43 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
     const char *pk = t->pfk;
     const bool l2 = p->pf_l2;
     const uint32_t nb = (d + 31) / 32, dp = nb * 32;
-    /* int8 values a head: four limbs a value, or one */
-    const size_t hs = (size_t)qk_bytes(qk) * dp;
-    const int nl = qk == QK_LIMBS ? QL_LIMBS : 1;
+    const size_t hs = (size_t)QL_LIMBS * dp; /* QK_LIMBS: int8 values a head */
     uint32_t h = 0;
-    if (qk == QK_LIMBS || d % 32 == 0) {
+    if (qk == QK_LIMBS) { /* each run of heads checked against its K scales */
+        unsigned past;
         for (; h + 4 <= hg; h += 4, pk = NULL)
-            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
-                              dp, nb, s + h * PKVI_TILE, pk, l2, 4, nl);
+            if ((past = tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs,
+                                          t->qs + (size_t)h * nb, dp, nb, s + h * PKVI_TILE, pk,
+                                          l2, 4, QL_LIMBS, t->lb + h)))
+                limb_fallback(dt, t, d, row, l2, h, past, s);
         if (hg - h >= 2) {
-            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
-                              dp, nb, s + h * PKVI_TILE, pk, l2, 2, nl);
+            if ((past = tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs,
+                                          t->qs + (size_t)h * nb, dp, nb, s + h * PKVI_TILE, pk,
+                                          l2, 2, QL_LIMBS, t->lb + h)))
+                limb_fallback(dt, t, d, row, l2, h, past, s);
+            h += 2;
+            pk = NULL;
+        }
+        if (h < hg && (past = tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs,
+                                                t->qs + (size_t)h * nb, dp, nb,
+                                                s + h * PKVI_TILE, pk, l2, 1, QL_LIMBS,
+                                                t->lb + h)))
+            limb_fallback(dt, t, d, row, l2, h, past, s);
+        return;
+    }
+    if (d % 32 == 0) {
+        for (; h + 4 <= hg; h += 4, pk = NULL)
+            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
+                              dp, nb, s + h * PKVI_TILE, pk, l2, 4, 1, NULL);
+        if (hg - h >= 2) {
+            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
+                              dp, nb, s + h * PKVI_TILE, pk, l2, 2, 1, NULL);
             h += 2;
             pk = NULL;
         }
         if (h < hg)
-            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
-                              dp, nb, s + h * PKVI_TILE, pk, l2, 1, nl);
+            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
+                              dp, nb, s + h * PKVI_TILE, pk, l2, 1, 1, NULL);
         return;
     }
     const uint32_t b0 = qd_wide_count(d, nb);
@@ -351,13 +439,17 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
 PKVI_INLINE void prep_head(const pkv_dtype dt, const qk_kind qk, uint32_t d, float scale,
                            const float *q, prep_scratch *ps, size_t k)
 {
-    (void)scale;
     const uint32_t nb = (d + 31) / 32, dpad = nb * 32;
     if (qk == QK_LIMBS) {
         int8_t *ql = ps->u.qi + k * QL_LIMBS * dpad;
-        ql_prep_head(d, q, ql, ps->qs + k * nb);
+        const double E = ql_prep_head(d, q, ql, ps->qs + k * nb);
         for (uint32_t r = 0; r < QL_LIMBS; r++)
             qd_permute(dt, ql + r * dpad, dpad);
+        /* a score moves by at most |scale| * kmax * max|dk| * E (kmax: a K integer's
+         * largest magnitude, 128 with a loaded Q8 page's -128): the largest |dk| that
+         * keeps it within LIMB_BUDGET, rounded down */
+        const double unit = fabs((double)scale) * (dt == PKV_Q8 ? 128.0 : 8.0) * E;
+        ps->lb[k] = unit > 0 ? (float)(LIMB_BUDGET / unit * (1 - 0x1p-16)) : INFINITY;
         return;
     }
     qd_quant_query(d, q, ps->u.qi + k * dpad, ps->qs + k * nb);

@@ -181,7 +181,7 @@ PKVI_INLINE void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint
 
 
 /* Unscaled scores of the tile's rows for all hg heads into s [hg][PKVI_TILE]
- * (walk_ops.qk): from f32 q, or from q quantized per block (QK_INT). Heads in blocks
+ * (walk_qk_fn): from f32 q, or from q quantized per block (QK_INT). Heads in blocks
  * of 4, 2, 1; only the first block prefetches (the same rows for all). */
 PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D, const pkvi_kparams *p,
                          const tile *t, float *s)
@@ -218,7 +218,7 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
         qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 1);
 }
 
-/* Head q (d values) into slot k of the scratch (walk_ops.prep): quantized (qdot256.h's
+/* Head q (d values) into slot k of the scratch (walk_prep_fn): quantized (qdot256.h's
  * qd_quant_query, pkvi_quant_query's bits, as ref.c) and qd_permute'd, or q_permute'd
  * for bf16's QK. */
 PKVI_INLINE void prep_head(const pkv_dtype dt, const qk_kind qk, uint32_t d, float scale,
@@ -236,7 +236,7 @@ PKVI_INLINE void prep_head(const pkv_dtype dt, const qk_kind qk, uint32_t d, flo
 
 /* The stream kick's distance for this file: 512 KiB, not the 128 KiB of avx512.c
  * (docs/performance.md, decision table: KICK_AHEAD_BYTES). */
-static const walk_ops ops = {tile_qk, tile_pv, softmax_tile, prep_head, 512u << 10};
+enum { KICK_BYTES = 512u << 10 };
 
 /* ---- entry points: one out-of-line walk per dtype and path --------------------------
  * Inlined together into one function, the walks shared one frame of tens of KiB and
@@ -249,77 +249,88 @@ static void attend_f32(const pkvi_kparams *p, const void *const *pages, uint32_t
                        uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                        const pkvi_heads *x)
 {
-    walk_attend(&ops, PKV_F32, QK_F32, 0, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL, NULL);
+    walk_attend(tile_qk, tile_pv, softmax_tile, KICK_BYTES, PKV_F32, QK_F32, 0, p, pages, n_pages,
+                last_tokens, group0, n_groups, x, NULL, NULL, NULL);
 }
 
 static void attend_f16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                        uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                        const pkvi_heads *x)
 {
-    walk_attend(&ops, PKV_F16, QK_F32, 0, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL, NULL);
+    walk_attend(tile_qk, tile_pv, softmax_tile, KICK_BYTES, PKV_F16, QK_F32, 0, p, pages, n_pages,
+                last_tokens, group0, n_groups, x, NULL, NULL, NULL);
 }
 
 static void attend_bf16(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                         uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                         const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_BF16, QK_F32, 0, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_BF16, QK_F32, 0, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_q8(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                       const pkvi_heads *x)
 {
-    walk_attend(&ops, PKV_Q8, QK_F32, 0, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL, NULL);
+    walk_attend(tile_qk, tile_pv, softmax_tile, KICK_BYTES, PKV_Q8, QK_F32, 0, p, pages, n_pages,
+                last_tokens, group0, n_groups, x, NULL, NULL, NULL);
 }
 
 static void attend_q8_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                            uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                            const pkvi_heads *x)
 {
-    walk_attend(&ops, PKV_Q8, QK_F32, 128, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL, NULL);
+    walk_attend(tile_qk, tile_pv, softmax_tile, KICK_BYTES, PKV_Q8, QK_F32, 128, p, pages, n_pages,
+                last_tokens, group0, n_groups, x, NULL, NULL, NULL);
 }
 
 static void attend_q4(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                       const pkvi_heads *x)
 {
-    walk_attend(&ops, PKV_Q4, QK_F32, 0, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL, NULL);
+    walk_attend(tile_qk, tile_pv, softmax_tile, KICK_BYTES, PKV_Q4, QK_F32, 0, p, pages, n_pages,
+                last_tokens, group0, n_groups, x, NULL, NULL, NULL);
 }
 
 static void attend_q4_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                            uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                            const pkvi_heads *x)
 {
-    walk_attend(&ops, PKV_Q4, QK_F32, 128, p, pages, n_pages, last_tokens, group0, n_groups, x, NULL, NULL, NULL);
+    walk_attend(tile_qk, tile_pv, softmax_tile, KICK_BYTES, PKV_Q4, QK_F32, 128, p, pages, n_pages,
+                last_tokens, group0, n_groups, x, NULL, NULL, NULL);
 }
 
 static void attend_qd_q8(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                          uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                          const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q8, QK_INT, 0, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q8, QK_INT, 0, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q8_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                               uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                               const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q8, QK_INT, 128, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q8, QK_INT, 128, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q4(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                          uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                          const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q4, QK_INT, 0, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q4, QK_INT, 0, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q4_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                               uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                               const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q4, QK_INT, 128, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q4, QK_INT, 128, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,

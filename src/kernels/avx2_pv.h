@@ -127,7 +127,7 @@ PKVI_INLINE void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n
         pv_block(dt, vrow, d, c, n, w, alpha, acc, pf, l2, HB, 1, d - c, false);
 }
 
-/* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads (walk_ops.pv) */
+/* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads (walk_pv_fn) */
 PKVI_INLINE void tile_pv(const pkv_dtype dt, const uint32_t D, const pkvi_kparams *p, const tile *t,
                          const float *s, const float *alpha)
 {

@@ -155,7 +155,7 @@ PKVI_INLINE void tile_scores_qd(pkv_dtype dt, const char *krow, size_t row_bytes
         tile8_scores_qd(dt, krow, row_bytes, 8, n, qi, qs, dpad, nb, s, pf, l2, HB);
 }
 
-/* The integer-dot scores of the tile's rows for all hg heads (walk_ops.qk; QK_INT and
+/* The integer-dot scores of the tile's rows for all hg heads (walk_qk_fn; QK_INT and
  * head_dim % 32 == 0 only): heads in blocks of 4, 2, 1, each a tile in two halves. */
 PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D, const pkvi_kparams *p,
                          const tile *t, float *s)
@@ -180,7 +180,7 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
                        nb, s + h * PKVI_TILE, pk, l2, 1);
 }
 
-/* Head q (d values) into slot k of the scratch (walk_ops.prep): quantized as avx2.c
+/* Head q (d values) into slot k of the scratch (walk_prep_fn): quantized as avx2.c
  * does it (qd_quant_query, then qd_permute). */
 PKVI_INLINE void prep_head(const pkv_dtype dt, const qk_kind qk, uint32_t d, float scale,
                            const float *q, prep_scratch *ps, size_t k)
@@ -192,7 +192,7 @@ PKVI_INLINE void prep_head(const pkv_dtype dt, const qk_kind qk, uint32_t d, flo
 }
 
 /* avx2.c's PV, softmax and kick distance */
-static const walk_ops ops = {tile_qk, tile_pv, softmax_tile, prep_head, 512u << 10};
+enum { KICK_BYTES = 512u << 10 };
 
 /* ---- entry points: the integer-dot walks of rows of whole blocks --------------------
  * As in avx2.c, one for head_dim = head_dim_v = 128 (the blocks constants) and one for
@@ -202,28 +202,32 @@ static void attend_qd_q8(const pkvi_kparams *p, const void *const *pages, uint32
                          uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                          const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q8, QK_INT, 0, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q8, QK_INT, 0, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q8_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                               uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                               const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q8, QK_INT, 128, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q8, QK_INT, 128, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q4(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                          uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                          const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q4, QK_INT, 0, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q4, QK_INT, 0, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q4_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                               uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                               const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q4, QK_INT, 128, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q4, QK_INT, 128, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,

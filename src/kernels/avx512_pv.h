@@ -176,7 +176,7 @@ PKVI_INLINE void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n
                  true, (__mmask16)((1u << (d - c)) - 1u), false);
 }
 
-/* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads (walk_ops.pv) */
+/* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads (walk_pv_fn) */
 PKVI_INLINE void tile_pv(const pkv_dtype dt, const uint32_t D, const pkvi_kparams *p, const tile *t,
                          const float *s, const float *alpha)
 {

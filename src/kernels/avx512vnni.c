@@ -367,7 +367,7 @@ static __attribute__((noinline, cold)) void limb_fallback(pkv_dtype dt, const ti
     }
 }
 
-/* The scores of the tile's rows for all hg heads into s [hg][PKVI_TILE] (walk_ops.qk):
+/* The scores of the tile's rows for all hg heads into s [hg][PKVI_TILE] (walk_qk_fn):
  * QK_LIMBS (every block whole) from q's limbs, QK_INT from q quantized per block - a
  * whole tile at once where every block is whole, else qdot256.h's blocks with the
  * leading pairs in one zmm. Heads in blocks of 4, 2, 1; only the first block
@@ -434,7 +434,7 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
                      dp, nb, s + h * PKVI_TILE, pk, l2, 1, qd_wide_blocks, b0);
 }
 
-/* Head q (d values) into slot k of the scratch (walk_ops.prep): cut into limbs, each
+/* Head q (d values) into slot k of the scratch (walk_prep_fn): cut into limbs, each
  * limb qd_permute'd (QK_LIMBS), or quantized as avx512.c does it (QK_INT). */
 PKVI_INLINE void prep_head(const pkv_dtype dt, const qk_kind qk, uint32_t d, float scale,
                            const float *q, prep_scratch *ps, size_t k)
@@ -457,7 +457,7 @@ PKVI_INLINE void prep_head(const pkv_dtype dt, const qk_kind qk, uint32_t d, flo
 }
 
 /* avx512.c's PV, softmax and kick distance */
-static const walk_ops ops = {tile_qk, tile_pv, softmax_tile, prep_head, 128u << 10};
+enum { KICK_BYTES = 128u << 10 };
 
 /* ---- entry points ---------------------------------------------------------------------
  * As in avx512.c: one out-of-line walk per dtype and path, and one for head_dim =
@@ -467,56 +467,64 @@ static void attend_q8(const pkvi_kparams *p, const void *const *pages, uint32_t 
                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                       const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q8, QK_LIMBS, 0, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q8, QK_LIMBS, 0, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_q8_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                            uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                            const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q8, QK_LIMBS, 128, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q8, QK_LIMBS, 128, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_q4(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                       uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                       const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q4, QK_LIMBS, 0, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q4, QK_LIMBS, 0, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_q4_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                            uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                            const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q4, QK_LIMBS, 128, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q4, QK_LIMBS, 128, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q8(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                          uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                          const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q8, QK_INT, 0, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q8, QK_INT, 0, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q8_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                               uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                               const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q8, QK_INT, 128, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q8, QK_INT, 128, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q4(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                          uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                          const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q4, QK_INT, 0, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q4, QK_INT, 0, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend_qd_q4_d128(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,
                               uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                               const pkvi_heads *x)
 {
-    walk_prepared(&ops, PKV_Q4, QK_INT, 128, p, pages, n_pages, last_tokens, group0, n_groups, x);
+    walk_prepared(tile_qk, tile_pv, softmax_tile, prep_head, KICK_BYTES, PKV_Q4, QK_INT, 128, p,
+                  pages, n_pages, last_tokens, group0, n_groups, x);
 }
 
 static void attend(const pkvi_kparams *p, const void *const *pages, uint32_t n_pages,

@@ -4,10 +4,13 @@
  * targets, and the preparation of a call's q (quantized, cut into limbs or permuted)
  * in runs that fit a stack scratch.
  *
- * An ISA's file passes its own tile functions in a walk_ops (a static const object:
- * the compiler sees the functions and inlines them), so each of its out-of-line entry
- * points - one per dtype and path - compiles to one walk with the ISA's micro-kernels
- * in it. This header needs nothing from its includer; it owns no state.
+ * An ISA's file passes its own tile functions as arguments (walk_qk_fn, walk_pv_fn,
+ * walk_softmax_fn, walk_prep_fn), constants at each call, so the compiler inlines them:
+ * each of its out-of-line entry points - one per dtype and path - compiles to one walk
+ * with the ISA's micro-kernels in it. (Arguments, not a struct of pointers: gcc turns a
+ * constant argument into a direct call while it inlines the walk, and a pointer loaded
+ * from a struct only later, which left the block types' walks different code.) This
+ * header needs nothing from its includer; it owns no state.
  *
  * Invariants (every table's arithmetic depends on them, docs/numerics.md section 2):
  *   - Tiles hold at most PKVI_TILE rows and start at a page's first row: never span pages.
@@ -115,26 +118,20 @@ typedef struct {
     float lb[PREP_SCRATCH_BYTES / (QL_LIMBS * 32)]; /* heads of whole blocks that fit */
 } prep_scratch;
 
-/* What an ISA gives the walk. Each function is the ISA's, inlined where it is a
- * constant (a static const walk_ops of the ISA's file). */
-typedef struct {
-    /* unscaled scores of the tile's rows for all hg heads into s [hg][PKVI_TILE] */
-    void (*qk)(pkv_dtype dt, qk_kind qk, uint32_t D, const pkvi_kparams *p, const tile *t,
-               float *s);
-    /* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads */
-    void (*pv)(pkv_dtype dt, uint32_t D, const pkvi_kparams *p, const tile *t, const float *s,
-               const float *alpha);
-    /* the per-tile softmax step of ref.c for hg heads (cap: softcap) */
-    void (*softmax)(uint32_t hg, uint32_t n, float scale, float cap, float *s, float *m,
-                    float *l, float *alpha);
-    /* head q (d values) into slot k of the scratch: quantized (QK_INT), cut into limbs
-     * (QK_LIMBS, with its lb), or permuted (QK_F32); NULL where the ISA prepares none */
-    void (*prep)(pkv_dtype dt, qk_kind qk, uint32_t d, float scale, const float *q,
-                 prep_scratch *ps, size_t k);
-    /* the stream kick's distance (kick_unit below; docs/performance.md, decision
-     * table: KICK_AHEAD_BYTES) */
-    uint32_t kick_bytes;
-} walk_ops;
+/* What an ISA gives the walk: its functions, inlined where they are constants. */
+/* unscaled scores of the tile's rows for all hg heads into s [hg][PKVI_TILE] */
+typedef void (*walk_qk_fn)(pkv_dtype dt, qk_kind qk, uint32_t D, const pkvi_kparams *p,
+                           const tile *t, float *s);
+/* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads */
+typedef void (*walk_pv_fn)(pkv_dtype dt, uint32_t D, const pkvi_kparams *p, const tile *t,
+                           const float *s, const float *alpha);
+/* the per-tile softmax step of ref.c for hg heads (cap: softcap) */
+typedef void (*walk_softmax_fn)(uint32_t hg, uint32_t n, float scale, float cap, float *s,
+                                float *m, float *l, float *alpha);
+/* head q (d values) into slot k of the scratch: quantized (QK_INT), cut into limbs
+ * (QK_LIMBS, with its lb), or permuted (QK_F32) */
+typedef void (*walk_prep_fn)(pkv_dtype dt, qk_kind qk, uint32_t d, float scale, const float *q,
+                             prep_scratch *ps, size_t k);
 
 /*
  * Which V rows ahead PV(k-1) prefetches. The demand order is K(u), V(u-1), K(u+1),
@@ -207,8 +204,10 @@ PKVI_INLINE const char *cursor_unit(const cursor *c, const void *const *pages,
  * qi, qs, lb: QK_INT and QK_LIMBS, group i's prepared heads at qi + i * hg * qk_bytes *
  * dpad, qs + i * hg * nb, lb + i * hg (walk_prepared lays them out so).
  */
-PKVI_INLINE void walk_attend(const walk_ops *ops, const pkv_dtype dt, const qk_kind qk,
-                             const uint32_t D, const pkvi_kparams *p, const void *const *pages,
+PKVI_INLINE void walk_attend(const walk_qk_fn qk_step, const walk_pv_fn pv_step,
+                             const walk_softmax_fn softmax_step, const uint32_t kick_bytes,
+                             const pkv_dtype dt, const qk_kind qk, const uint32_t D,
+                             const pkvi_kparams *p, const void *const *pages,
                              uint32_t n_pages, uint32_t last_tokens, uint32_t group0,
                              uint32_t n_groups, const pkvi_heads *x, const int8_t *qi,
                              const float *qs, const float *lb)
@@ -221,7 +220,7 @@ PKVI_INLINE void walk_attend(const walk_ops *ops, const pkv_dtype dt, const qk_k
     /* prefetch distance in units: at least PF_AHEAD_BYTES of rows */
     const size_t region = (size_t)p->block_tokens * (row + vrow);
     const uint64_t dist = region >= PF_AHEAD_BYTES ? 1u : (PF_AHEAD_BYTES + region - 1) / region;
-    const uint64_t kick = (ops->kick_bytes + region - 1) / region; /* the kick's, >= 1 */
+    const uint64_t kick = (kick_bytes + region - 1) / region; /* the kick's, >= 1 */
     /* blocks under two lines are too small for a stream, and far too small to miss */
     const bool kicks = PKVI_PF && (size_t)p->block_tokens * row >= 128;
     const uint64_t n_units = (uint64_t)n_pages * n_groups;
@@ -264,13 +263,13 @@ PKVI_INLINE void walk_attend(const walk_ops *ops, const pkv_dtype dt, const qk_k
                     .acc = x->acc + i * x->st_stride,
                     .n = ntok - t0 < PKVI_TILE ? ntok - t0 : PKVI_TILE,
                 };
-                ops->qk(dt, qk, D, p, &t, s[cur]);
+                qk_step(dt, qk, D, p, &t, s[cur]);
                 if (pending) {
                     if (pf_in_address_order(dt))
                         prev.pfv = t.pfv;
-                    ops->pv(dt, D, p, &prev, s[!cur], alpha[!cur]);
+                    pv_step(dt, D, p, &prev, s[!cur], alpha[!cur]);
                 }
-                ops->softmax(p->hg, t.n, p->scale, p->softcap, s[cur], t.m, t.l, alpha[cur]);
+                softmax_step(p->hg, t.n, p->scale, p->softcap, s[cur], t.m, t.l, alpha[cur]);
                 prev = t;
                 pending = true;
                 cur = !cur;
@@ -278,7 +277,7 @@ PKVI_INLINE void walk_attend(const walk_ops *ops, const pkv_dtype dt, const qk_k
         }
     }
     if (pending)
-        ops->pv(dt, D, p, &prev, s[!cur], alpha[!cur]);
+        pv_step(dt, D, p, &prev, s[!cur], alpha[!cur]);
 }
 
 /* Q4 blocks are read as the low nibbles of their 16 bytes (values 0, 2, .., 30), then
@@ -299,10 +298,12 @@ PKVI_INLINE void qd_permute(const pkv_dtype dt, int8_t *qi, uint32_t dpad)
 }
 
 /* The walk of a path whose q is prepared first (the integer dot, the limbs, or a
- * permuted dtype): prepare the call's heads with ops->prep, then walk in runs whose
+ * permuted dtype): prepare the call's heads with prep_step, then walk in runs whose
  * prepared q fits the scratch. */
-PKVI_INLINE void walk_prepared(const walk_ops *ops, const pkv_dtype dt, const qk_kind qk,
-                               const uint32_t D, const pkvi_kparams *p,
+PKVI_INLINE void walk_prepared(const walk_qk_fn qk_step, const walk_pv_fn pv_step,
+                               const walk_softmax_fn softmax_step, const walk_prep_fn prep_step,
+                               const uint32_t kick_bytes, const pkv_dtype dt,
+                               const qk_kind qk, const uint32_t D, const pkvi_kparams *p,
                                const void *const *pages, uint32_t n_pages,
                                uint32_t last_tokens, uint32_t group0, uint32_t n_groups,
                                const pkvi_heads *x)
@@ -321,7 +322,7 @@ PKVI_INLINE void walk_prepared(const walk_ops *ops, const pkv_dtype dt, const qk
             const uint32_t ng = n_groups - g < per ? n_groups - g : per;
             for (uint32_t i = 0; i < ng; i++)
                 for (uint32_t h = 0; h < H; h++)
-                    ops->prep(dt, qk, d, p->scale,
+                    prep_step(dt, qk, d, p->scale,
                               x->q + (g + i) * x->q_stride + (size_t)h * d, &ps,
                               (size_t)i * H + h);
             const pkvi_heads xs = {
@@ -330,7 +331,7 @@ PKVI_INLINE void walk_prepared(const walk_ops *ops, const pkv_dtype dt, const qk
                 .acc = x->acc + g * x->st_stride,
                 .q_stride = qd ? x->q_stride : H * d, .st_stride = x->st_stride,
             };
-            walk_attend(ops, dt, qk, D, p, pages, n_pages, last_tokens, group0 + g, ng, &xs,
+            walk_attend(qk_step, pv_step, softmax_step, kick_bytes, dt, qk, D, p, pages, n_pages, last_tokens, group0 + g, ng, &xs,
                         qi, qs, ps.lb);
         }
         return;
@@ -340,7 +341,7 @@ PKVI_INLINE void walk_prepared(const walk_ops *ops, const pkv_dtype dt, const qk
         for (uint32_t h0 = 0; h0 < H; h0 += fit) {
             ph.hg = H - h0 < fit ? H - h0 : fit;
             for (uint32_t h = 0; h < ph.hg; h++)
-                ops->prep(dt, qk, d, p->scale,
+                prep_step(dt, qk, d, p->scale,
                           x->q + g * x->q_stride + (size_t)(h0 + h) * d, &ps, h);
             const pkvi_heads xs = {
                 .q = qd ? x->q + g * x->q_stride + (size_t)h0 * d : ps.u.qf,
@@ -348,7 +349,7 @@ PKVI_INLINE void walk_prepared(const walk_ops *ops, const pkv_dtype dt, const qk
                 .acc = x->acc + g * x->st_stride + (size_t)h0 * dv,
                 .q_stride = x->q_stride, .st_stride = x->st_stride,
             };
-            walk_attend(ops, dt, qk, D, &ph, pages, n_pages, last_tokens, group0 + g, 1, &xs,
+            walk_attend(qk_step, pv_step, softmax_step, kick_bytes, dt, qk, D, &ph, pages, n_pages, last_tokens, group0 + g, 1, &xs,
                         qi, qs, ps.lb);
         }
 }

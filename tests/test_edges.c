@@ -389,7 +389,7 @@ static snap take(pkv_session *s, const float *q)
     memset(&z, 0, sizeof z);
     for (uint32_t l = 0; l < 2; l++) {
         z.len[l] = pkv_session_len(s, l);
-        if (z.len[l] > s->layers[l].first)
+        if (z.len[l] > pkvi_btable_first(s->layers[l]))
             ck_assert_int_eq(pkv_decode(s, l, q, z.out[l]), PKV_OK);
     }
     ck_assert_int_eq(pkv_session_memory(s, &z.m), PKV_OK);

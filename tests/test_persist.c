@@ -15,7 +15,6 @@
  */
 #include "testutil.h"
 #include "internal.h"
-#include "store/io_backend.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -78,7 +77,7 @@ static pkv_session *make_session(pkv_engine *e, pkvt_rng *r, const uint64_t *len
 {
     pkv_session *s = NULL;
     ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
+    for (uint32_t l = 0; l < s->geom->cfg.n_layers; l++)
         pkvt_append_random(s, r, l, lens[l], 2.0f, 1.0f);
     return s;
 }
@@ -87,7 +86,7 @@ static pkv_session *make_session(pkv_engine *e, pkvt_rng *r, const uint64_t *len
  * [n_layers][h][dv] (zeros for empty layers, whose decode must be ESTATE). */
 static float *decode_all(pkv_session *s, uint64_t seed)
 {
-    const pkv_config *c = &s->e->cfg;
+    const pkv_config *c = &s->geom->cfg;
     size_t hd = (size_t)c->n_heads * c->head_dim, hdv = (size_t)c->n_heads * c->head_dim_v;
     float *out = pkvt_alloc(hdv * c->n_layers * sizeof(float));
     float *q = pkvt_alloc(hd * sizeof(float));
@@ -96,7 +95,8 @@ static float *decode_all(pkv_session *s, uint64_t seed)
     for (uint32_t l = 0; l < c->n_layers; l++) {
         pkvt_fill(&r, q, hd, -1.0f, 1.0f);
         pkv_status st = pkv_decode(s, l, q, out + l * hdv);
-        ck_assert_int_eq(st, pkv_session_len(s, l) > s->layers[l].first ? PKV_OK : PKV_ESTATE);
+        ck_assert_int_eq(st, pkv_session_len(s, l) > pkvi_btable_first(s->layers[l])
+                                 ? PKV_OK : PKV_ESTATE);
     }
     free(q);
     return out;
@@ -105,25 +105,28 @@ static float *decode_all(pkv_session *s, uint64_t seed)
 /* Lengths equal, every valid row bitwise equal, decode memcmp-equal. */
 static void assert_same(pkv_session *a, pkv_session *b, uint64_t seed, const char *what)
 {
-    const pkv_engine *e = a->e;
+    const pkvi_geom *e = a->geom;
     uint32_t L = e->cfg.n_layers, bt = e->cfg.block_tokens;
     for (uint32_t l = 0; l < L; l++) {
         ck_assert_msg(pkv_session_len(a, l) == pkv_session_len(b, l), "%s: layer %u length",
                       what, l);
-        const pkvi_btable *la = &a->layers[l], *lb = &b->layers[l];
-        ck_assert_uint_eq(la->n_pages, lb->n_pages);
-        ck_assert_uint_eq(la->first, lb->first);
-        for (uint64_t i = 0; i < la->n_pages; i++) {
-            uint64_t rows = i + 1 < la->n_pages ? bt : la->len - i * bt;
+        const pkvi_btable *la = a->layers[l], *lb = b->layers[l];
+        const uint64_t np = pkvi_btable_n_pages(la);
+        ck_assert_uint_eq(np, pkvi_btable_n_pages(lb));
+        ck_assert_uint_eq(pkvi_btable_first(la), pkvi_btable_first(lb));
+        for (uint64_t i = 0; i < np; i++) {
+            uint64_t rows = i + 1 < np ? bt : pkvi_btable_len(la) - i * bt;
             /* a hole (a window's released pages, a shard's positions below first) is
              * the same hole */
-            ck_assert_msg(!la->pages[i] == !lb->pages[i], "%s: layer %u page %llu: hole "
-                          "differs", what, l, (unsigned long long)i);
-            if (!la->pages[i])
+            ck_assert_msg(!pkvi_btable_page(la, i) == !pkvi_btable_page(lb, i),
+                          "%s: layer %u page %llu: hole differs", what, l,
+                          (unsigned long long)i);
+            if (!pkvi_btable_page(la, i))
                 continue;
             for (uint32_t gi = 0; gi < e->cfg.n_kv_heads; gi++) {
                 size_t base = gi * e->kp.group_stride;
-                const unsigned char *pa = la->pages[i]->data, *pb = lb->pages[i]->data;
+                const unsigned char *pa = pkvi_btable_page(la, i)->data;
+                const unsigned char *pb = pkvi_btable_page(lb, i)->data;
                 ck_assert_msg(memcmp(pa + base, pb + base, rows * e->row_bytes) == 0 &&
                                   memcmp(pa + base + e->kp.v_offset, pb + base + e->kp.v_offset,
                                          rows * e->row_bytes_v) == 0,
@@ -291,8 +294,8 @@ END_TEST
  * file passes pkv_session_file_check, loads, and the loaded session is s to the bit
  * (its hole and every decode); a failure leaves the previous bytes of path (prev,
  * n_prev) and no temporary. Returns the save's status. */
-static pkv_status save_holds(pkv_session *s, const scratch *t, const unsigned char *prev,
-                             size_t n_prev, const char *what)
+static pkv_status save_holds(pkv_engine *e, pkv_session *s, const scratch *t,
+                             const unsigned char *prev, size_t n_prev, const char *what)
 {
     const pkv_status st = pkv_session_save(s, t->path);
     if (st != PKV_OK) {
@@ -309,9 +312,9 @@ static pkv_status save_holds(pkv_session *s, const scratch *t, const unsigned ch
     ck_assert_msg(ck == PKV_OK, "%s: save said OK, file check says %s (%s)", what,
                   pkv_status_str(ck), fi.reason);
     pkv_session *x = NULL;
-    const pkv_status ld = pkv_session_load(s->e, t->path, &x);
+    const pkv_status ld = pkv_session_load(e, t->path, &x);
     char why[256] = "";
-    pkv_engine_last_error(s->e, why, sizeof why);
+    pkv_engine_last_error(e, why, sizeof why);
     ck_assert_msg(ld == PKV_OK, "%s: save said OK, load says %s (%s)", what,
                   pkv_status_str(ld), why);
     assert_same(s, x, 7, what);
@@ -350,7 +353,7 @@ START_TEST(rollback_truncate_saves_a_loadable_file)
             ck_assert_int_eq(pkv_session_truncate(s, 19), PKV_OK);
             char what[96];
             snprintf(what, sizeof what, "bt %u sinks %u: 20 appends, truncate to 19", bt, sinks);
-            ck_assert_int_eq(save_holds(s, &t, prev, n_prev, what), PKV_OK);
+            ck_assert_int_eq(save_holds(e, s, &t, prev, n_prev, what), PKV_OK);
             for (int i = 0; i < walk; i++) {
                 const uint64_t len = pkv_session_len(s, 0);
                 if (pkvt_below(&r, 3) == 0 && len > 1) {
@@ -365,7 +368,7 @@ START_TEST(rollback_truncate_saves_a_loadable_file)
                     continue;
                 snprintf(what, sizeof what, "bt %u sinks %u walk step %d (seed %llu)", bt,
                          sinks, i, (unsigned long long)pkvt_seed());
-                if (save_holds(s, &t, prev, n_prev, what) == PKV_OK) {
+                if (save_holds(e, s, &t, prev, n_prev, what) == PKV_OK) {
                     free(prev);
                     prev = pkvt_slurp(t.path, &n_prev);
                 }
@@ -405,14 +408,14 @@ START_TEST(shards_save_and_load)
         unsigned char prev[3] = {'o', 'l', 'd'};
         char what[64];
         snprintf(what, sizeof what, "empty shard, %s", pkv_dtype_name(dts[k]));
-        ck_assert_int_eq(save_holds(s, &t, prev, 3, what), PKV_OK);
+        ck_assert_int_eq(save_holds(e, s, &t, prev, 3, what), PKV_OK);
         pkv_file_info fi;
         ck_assert_int_eq(pkv_session_file_check(t.path, &fi, NULL, 0), PKV_OK);
         ck_assert_uint_eq(fi.version, 4);
         for (uint32_t l = 0; l < 3; l++)
             pkvt_append_random(s, &r, l, 300 + 7 * l, 2.0f, 1.0f);
         snprintf(what, sizeof what, "shard of 300+, %s", pkv_dtype_name(dts[k]));
-        ck_assert_int_eq(save_holds(s, &t, prev, 3, what), PKV_OK);
+        ck_assert_int_eq(save_holds(e, s, &t, prev, 3, what), PKV_OK);
         pkv_session *x = NULL;
         ck_assert_int_eq(pkv_session_load(e, t.path, &x), PKV_OK);
         const size_t ps = (size_t)c.n_heads * ((c.head_dim_v ? c.head_dim_v : 8) + 2);
@@ -450,30 +453,33 @@ START_TEST(shards_save_and_load)
 END_TEST
 
 /* The writer's own check: a session whose file would not pass the reader's checks
- * (here a hole one page shorter than its NULL entries, made by hand) is
- * not written - PKV_ECORRUPT, a reason that says so, the old file in place, no
- * temporary left. */
+ * (here its two layers' tables swapped by hand, so that the full layer would claim the
+ * windowed one's released pages) is not written - PKV_ECORRUPT, a reason that says
+ * so, the old file in place, no temporary left. */
 START_TEST(save_checks_what_it_commits)
 {
     scratch t;
     scratch_init(&t);
     pkvt_rng r;
     pkvt_rng_init(&r, pkvt_seed());
-    pkv_layer_config lc[1] = {{.window = 8}};
-    pkv_config c = pkvt_config(1, 2, 1, 4, 2, PKV_F32);
+    pkv_layer_config lc[2] = {{.window = 8}, {0}};
+    pkv_config c = pkvt_config(2, 2, 1, 4, 2, PKV_F32);
     c.layer_cfg = lc;
     pkv_engine *e = pkvt_engine_cfg(&c);
     pkv_session *s = pkvt_session(e);
-    pkvt_append_random(s, &r, 0, 30, 1.0f, 1.0f);
+    for (uint32_t l = 0; l < 2; l++)
+        pkvt_append_random(s, &r, l, 30, 1.0f, 1.0f);
     ck_assert_int_eq(pkv_session_save(s, t.path), PKV_OK);
     size_t n0;
     unsigned char *b0 = pkvt_slurp(t.path, &n0);
-    pkvi_btable *tb = &s->layers[0];
-    ck_assert_uint_gt(tb->hole_hi, tb->hole_lo);
-    const uint64_t keep = tb->hole_hi;
-    tb->hole_hi = keep - 1; /* the header would claim a page the table lacks */
-    ck_assert_int_eq(pkv_session_save(s, t.path), PKV_ECORRUPT);
-    tb->hole_hi = keep;
+    pkvi_btable *windowed = s->layers[0];
+    ck_assert_uint_gt(pkvi_btable_hole_end(windowed), 0);
+    s->layers[0] = s->layers[1];
+    s->layers[1] = windowed;
+    const pkv_status st = pkv_session_save(s, t.path);
+    s->layers[1] = s->layers[0];
+    s->layers[0] = windowed;
+    ck_assert_int_eq(st, PKV_ECORRUPT);
     char why[256];
     ck_assert_int_eq(pkv_engine_last_error(e, why, sizeof why), PKV_OK);
     ck_assert_msg(strstr(why, "pkv_session_save: ") == why && strstr(why, "would not load"),
@@ -608,7 +614,8 @@ static void expect_load(pkv_engine *e, pkvi_io *io, const char *path, pkv_status
     uint64_t before = pages_in_use(e);
     pkv_session *s = (pkv_session *)&s;   /* a failed load must leave it so */
     const char *why = NULL;
-    pkv_status st = pkvi_session_load_io(e, path, io, &s, &why);
+    const pkvi_ctx ctx = pkvi_engine_ctx(e);
+    pkv_status st = pkvi_session_load_io(&ctx, path, io, &s, &why);
     ck_assert_msg(st == want, "%s: load gave %s (%s), want %s (seed %llu)", what,
                   pkv_status_str(st), why, pkv_status_str(want),
                   (unsigned long long)pkvt_seed());
@@ -1056,11 +1063,12 @@ START_TEST(load_faults)
     uint64_t base = pages_in_use(e);
     pkvi_io *io = NULL;
     ck_assert_int_eq(pkvi_io_open(false, &io), PKV_OK);
+    const pkvi_ctx ctx = pkvi_engine_ctx(e);
     uint64_t nth = 1;
     for (;; nth++) {
         pkvi_io_inject_fault(io, PKVI_FAULT_READ, nth);
         pkv_session *x = (pkv_session *)&x;
-        pkv_status st = pkvi_session_load_io(e, t.path, io, &x, NULL);
+        pkv_status st = pkvi_session_load_io(&ctx, t.path, io, &x, NULL);
         if (st == PKV_OK) {
             assert_same(s, x, 5, "load after faults");
             pkv_session_destroy(x);

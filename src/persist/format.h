@@ -9,8 +9,8 @@
  * Owns: where every field sits and how it is encoded. Does not own: what is written
  *   or when (persist/save.c), what a sound file is (persist/header.c, for the reader
  *   and the writer alike), reading and loading (persist/load.c), the version,
- *   alignment and header limit and pkvi_sfile_info (io_backend.h, shared with the
- *   tests), the checksum (crc32c.c).
+ *   alignment and header limit and pkvi_sfile_info (persist/sfile.h, shared with the
+ *   tests), the checksum (store/crc32c.h).
  *
  * Layout, versions 1 to 4 (every integer little-endian; offsets in bytes):
  *   header   [0, header_bytes)       the fixed fields at PKVI_SFILE_OFF_*, layer_len[L];
@@ -25,7 +25,8 @@
 #ifndef PAGEDKV_PERSIST_FORMAT_H
 #define PAGEDKV_PERSIST_FORMAT_H
 
-#include "store/io_backend.h"
+#include "persist/sfile.h"
+#include "store/crc32c.h"
 
 #include <string.h>
 
@@ -110,9 +111,10 @@ static inline uint64_t pkvi_align_up(uint64_t x, uint64_t a)
  * PKV_ENOMEM; *why a static reason. Release `in` with pkvi_sfile_info_free. */
 PKVI_HIDDEN pkv_status pkvi_sfile_parse_header(const unsigned char *h, uint32_t hbytes,
                                                pkvi_sfile_info *in, const char **why);
-/* A sound header of another engine is another format for this engine: PKV_EINVAL. */
+/* A sound header of another engine (geometry geo) is another format for this
+ * engine: PKV_EINVAL. */
 PKVI_HIDDEN pkv_status pkvi_sfile_match_engine(const pkvi_sfile_info *in,
-                                               const pkv_engine *e, const char **why);
+                                               const pkvi_geom *geo, const char **why);
 /* Pages of a layer of len positions: ceil(len / bt). */
 PKVI_HIDDEN uint64_t pkvi_sfile_layer_pages(uint64_t len, uint32_t bt);
 /* Where layer l's hole starts (its sink pages; 0 for a shard); the hole is

@@ -20,7 +20,6 @@
  *     reads: hole_hi * bt <= len - window, the rule pkv_session_truncate keeps.
  */
 #include "persist/format.h"
-#include "engine/engine.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -275,17 +274,18 @@ bool pkvi_sfile_walk_entries(const pkvi_sfile_info *in, pkvi_sfile_walk *w,
 
 /* ---- a sound file and an engine -------------------------------------------------------- */
 
-pkv_status pkvi_sfile_match_engine(const pkvi_sfile_info *in, const pkv_engine *e,
+pkv_status pkvi_sfile_match_engine(const pkvi_sfile_info *in, const pkvi_geom *geo,
                                    const char **why)
 {
+    const pkv_config *c = &geo->cfg;
     uint32_t code = 0;
-    if (in->n_layers != e->cfg.n_layers || in->n_heads != e->cfg.n_heads ||
-        in->n_kv_heads != e->cfg.n_kv_heads || in->head_dim != e->cfg.head_dim ||
-        in->head_dim_v != e->cfg.head_dim_v)
+    if (in->n_layers != c->n_layers || in->n_heads != c->n_heads ||
+        in->n_kv_heads != c->n_kv_heads || in->head_dim != c->head_dim ||
+        in->head_dim_v != c->head_dim_v)
         return fail(why, PKV_EINVAL, "the file's geometry differs from the engine's");
     /* every layer's variant (a version-1 file's are all plain causal) */
     for (uint32_t l = 0; l < in->n_layers; l++) {
-        const pkv_layer_config *a = &in->layer_cfg[l], *b = &e->layers[l];
+        const pkv_layer_config *a = &in->layer_cfg[l], *b = &geo->layers[l];
         bool same = a->window == b->window && a->sink_tokens == b->sink_tokens &&
                     a->rollback_tokens == b->rollback_tokens &&
                     pkvi_float_bits(a->softcap) == pkvi_float_bits(b->softcap) &&
@@ -295,13 +295,13 @@ pkv_status pkvi_sfile_match_engine(const pkvi_sfile_info *in, const pkv_engine *
         if (!same)
             return fail(why, PKV_EINVAL, "the file's attention variants differ from the engine's");
     }
-    if (!pkvi_sfile_dtype_code(e->cfg.kv_dtype, &code) || code != in->dtype_code)
+    if (!pkvi_sfile_dtype_code(c->kv_dtype, &code) || code != in->dtype_code)
         return fail(why, PKV_EINVAL, "the file's dtype differs from the engine's");
-    if (in->block_tokens != e->cfg.block_tokens)
+    if (in->block_tokens != c->block_tokens)
         return fail(why, PKV_EINVAL, "the file's block size differs from the engine's");
-    if (in->scale_bits != pkvi_float_bits(e->cfg.scale))
+    if (in->scale_bits != pkvi_float_bits(c->scale))
         return fail(why, PKV_EINVAL, "the file's softmax scale differs from the engine's");
-    if (in->first % pkv_shard_align(e) != 0)
+    if (in->first % pkvi_shard_align(geo) != 0)
         return fail(why, PKV_EINVAL,
                     "the file's shard start is not a multiple of the engine's pkv_shard_align");
     return PKV_OK;

@@ -7,8 +7,10 @@
  *   padding, the token ids), the mapping of what is wrong to a status and a reason,
  *   and building a session from a file that passed. Does not own: the layout and its
  *   codecs (persist/format.h), writing files (persist/save.c), sessions and pages
- *   (session.c: pkv_session_create; session/write.c: pkvi_session_push_page/
- *   skip_pages; session/reuse.c: pkvi_session_set_tokens),
+ *   (session.c: pkvi_session_create, pkv_session_set_first; session/write.c:
+ *   pkvi_session_push_page/skip_pages; session/reuse.c: pkvi_session_set_tokens), which
+ *   it builds from the engine's contexts (pkvi_ctx: the geometry it compares a file
+ *   with, the error sink, the cache state's I/O object for session files),
  *   the I/O backends (io.c, io_uring.c), the checksum (crc32c.c).
  *
  * Invariants:
@@ -27,13 +29,12 @@
  *     half-built session: a load either returns a whole session or nothing.
  *   - Rows past a layer's length in its last page must be zero (save writes zeros).
  *
- * Error mapping (SPEC §5): not a session file (magic), or a sound header (CRC
+ * Error mapping (docs/file-format.md): not a session file (magic), or a sound header (CRC
  *   matches) of another version / geometry / dtype / block size / scale -> EINVAL;
  *   any other damage (header or page CRC, truncation, trailing bytes, nonzero
  *   padding, inconsistent fields) -> ECORRUPT; failing system calls -> EIO.
  */
 #include "persist/format.h"
-#include "session/session.h"
 
 #include <fcntl.h>
 #include <math.h>
@@ -415,12 +416,12 @@ pkv_status pkv_session_file_check(const char *path, pkv_file_info *info,
 
 /* ---- loading into an engine ---------------------------------------------------------- */
 
-pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
+pkv_status pkvi_session_load_io(const pkvi_ctx *ctx, const char *path, pkvi_io *io,
                                 pkv_session **out, const char **why)
 {
     if (why != NULL)
         *why = "invalid arguments";
-    if (e == NULL || path == NULL || io == NULL || out == NULL)
+    if (ctx == NULL || path == NULL || io == NULL || out == NULL)
         return PKV_EINVAL;
     pkvi_sfile_info info;
     memset(&info, 0, sizeof info);
@@ -436,7 +437,7 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
          * geometry may claim any number of pages. */
         if (info.header_sound && (st == PKV_OK || st == PKV_ECORRUPT)) {
             const char *why0 = r.why;
-            pkv_status mst = pkvi_sfile_match_engine(&info, e, &r.why);
+            pkv_status mst = pkvi_sfile_match_engine(&info, ctx->geom, &r.why);
             if (mst != PKV_OK)
                 st = mst;
             else
@@ -453,7 +454,7 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
         st = ids ? read_ids(&r, ids) : fail(&r, PKV_ENOMEM, "out of memory");
     }
     if (st == PKV_OK) {
-        st = pkv_session_create(e, &s);
+        st = pkvi_session_create(ctx, &s);
         if (st != PKV_OK)
             r.why = "could not create the session";
     }
@@ -464,7 +465,7 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
     }
     if (st == PKV_OK)
         st = scan_pages(&r, s);                    /* pass 2: check again, build */
-    if (st == PKV_OK && ids) {                     /* SPEC §10: the record, indexed */
+    if (st == PKV_OK && ids) {  /* the token record (docs/prefix-cache.md), indexed */
         st = pkvi_session_set_tokens(s, info.n_token_ids, ids);
         if (st != PKV_OK)
             r.why = "could not record the token ids";
@@ -483,21 +484,20 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
     return st;
 }
 
-pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out)
+pkv_status pkvi_session_load(const pkvi_ctx *ctx, const char *path, pkv_session **out)
 {
-    if (e == NULL)
-        return PKV_EINVAL;
     /* "" is EINVAL, as pkv_session_save says: the same bad input, the same status */
     if (path == NULL || *path == '\0' || out == NULL)
-        return pkvi_fail(e, PKV_EINVAL, "pkv_session_load: %s",
+        return pkvi_fail(ctx->errs, PKV_EINVAL, "pkv_session_load: %s",
                          out == NULL ? "out is NULL" : path ? "path is empty" : "path is NULL");
     pkvi_io *io = NULL;
-    pkv_status st = pkvi_engine_file_io(e, &io);
+    pkv_status st = pkvi_cache_file_io(ctx->cache, &io);
     if (st != PKV_OK)
-        return pkvi_fail(e, st, "pkv_session_load: out of memory");
+        return pkvi_fail(ctx->errs, st, "pkv_session_load: out of memory");
     const char *why = NULL;
-    st = pkvi_session_load_io(e, path, io, out, &why);
+    st = pkvi_session_load_io(ctx, path, io, out, &why);
     if (st != PKV_OK)
-        return pkvi_fail(e, st, "pkv_session_load: %s: %s", path, why ? why : "failed");
+        return pkvi_fail(ctx->errs, st, "pkv_session_load: %s: %s", path,
+                         why ? why : "failed");
     return st;
 }

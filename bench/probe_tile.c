@@ -1,6 +1,6 @@
 /*
  * probe_tile.c - the parts of one tile of SIMD decode, timed apart, in L1
- * (docs/perf-log.md, "A Zen 5 host" and "K stored by channel").
+ * (docs/performance.md, "One tile in L1").
  *
  * One KV group's tile of 16 tokens and 4 query heads (a llama3-8b group), K and V rows
  * stored in each dtype, is scored (qk_heads), softmaxed (softmax_tile) and summed into
@@ -190,9 +190,8 @@ static double kt_check(bench *b)
 /* part 0: QK, 1: PV, 2: softmax, 3: the three pipelined; 4, 5: 0 and 3 with
  * qk_heads_kt; ns per tile, best of REPS. dt is a constant in each call (time_part), as
  * in the walk's entry points (walk.h WALK_FN): read at run time, it left the dtype's
- * tests in the loops, and the probe timed code the library does not run (gcc 12, Zen 5,
- * AVX-512: the f16 tile 208 ns instead of 198, f32 193 instead of 178; clang 14, AVX2:
- * f16 QK 372 ns instead of 206). */
+ * tests in the loops, and the probe timed code the library does not run
+ * (docs/performance.md, "One tile in L1"). */
 AI double time_dt(bench *b, const pkv_dtype dt, int part, long iters)
 {
     const float scale = 1.0f / sqrtf((float)b->d);

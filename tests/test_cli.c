@@ -2,8 +2,8 @@
  * test_cli.c - the conventions every `pagedkv` command keeps, checked on the built
  * binary (env PKV_TOOL): one option syntax (getopt_long's), usage errors that name
  * the option and its valid range or the engine's limit (exit 2), --threads 0 as all
- * CPUs, and the output contracts of issue 20: mem's attention kind, inspect's status
- * line, the stress plot's axes and budget, the memory guard against MemAvailable, and
+ * CPUs, and the output contracts of the tools (docs/tools.md): mem's attention kind, inspect's
+ * status line, the stress plot's axes and budget, the memory guard against MemAvailable, and
  * bootstrap.sh refusing an unknown mode before any work.
  *
  * Owns: those checks. Does not own: the runs of test_tools.c (stress, bench, the

@@ -650,7 +650,7 @@ START_TEST(options)
 END_TEST
 
 
-/* ---- attention variants (SPEC §8) ----------------------------------------------- */
+/* ---- attention variants (docs/variants.md) ----------------------------------------------- */
 
 /* A window at least the context changes nothing a decode reads: the greedy text of
  * stories260K is the same with and without --window 100000 (all 5 layers windowed). */
@@ -674,8 +674,8 @@ START_TEST(stories_window_unchanged)
 END_TEST
 
 /* A small window: the run still works (its attention checked against the variant's
- * dense reference, and end to end) and every layer holds at most the SPEC ceiling of
- * pages, well below what the positions would need unwindowed. */
+ * dense reference, and end to end) and every layer holds at most the page ceiling
+ * (docs/variants.md) of pages, well below what the positions would need unwindowed. */
 START_TEST(stories_window_bounded)
 {
     if (!have_models("stories_window_bounded"))

@@ -538,8 +538,8 @@ END_TEST
  * 10^7 times the rest (those keep 2^-22 of the largest), subnormal q (held exactly),
  * huge q, zero blocks, one value per block; and a NaN or an infinity in one head, which
  * makes that head NaN, as on the f32 path, and no other. (A kernel keeping 15 bits of
- * q where 22 are documented stays within this bound; test_quant's SPEC bound against
- * double precision catches it.) */
+ * q where 22 are documented stays within this bound; test_quant's 1e-5 bound (docs/numerics.md)
+ * against double precision catches it.) */
 START_TEST(limb_queries)
 {
     static const uint32_t ds[] = {32, 96, 128};
@@ -802,7 +802,7 @@ START_TEST(groups_and_stacked_heads)
 }
 END_TEST
 
-/* ---- against the double reference: the SPEC §4 bound -------------------------------- */
+/* ---- against the double reference: the 1e-5 x max|V| bound (docs/numerics.md) -------- */
 
 START_TEST(vs_double_reference)
 {
@@ -955,7 +955,7 @@ static double ulp_of(double x)
     return ldexp(1.0, e - 1 - 23);
 }
 
-/* Soft-capped scores (SPEC §8): with K rows 0 and 1 and V rows 0 and 1, a query q <= 0
+/* Soft-capped scores (docs/variants.md): with K rows 0 and 1 and V rows 0 and 1, a query q <= 0
  * scores s = c * tanh(q / c) <= 0 on row 1 and 0 on row 0, so the state's max stays 0 and
  * acc = exp(s). The score the kernel used, log(acc), is held to c * tanh(q / c) in
  * double: within 4 ulp of the score plus what exp's 2 ulp add (2^-22), for caps of 2.5 to

@@ -1,6 +1,6 @@
 /*
- * test_mpi.c - SPEC §11 over real MPI ranks: `mpirun -np R pagedkv stress --mpi` with
- * its bitwise check on, and `mpirun -np R pagedkv generate --mpi` against the single
+ * test_mpi.c - sharding (docs/sharding.md) over real MPI ranks: `mpirun -np R pagedkv stress --mpi`
+ * with its bitwise check on, and `mpirun -np R pagedkv generate --mpi` against the single
  * process text. One meson test per (case, R): PKV_MPI_RANKS is R, CK_RUN_CASE the case.
  *
  * SKIP (77) only when this build has no MPI (PKV_MPI != 1: meson found no 'mpi'

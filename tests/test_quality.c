@@ -1,6 +1,6 @@
 /*
- * test_quality.c - `pagedkv quality` (SPEC §9) run as a user runs it: its figures
- * against what they must be by construction, its JSON read back, its chart checked,
+ * test_quality.c - `pagedkv quality` (docs/tools.md, "pagedkv quality") run as a user runs it: its
+ * figures against what they must be by construction, its JSON read back, its chart checked,
  * its usage errors.
  *
  * Owns: the cases "builtin" (the built-in model, the synthetic attention-only mode,
@@ -16,7 +16,7 @@
  *   - bytes per token are 2 * layers * kv_heads * pkv_row_bytes(dtype, head_dim);
  *   - KL figures are ordered mean <= p99 <= max, all >= 0;
  *   - in the synthetic mode the exact path is within 1e-5 (of max |out|) of the
- *     reference on rounded rows (SPEC §9's accuracy: quantization is the only error),
+ *     reference on rounded rows (docs/numerics.md, section 6: quantization is the only error),
  *     and the error on unrounded rows grows from f16 to bf16 to q8 to q4;
  *   - an integer row is either measured or "unavailable" with its reason.
  */
@@ -315,8 +315,8 @@ START_TEST(usage)
 }
 END_TEST
 
-/* stories260K, 256 positions greedy: the figures SPEC §9 asks to report. Q8's top-1
- * target (>= 99%) is a target of the format, not of this tool: asserted loosely. */
+/* stories260K, 256 positions greedy: the figures docs/tools.md ("pagedkv quality") reports. Q8's
+ * top-1 target (>= 99%) is a target of the format, not of this tool: asserted loosely. */
 START_TEST(stories260K)
 {
     char model[4096], tok[4096];

@@ -1,5 +1,5 @@
 /*
- * test_quant.c - the block-quantized pages PKV_Q8 and PKV_Q4 (SPEC §9): the row
+ * test_quant.c - the block-quantized pages PKV_Q8 and PKV_Q4 (docs/numerics.md, section 6): the row
  * format's sizes and its error bound, held against the format's definition computed
  * here from public pieces (f16 rounding of the scale); the edge cases (zero, huge,
  * tiny, NaN, every tail length); and decode on quantized pages against the double
@@ -412,8 +412,8 @@ END_TEST
  * 10^4 times the others, on a channel where every K row is 0, so the score is all in the
  * small values. f32 scores keep each product to 2^-24 of itself; the avx512vnni
  * kernel's limbs hold q to 2^-30 of its block's largest value (docs/numerics.md section
- * 3), which keeps it within the SPEC's 1e-5 here (three limbs, 2^-22, missed it 24
- * times over at head_dim 128). */
+ * 3), which keeps it within the 1e-5 x max|V| bound (docs/numerics.md) here (three limbs, 2^-22,
+ * missed it 24 times over at head_dim 128). */
 START_TEST(exact_path_wide_query_blocks)
 {
     static const uint32_t ds[] = {32, 128};

@@ -16,7 +16,7 @@
  * as SKIP where io_uring cannot be set up).
  *
  * Seeds: pkvt_seed() and pkvt_seed() + 1 (PKV_TEST_SEED overrides); every message
- * names the seed. Run time: about 10-20 s on the 2-core dev machine.
+ * names the seed. Run time: a few seconds to tens of seconds, by host.
  */
 #include "testutil.h"
 
@@ -64,7 +64,7 @@ static bool json_has(const char *json, const char *key, const char *literal)
 }
 
 /* Sanitizer and poison builds (the tool beside this test is built the same way) run
- * the soak about 20x slower: fewer operations keep the suite near a minute there. */
+ * the soak many times slower: fewer operations keep the suite near a minute there. */
 static bool slow_build(void)
 {
 #if defined(__SANITIZE_ADDRESS__) || PKV_POISON

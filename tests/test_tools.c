@@ -183,7 +183,7 @@ START_TEST(engine_memory_usage)
 }
 END_TEST
 
-/* SPEC §1's two checks of the formula, through `pagedkv mem`: the number must appear
+/* The size formula's two checks (docs/memory.md), through `pagedkv mem`: the number must appear
  * as a whole word in the output. */
 START_TEST(mem_formula)
 {
@@ -218,9 +218,9 @@ typedef struct {
 
 static const char *const dtype_names[] = {"f32", "f16", "bf16", "q8", "q4"};
 
-/* Bytes of one stored row of d values: SPEC §1's per-value sizes; for Q8/Q4 (SPEC §9)
- * blocks of 32 values (the last shorter), each 2 bytes of f16 scale and then one
- * byte (Q8) or half a byte rounded up (Q4) per value. Computed here, not taken from
+/* Bytes of one stored row of d values: the per-value sizes (docs/memory.md); for Q8/Q4
+ * (docs/numerics.md, section 6) blocks of 32 values (the last shorter), each 2 bytes of f16 scale
+ * and then one byte (Q8) or half a byte rounded up (Q4) per value. Computed here, not taken from
  * the library. */
 static uint64_t row_bytes(pkv_dtype dt, uint64_t d)
 {
@@ -235,7 +235,8 @@ static uint64_t row_bytes(pkv_dtype dt, uint64_t d)
     return b;
 }
 
-/* The expected figures, computed here from SPEC §1, §3 and §9, not by the tool. */
+/* The expected figures, computed here from docs/memory.md, docs/design.md ("Page layout") and
+ * docs/numerics.md (section 6), not by the tool. */
 static void check_stress_json(const char *json, const geometry *g, uint64_t seed)
 {
     uint64_t pages = (g->ctx + g->bt - 1) / g->bt;
@@ -409,8 +410,8 @@ START_TEST(bench_json)
     ck_assert_uint_eq(pkvt_json_u64(p.out, "prefill[0].tokens"), 48);
     pkvt_proc_free(&p);
 
-    /* the roofline (SPEC §9) of f16 and the block types: bytes by the block format,
-     * arithmetic by the path, the binding bound named, f16 against itself 1 */
+    /* the roofline (docs/performance.md, "What bounds decode") of f16 and the block types: bytes by
+     * the block format, arithmetic by the path, the binding bound named, f16 against itself 1 */
     p = pkvt_tool((const char *[]){"bench", "--json", "--model-preset", "mqa", "--ctx", "600",
                                   "--dtype", "f16,q8,q4", "--threads", "1", "--reps", "2",
                                   "--bw-mib", "8", "--prefill", "0", "--no-naive",
@@ -569,8 +570,9 @@ START_TEST(stress_decode_every)
 END_TEST
 
 /* Under a budget with a spill directory: pages go to disk, the memory report still
- * adds up to the formula, and the spill file leaves no name behind (SPEC §5). Without
- * a spill directory the same budget runs out: exit 1, with the error in the JSON. */
+ * adds up to the formula, and the spill file leaves no name behind (docs/design.md, "Memory budget
+ * and spill"). Without a spill directory the same budget runs out: exit 1, with the error in the
+ * JSON. */
 START_TEST(stress_spill)
 {
     char dir[] = "/tmp/pkvt-spill-XXXXXX";
@@ -610,7 +612,7 @@ START_TEST(stress_spill)
     const char *err = pkvt_json_find(p.out, "error");
     ck_assert_msg(err && *err == '"', "no error in the JSON: %s", p.out);
     ck_assert_uint_lt(pkvt_json_u64(p.out, "tokens"), 3000);
-    /* the same error on stderr: `--json > run.json` must not hide it (SPEC §6) */
+    /* the same error on stderr: `--json > run.json` must not hide it (docs/tools.md) */
     ck_assert_msg(has(p.err, "pagedkv stress: pkv_append at ") &&
                       has(p.err, pkv_status_str(PKV_ENOMEM)),
                   "the error is not on stderr: %s", p.err);
@@ -724,9 +726,9 @@ START_TEST(checkers)
 END_TEST
 
 
-/* ---- attention variants (SPEC §8) --------------------------------------------- */
+/* ---- attention variants (docs/variants.md) --------------------------------------------- */
 
-/* Pages one windowed layer of length n holds, from SPEC §8's words (computed here,
+/* Pages one windowed layer of length n holds, from docs/variants.md's words (computed here,
  * not by the tool): the sink pages, and every page with a position a decode at
  * n - 1 - r (r <= rollback) reads, i.e. a position >= n - window - rollback. */
 static uint64_t spec_window_pages(uint64_t n, uint64_t bt, uint64_t w, uint64_t sinks,
@@ -743,8 +745,8 @@ static uint64_t spec_window_pages(uint64_t n, uint64_t bt, uint64_t w, uint64_t 
 }
 
 /* A windowed stress run: every layer's pages follow the window's rule and stay under
- * the SPEC ceiling at every decode point, memory is level once the window is full
- * (while the context grows 10x), the forks still check out, the plot draws the bound. */
+ * the page ceiling (docs/variants.md) at every decode point, memory is level once the window is
+ * full (while the context grows 10x), the forks still check out, the plot draws the bound. */
 START_TEST(stress_window)
 {
     const char *svg = "/tmp/pkvt-window.svg";
@@ -799,7 +801,7 @@ START_TEST(stress_window)
     char *text = pkvt_slurp(svg, NULL);
     char root[16];
     ck_assert(xml_wellformed(text, root, sizeof root));
-    ck_assert_msg(has(text, "<title>SPEC \xc2\xa7" "8 bound: 11 pages/layer</title>"),
+    ck_assert_msg(has(text, "<title>page ceiling: 11 pages/layer</title>"),
                   "no bound in the plot");
     ck_assert_msg(has(text, "window 64 on 2 of 2 layer(s)"), "no variant in the title");
     free(text);
@@ -809,7 +811,7 @@ START_TEST(stress_window)
     p = pkvt_tool((const char *[]){"stress", "--ctx", "2000", "--window", "100", "--heads", "2",
                                   "--kv-heads", "1", "--head-dim", "8", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 0 && has(p.out, "windowed: from ") &&
-                      has(p.out, "SPEC ceiling 8") && has(p.out, "memory check: exact"),
+                      has(p.out, "page ceiling 8") && has(p.out, "memory check: exact"),
                   "text: exit %d: %s", p.status, p.out);
     pkvt_proc_free(&p);
 }
@@ -848,7 +850,7 @@ START_TEST(stress_presets_pattern)
 END_TEST
 
 /* `pagedkv mem` of the variant presets, against figures computed here from the
- * models' public configs and SPEC §8. */
+ * models' public configs and docs/variants.md. */
 START_TEST(mem_variants)
 {
     pkvt_proc p;
@@ -951,8 +953,8 @@ START_TEST(variant_usage)
 }
 END_TEST
 
-/* Q8/Q4 (SPEC §9) in every command that takes --dtype: mem sizes them by the block
- * format (row bytes, page bytes, bytes per token) and a real session agrees; stress's
+/* Q8/Q4 (docs/numerics.md, section 6) in every command that takes --dtype: mem sizes them by the
+ * block format (row bytes, page bytes, bytes per token) and a real session agrees; stress's
  * memory check holds; generate's --check (against the reference on rows rounded as
  * the cache rounds them) and --check-e2e pass; soak runs. */
 START_TEST(block_dtypes)

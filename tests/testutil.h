@@ -11,8 +11,8 @@
  * overrides); pkvt_run prints the seed when a test failed, and ck_assert messages name
  * it too.
  *
- * Skips (SPEC §7: a test that cannot run exits 77, never passes): a test program calls
- * pkvt_run(suite), which first checks what the run needs and returns PKVT_SKIP without
+ * Skips (HACKING.md, "Test tiers": a test that cannot run exits 77, never passes): a test program
+ * calls pkvt_run(suite), which first checks what the run needs and returns PKVT_SKIP without
  * running anything when the host lacks it:
  *   - PKV_FORCE_ISA=isa    the kernels named (unknown names fail; an ISA not built
  *                          for this architecture, or one the CPU/OS lacks, skips);
@@ -89,8 +89,8 @@ void  *pkvt_calloc(uint64_t n, uint64_t size);
 
 /* ---- the test oracle (double precision) --------------------------------------------
  * One decode step for every head i of q [h][d] over positions 0..n_pos-1 of
- * K, V [n_pos][g][d], head i reading group floor(i * g / h) (SPEC §1's first spelling;
- * the library writes i / (h / g)), softmax with the max subtracted. scale <= 0 means
+ * K, V [n_pos][g][d], head i reading group floor(i * g / h) (the first of the mapping's two
+ * spellings; the library writes i / (h / g)), softmax with the max subtracted. scale <= 0 means
  * 1 / sqrt(d). out [h][d]. */
 void pkvt_oracle_decode(uint32_t h, uint32_t g, uint32_t d, double scale, uint64_t n_pos,
                         const double *q, const double *K, const double *V, double *out);

@@ -1,8 +1,8 @@
 /*
  * bench/bench.c - `pagedkv bench`: decode throughput in GB/s of K/V streamed, next to
  * the DRAM read bandwidth, a naive implementation and the library's own scalar
- * reference, all measured in the same run (SPEC §4, §6); plus prefill tokens/s next
- * to a peak FMA rate measured in the same run.
+ * reference, all measured in the same run (docs/performance.md; docs/tools.md); plus prefill
+ * tokens/s next to a peak FMA rate measured in the same run.
  *
  * Owns: the options and the measurement loops; the probes they time against (DRAM
  * bandwidth, peak FMA, the naive decode) are bench/probe.c's, the table and the JSON
@@ -37,8 +37,8 @@
  *     independent int8 dot-product streams (bench/probe.h), 2 operations a
  *     multiply-add. Both in the instruction set of the kernels in use (pkv_stats.isa:
  *     under PKV_FORCE_ISA=avx2 an AVX-512 host is held to AVX2's peaks).
- *   - roofline (SPEC §9): per row, the DRAM bound kv_bytes / bw (bw of the same
- *     rounds) and the compute bound ctx * arithmetic per position / peak (bench.h's
+ *   - roofline (docs/performance.md, "What bounds decode"): per row, the DRAM bound kv_bytes / bw
+ *     (bw of the same rounds) and the compute bound ctx * arithmetic per position / peak (bench.h's
  *     bench_arith: f32 FLOPs over the FMA peak plus int8 operations over the int8
  *     peak); the larger of the two times is the roofline, "binds" names it, and the
  *     row's fraction is roofline time / measured time. Paths: exact for every dtype,
@@ -76,10 +76,10 @@ static void usage(FILE *f)
 "no paging); then pkv_prefill tokens/s and its FLOP rate next to a measured peak FMA\n"
 "rate. Medians over --reps rounds that interleave bandwidth, ours and naive, and\n"
 "every row of a context (dtype, path) where their sessions fit in memory at once.\n"
-"Then the roofline of every row (SPEC §9): the DRAM bound (its bytes over the\n"
-"bandwidth of the same rounds) and the compute bound (its arithmetic over the FMA\n"
-"peak, and for the integer path the int8 dot peak, both measured in this run), which\n"
-"one binds, the fraction of that bound the decode reaches and its time relative to\n"
+"Then the roofline of every row (docs/performance.md): the DRAM bound (its bytes\n"
+"over the bandwidth of the same rounds) and the compute bound (its arithmetic over\n"
+"the FMA peak, and for the integer path the int8 dot peak, both measured in this\n"
+"run), which one binds, the fraction of that bound the decode reaches and its time relative to\n"
 "f16; and the in-cache fraction of the compute bound (--in-cache tokens). Q8/Q4 run\n"
 "on the exact path and, where the engine accepts pkv_config.quant_dot = 1, on the\n"
 "integer path (otherwise the report says why it is unavailable).\n"
@@ -117,7 +117,7 @@ static void usage(FILE *f)
 "context fits in 3/4 of MemAvailable, they live together and are timed round by\n"
 "round; otherwise one at a time (the table's first line says which).\n"
 "\n"
-"spill mode (SPEC §5: spill and restore next to the disk's own speed):\n"
+"spill mode (spill and restore next to the disk's own speed):\n"
 "  --spill              instead of decode: two sessions of --spill-mib MiB each on an\n"
 "                       engine whose budget holds one; alternating decodes spill one\n"
 "                       and restore the other. GB/s of spill+restore I/O next to a plain\n"
@@ -434,7 +434,8 @@ static uint32_t bench_variants(const bench *b, bench_variant *vs)
 /* Rows ng of one preset, context and thread count T (the ti-th), built together and
  * timed round by round: in each round, for each row in turn, the bandwidth sweep, one
  * timed decode and the warm ones. So a shared machine's drift, which moves separate
- * runs minutes apart by up to 1.7x (docs/perf-log.md), falls on every row of a round
+ * runs minutes apart by up to 1.7x (docs/performance.md, "The hosts"), falls on every
+ * row of a round
  * alike, and the rows' ratios to each other (vs f16) are of the same moments. nj:
  * the naive kernel, timed in every other round beside the first row (or NULL: the
  * caller passes it with the first rows of each thread count only). The scalar
@@ -835,8 +836,8 @@ int cmd_bench(int argc, char **argv)
         b->peak[i] = bench_fma_peak(o.threads[i], b->isa);
         b->peak_int8[i] = bench_int8_peak(o.threads[i], b->isa);
     }
-    /* the integer path (SPEC §9) of each block type: measured where the engine takes
-     * quant_dot = 1 for the first preset's geometry, otherwise reported unavailable */
+    /* the integer path (docs/numerics.md, section 7) of each block type: measured where the engine
+     * takes quant_dot = 1 for the first preset's geometry, otherwise reported unavailable */
     for (pkv_dtype dt = PKV_Q8; dt <= PKV_Q4; dt++) {
         const cli_preset *p = o.presets[0];
         pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim, o.block_tokens, dt,

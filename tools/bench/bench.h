@@ -23,8 +23,9 @@
 
 #define MAX_LIST 16
 /* naive and scalar measurements repeat at most this often, and stop repeating once
- * they have taken SLOW_BUDGET seconds (at least one run): they are 10-100x slower
- * than ours and would dominate the run time at long contexts. */
+ * they have taken SLOW_BUDGET seconds (at least one run): they are an order of
+ * magnitude slower than ours (docs/performance.md, "Streaming by context length")
+ * and would dominate the run time at long contexts. */
 #define SLOW_REPS 3u
 #define SLOW_BUDGET 1.0
 
@@ -44,8 +45,8 @@ typedef struct {
     bool in_turn;                  /* --in-turn: rows one after another, always */
 } bench_opts;
 
-/* Decode paths: the exact one (every dtype) and SPEC §9's integer dot products
- * (pkv_config.quant_dot = 1; Q8/Q4 pages, where the engine accepts it). */
+/* Decode paths: the exact one (every dtype) and the integer dot products (docs/numerics.md, section
+ * 7) (pkv_config.quant_dot = 1; Q8/Q4 pages, where the engine accepts it). */
 enum { BENCH_EXACT = 0, BENCH_INTEGER = 1 };
 static inline const char *bench_path_name(uint32_t path)
 {

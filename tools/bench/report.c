@@ -181,9 +181,10 @@ static void print_roofline(const bench *b)
     bool any_block = false;
     for (uint32_t i = 0; i < o->n_dtypes; i++)
         any_block |= bench_is_block(o->dtypes[i]);
-    printf("\nroofline (SPEC §9): dram = K/V bytes / DRAM GB/s of the same rounds, compute =\n"
-           "arithmetic / measured peak (FLOP: f32 FMA peak; int8: int8 dot peak); the larger\n"
-           "binds; frac = that bound / ours (1.00 = on the roofline); vs f16 = ours / f16's\n");
+    printf("\nroofline (docs/performance.md): dram = K/V bytes / DRAM GB/s of the same\n"
+           "rounds, compute = arithmetic / measured peak (FLOP: f32 FMA peak; int8: int8 dot\n"
+           "peak); the larger binds; frac = that bound / ours (1.00 = on the roofline); vs f16 =\n"
+           "ours / f16's\n");
     const cli_preset *last = NULL;
     for (uint32_t i = 0; i < b->n_rows; i++) {
         const bench_row *r = &b->rows[i];

@@ -279,8 +279,8 @@ int cli_check_limits(const char *cmd, const pkv_config *c, const char *geometry_
                                     "the engine's limit of %u%s", qh, c->n_heads, kv,
                                c->n_kv_heads, c->n_heads / c->n_kv_heads,
                                CLI_MAX_GROUP_HEADS, from);
-    /* page bytes = g * bt * (row_bytes(d) + row_bytes(dv)) (SPEC §9: rows of the block
-     * types carry their scales); the factors are < 2^32 and a row of <= 4096 values is
+    /* page bytes = g * bt * (row_bytes(d) + row_bytes(dv)) (docs/numerics.md, section 6: rows of
+     * the block types carry their scales); the factors are < 2^32 and a row of <= 4096 values is
      * < 2^15 bytes, so two products of two fit in 64 bits and the last is checked */
     const uint64_t bt = c->block_tokens ? c->block_tokens : 16u;
     if (c->head_dim_v > CLI_MAX_HEAD_DIM)

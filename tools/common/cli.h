@@ -43,7 +43,7 @@ const cli_preset *cli_presets(uint32_t *n);             /* the table */
  * *(const char **)dst; false for an unknown name. */
 bool cli_opt_preset(const char *value, void *dst);
 
-/* ---- attention variants (SPEC §8) ----------------------------------------------
+/* ---- attention variants (docs/variants.md) ----------------------------------------------
  * What --window, --sinks, --rollback, --softcap, --head-dim-v and the variant presets
  * of stress, mem and generate mean, in one place. */
 
@@ -83,13 +83,13 @@ static inline bool cli_variant_any(const cli_variant *v)
 }
 /* Layers of v that are windowed, out of `layers`. */
 uint32_t cli_variant_windowed_layers(const cli_variant *v, uint32_t layers);
-/* SPEC §8's ceiling of pages one windowed layer holds at block size bt:
+/* docs/variants.md's ceiling of pages one windowed layer holds at block size bt:
  * ceil(sinks / bt) + ceil((window + rollback) / bt) + 1. */
 uint64_t cli_variant_page_ceiling(const cli_variant *v, uint32_t bt);
-/* Pages a layer of length n holds under SPEC §8's release rule: the sink pages and
+/* Pages a layer of length n holds under docs/variants.md's release rule: the sink pages and
  * every page with a position >= n - window - rollback (n - 1 reads back to
  * n - window; a truncate of up to rollback moves that back by rollback); all
- * ceil(n / bt) pages for a full layer. Derived from the SPEC, not from the library:
+ * ceil(n / bt) pages for a full layer. Derived from docs/variants.md, not from the library:
  * stress checks the engine against it. */
 uint64_t cli_variant_pages_held(const cli_variant *v, bool windowed, uint64_t n,
                                 uint32_t bt);
@@ -115,13 +115,13 @@ pkv_config cli_config(uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32
                       uint32_t block_tokens, pkv_dtype dtype, uint32_t threads);
 
 /* Bytes of one position of one layer of config c: n_kv_heads K rows of head_dim and V
- * rows of head_dim_v (0 = head_dim), each pkv_row_bytes (SPEC §9: the block types'
- * scales included; for f32/f16/bf16 it is 2 * g * d * dtype_size). 0 for an unknown
+ * rows of head_dim_v (0 = head_dim), each pkv_row_bytes (docs/numerics.md, section 6: the block
+ * types' scales included; for f32/f16/bf16 it is 2 * g * d * dtype_size). 0 for an unknown
  * dtype. */
 uint64_t cli_token_layer_bytes(const pkv_config *c);
 /* layers * ctx * batch * cli_token_layer_bytes(c): the unpaged K/V of batch sessions
- * of ctx tokens (SPEC §1's formula for the per-value types). PKV_ERANGE on overflow,
- * PKV_OK otherwise. */
+ * of ctx tokens (the size formula of docs/memory.md, for the per-value types). PKV_ERANGE on
+ * overflow, PKV_OK otherwise. */
 pkv_status cli_kv_bytes(const pkv_config *c, uint64_t ctx, uint64_t batch, uint64_t *out);
 
 /* splitmix64: the next value of the stream whose state is *s (any seed). The tools'

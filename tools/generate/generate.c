@@ -44,9 +44,9 @@
  * differences of about that dtype's machine epsilon eps (2^-10, 2^-7) are
  * legitimate: stories260K shows up to ~1 eps x max|logit|, hence 4 eps. */
 #define E2E_REL 1e-3
-/* --check warns of its cost above this many multiply-adds (the double-precision
- * oracle ran 1.3e9 a second on the 2-core development VM: synthetic -n 256, 1.15e10
- * in 8.9 s), and reports progress every CHECK_PROGRESS_SECS of checking. */
+/* --check warns of its cost above this many multiply-adds (about a second of the
+ * double-precision oracle: docs/performance.md, decision table: CHECK_WARN_OPS), and
+ * reports progress every CHECK_PROGRESS_SECS of checking. */
 #define CHECK_WARN_OPS 1e9
 #define CHECK_PROGRESS_SECS 5.0
 
@@ -73,13 +73,15 @@ static void usage(FILE *f)
         "  --sessions N        N continuations of one prompt, forked after the prompt so\n"
         "                      they share its pages (default 1)\n"
         "  --prefix-cache      with --sessions: sessions 2..N are not forks but requests\n"
-        "                      that take the prompt from the prefix cache (SPEC §10) and\n"
-        "                      run the model over the rest; reports hits, tokens reused\n"
-        "                      and the prefill time saved (the text is the same)\n"
+        "                      that take the prompt from the prefix cache\n"
+        "                      (docs/prefix-cache.md) and run the model over the rest;\n"
+        "                      reports hits, tokens reused and the prefill time saved\n"
+        "                      (the text is the same)\n"
         "  --threads N         engine threads (default 0 = online CPUs)\n"
-        "  --window W          every layer a sliding window of W positions (SPEC §8;\n"
-        "                      0 = full causal): the cache holds at most ceil(S/bt) +\n"
-        "                      ceil((W+R)/bt) + 1 pages a layer, however long the run\n"
+        "  --window W          every layer a sliding window of W positions (0 = full\n"
+        "                      causal; docs/variants.md): the cache holds at most\n"
+        "                      ceil(S/bt) + ceil((W+R)/bt) + 1 pages a layer, however\n"
+        "                      long the run\n"
         "  --sinks S           with --window: the first S positions are attended too\n"
         "  --rollback R        with --window: R more positions kept for truncates\n"
         "  --softcap C         attention logits become C*tanh(s/C) (0 = none)\n"

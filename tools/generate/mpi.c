@@ -1,6 +1,6 @@
 /*
  * generate/mpi.c - `pagedkv generate --mpi`: the tiny Llama sharded by heads (tensor
- * parallel, SPEC §11) over the ranks of `mpirun -np R`.
+ * parallel, docs/sharding.md) over the ranks of `mpirun -np R`.
  *
  * Owns: the head split, the attention callback that runs a rank's heads through its
  * own engine and gathers every rank's heads, and a one-session generation loop that

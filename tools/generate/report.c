@@ -205,7 +205,7 @@ int gen_report(gen *g)
                     cli_bytes(m.bytes_overhead, b4));
             if (o->v.window)
                 fprintf(stderr, "    window %u (sinks %u, rollback %u): at most %llu pages "
-                                "held in a layer, SPEC §8 ceiling %llu\n", o->v.window,
+                                "held in a layer, page ceiling %llu\n", o->v.window,
                         o->v.sinks, o->v.rollback, (unsigned long long)max_layer_pages(g, s),
                         (unsigned long long)cli_variant_page_ceiling(&o->v,
                                                                      cfg.block_tokens));

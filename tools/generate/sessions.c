@@ -1,5 +1,5 @@
 /*
- * generate/sessions.c - `pagedkv generate --sessions N --prefix-cache` (SPEC §10):
+ * generate/sessions.c - `pagedkv generate --sessions N --prefix-cache` (docs/prefix-cache.md):
  * sessions 1..N-1 are not forks of session 0 but requests of their own, as a server
  * sees them: each asks the prefix cache for the prompt (pkv_session_from_prefix) and
  * runs the model only over the positions the cache did not have (at least the last

@@ -1,6 +1,7 @@
 /*
  * mem/mem.c - `pagedkv mem`: how much KV-cache memory a model geometry costs, as the
- * SPEC §1 formula and as the paged cache really stores it (SPEC §3, §6).
+ * size formula (docs/memory.md) and as the paged cache really stores it (docs/design.md, "Page
+ * layout").
  *
  * Owns: option parsing and presentation of the figures, and the --measure run.
  * Does not own: any arithmetic the library defines. The formula is
@@ -10,14 +11,14 @@
  *
  * Figures (all uint64, overflow-checked; "batch" sessions of "ctx" tokens each):
  *   formula         2 * layers * g * d * ctx * batch * bytes_per_value; with variants
- *                   (SPEC §8) sum over layers of positions * g * (d + dv) * bpv * batch,
- *                   and for the block types (SPEC §9: Q8, Q4, whose rows carry a scale
- *                   per 32 values) positions * g * (row_bytes(d) + row_bytes(dv)),
+ *                   (docs/variants.md) sum over layers of positions * g * (d + dv) * bpv * batch,
+ *                   and for the block types (docs/numerics.md, section 6: Q8, Q4, whose rows carry
+ *                   a scale per 32 values) positions * g * (row_bytes(d) + row_bytes(dv)),
  *                   positions = ctx for a full layer, min(ctx, sinks + window +
  *                   rollback) for a windowed one (what a decode can still read)
  *   pages/layer     ceil(ctx / block_tokens); a windowed layer's pages come from a
  *                   real one-layer engine of that config (probe_window_pages), next to
- *                   SPEC §8's ceiling ceil(sinks/bt) + ceil((window+rollback)/bt) + 1
+ *                   docs/variants.md's ceiling ceil(sinks/bt) + ceil((window+rollback)/bt) + 1
  *   mla             deepseek-v3: the latent the model caches (kv_lora_rank + rope key
  *                   = head_dim values a token), what pagedkv stores (K row and V row:
  *                   head_dim + head_dim_v) and naive MLA's per-head K/V
@@ -59,7 +60,7 @@ static void usage(FILE *f)
 "usage: pagedkv mem --layers N --kv-heads N --head-dim N --ctx N [options]\n"
 "       pagedkv mem --model-preset NAME --ctx N [options]\n"
 "\n"
-"KV-cache memory of a model geometry: the SPEC §1 formula\n"
+"KV-cache memory of a model geometry: the size formula (docs/memory.md)\n"
 "  2 * layers * kv_heads * head_dim * ctx * batch * bytes_per_value\n"
 "and the paged figure, layers * ceil(ctx / block_tokens) * page_bytes * batch, with\n"
 "page_bytes read back from a real engine of that geometry.\n"
@@ -71,8 +72,8 @@ static void usage(FILE *f)
 "  --head-dim N        dimension of one head\n"
 "  --ctx N             tokens per session (k/m/g suffixes: x1024, x2^20, x2^30)\n"
 "  --batch N           sessions (default 1)\n"
-"  --dtype T           stored K/V type: f32, f16 (default), bf16, q8 or q4 (SPEC §9:\n"
-"                      blocks of 32 values with an f16 scale each)\n"
+"  --dtype T           stored K/V type: f32, f16 (default), bf16, q8 or q4 (q8, q4:\n"
+"                      blocks of 32 values with an f16 scale each; docs/numerics.md)\n"
 "  --block-tokens N    tokens per page (default: the library's, 0 = the same)\n"
 "  --head-dim-v N      width of V rows (default: --head-dim); MLA: kv_lora_rank\n"
 "  --window W          sliding window of W positions on every layer (or on the\n"
@@ -124,7 +125,7 @@ static void usage(FILE *f)
 "  sink_logits, windowed_layers, full_layers, formula_assumes (what the formula\n"
 "  counts, in words), positions_per_windowed_layer, pages_per_windowed_layer (from\n"
 "  a real engine), probe_tokens (positions that engine took; 0: too many, the\n"
-"  SPEC rule stands in), page_ceiling (SPEC §8, per windowed layer),\n"
+"  release rule stands in), page_ceiling (docs/variants.md, per windowed layer),\n"
 "  dense_formula_bytes\n"
 "  (the formula with no window), window_saving_bytes; null without a\n"
 "  window (all five). mla: null, or (deepseek-v3) latent_bytes (head_dim values a token and\n"
@@ -158,7 +159,7 @@ typedef struct {
     uint64_t row_k, row_v;       /* pkv_row_bytes of a K row (d) and a V row (dv) */
     uint64_t token_bytes;        /* one position of every layer: L * g * (row_k + row_v) */
     uint32_t block_tokens;       /* resolved by the engine */
-    uint64_t formula;            /* SPEC §1, whole batch */
+    uint64_t formula;            /* the size formula (docs/memory.md), whole batch */
     uint64_t formula_session;    /* the same, batch = 1 */
     uint64_t page_bytes;         /* from pkv_engine_stats */
     uint64_t pages_per_layer;    /* ceil(ctx / bt) */
@@ -176,9 +177,9 @@ typedef struct {
     uint32_t windowed, full;     /* layers of each kind */
     uint64_t win_positions;      /* min(ctx, sinks + window + rollback) */
     uint64_t win_pages;          /* pages a windowed layer holds at ctx (engine) */
-    uint64_t win_rule_pages;     /* the same by SPEC §8's rule (cli.h) */
+    uint64_t win_rule_pages;     /* the same by docs/variants.md's rule (cli.h) */
     uint64_t probe_tokens;       /* positions appended to the probe engine */
-    uint64_t ceiling;            /* SPEC §8 pages per windowed layer */
+    uint64_t ceiling;            /* page ceiling per windowed layer (docs/variants.md) */
     uint64_t dense;              /* the formula without the window, whole batch */
     bool mla;
     uint64_t latent, naive;      /* MLA: the latent cache, per-head K/V; whole batch */
@@ -301,7 +302,7 @@ static pkv_config mem_config(const mem_opts *o, pkv_layer_config **lc, float **s
 }
 
 /* Probes longer than this many appends are not run (a window beyond the context of a
- * huge --ctx): the figure is then SPEC §8's rule, and the output says so. */
+ * huge --ctx): the figure is then docs/variants.md's rule, and the output says so. */
 #define PROBE_MAX_TOKENS (4u << 20)
 
 /* Pages one windowed layer holds at ctx, from a real engine: a one-layer engine of the
@@ -397,7 +398,7 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
     if (!mul64(o->layers, o->kv_heads, &f->token_bytes) ||
         !mul64(f->token_bytes, f->row_k + f->row_v, &f->token_bytes))
         return overflow();
-    /* the §1 formula (bytes_per_value) holds for the per-value types alone */
+    /* the size formula (docs/memory.md) (bytes_per_value) holds for the per-value types alone */
     const bool plain = !f->windowed && f->dv == o->head_dim && f->bytes_per_value != 0;
 
     /* positions a session keeps that a decode can still read, summed over layers */
@@ -420,7 +421,7 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
         if (s != PKV_OK)
             return cli_fail(CMD, "pkv_kv_cache_bytes: %s", pkv_status_str(s));
         f->dense = f->formula;
-        snprintf(f->assumes, sizeof f->assumes, "SPEC §1: K and V of head_dim for every "
+        snprintf(f->assumes, sizeof f->assumes, "K and V of head_dim for every "
                  "position of every layer");
     } else {
         /* one position of one layer: g K rows of head_dim and V rows of head_dim_v */
@@ -433,7 +434,7 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
             return overflow();
         size_t n = 0;
         if (f->windowed)
-            n += (size_t)snprintf(f->assumes, sizeof f->assumes, "SPEC §8: %u full layer(s) "
+            n += (size_t)snprintf(f->assumes, sizeof f->assumes, "by layer: %u full layer(s) "
                                   "x %" PRIu64 " positions + %u windowed x min(ctx, sinks + "
                                   "window + rollback) = %" PRIu64 " positions; ",
                                   f->full, o->ctx, f->windowed, f->win_positions);
@@ -442,7 +443,7 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
                               "[c_t ; k_rope], V = c_t), not per-head K/V; " : "",
                               o->kv_heads, o->head_dim, f->dv);
         if (!f->bytes_per_value && n < sizeof f->assumes)
-            snprintf(f->assumes + n, sizeof f->assumes - n, "; SPEC §9: %s rows of %" PRIu64
+            snprintf(f->assumes + n, sizeof f->assumes - n, "; %s rows of %" PRIu64
                      " + %" PRIu64 " bytes (blocks of 32 values, an f16 scale each)",
                      pkv_dtype_name(o->dtype), f->row_k, f->row_v);
     }
@@ -457,8 +458,8 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
             f->win_pages = f->win_rule_pages;
         f->ceiling = cli_variant_page_ceiling(&o->v, f->block_tokens);
         if (f->win_pages > f->ceiling)
-            return cli_fail(CMD, "a windowed layer holds %" PRIu64 " pages, beyond SPEC "
-                                 "§8's ceiling of %" PRIu64, f->win_pages, f->ceiling);
+            return cli_fail(CMD, "a windowed layer holds %" PRIu64 " pages, beyond the page "
+                                 "ceiling of %" PRIu64, f->win_pages, f->ceiling);
     }
     if (!mul64(f->full, f->pages_per_layer, &a) || !mul64(f->windowed, f->win_pages, &b) ||
         __builtin_add_overflow(a, b, &f->pages_per_session) ||
@@ -619,9 +620,9 @@ static void print_text(const mem_opts *o, const mem_figures *f, const mem_measur
                      " positions appended: the pages repeat every %u", f->probe_tokens,
                      f->block_tokens);
         else
-            snprintf(how, sizeof how, "by the SPEC rule: a probe would append more than %u "
+            snprintf(how, sizeof how, "by the release rule: a probe would append more than %u "
                      "positions", PROBE_MAX_TOKENS);
-        printf("windowed layer  %" PRIu64 " pages held at %" PRIu64 " tokens (%s); SPEC §8 "
+        printf("windowed layer  %" PRIu64 " pages held at %" PRIu64 " tokens (%s); release "
                "rule %" PRIu64 ", ceiling %" PRIu64 " = ceil(%u/%u) + ceil((%u+%u)/%u) + 1\n",
                f->win_pages, o->ctx, how, f->win_rule_pages,
                f->ceiling, o->v.sinks, f->block_tokens, o->v.window, o->v.rollback,

@@ -1,7 +1,7 @@
 /*
- * quality/quality.c - `pagedkv quality` (SPEC §9): what each storage dtype costs in model
- * quality, measured the way llama.cpp users are told to measure a KV-cache format: KL
- * divergence of the next-token distributions against an f32 cache, position by
+ * quality/quality.c - `pagedkv quality` (docs/tools.md, "pagedkv quality"): what each storage dtype
+ * costs in model quality, measured the way llama.cpp users are told to measure a KV-cache format:
+ * KL divergence of the next-token distributions against an f32 cache, position by
  * position on the same tokens.
  *
  * Owns: the options, the two runs of the model mode (the f32 greedy run that decides
@@ -53,7 +53,7 @@ static void usage(FILE *f)
     fprintf(f,
 "usage: pagedkv quality [OPTIONS]\n"
 "\n"
-"What each K/V storage dtype costs in quality (SPEC §9). The model (built-in, or\n"
+"What each K/V storage dtype costs in quality (docs/tools.md). The model (built-in, or\n"
 "--model) runs greedy with an f32 cache; that decides the tokens. Then the same tokens\n"
 "go through the model with each dtype's cache (teacher-forced, one pkv_prefill), and\n"
 "the next-token distributions are compared with the f32 run position by position.\n"

@@ -1,6 +1,6 @@
 /*
- * quality/synthetic.c - `pagedkv quality --synthetic` (SPEC §9): what each storage
- * dtype costs in attention output alone, no model.
+ * quality/synthetic.c - `pagedkv quality --synthetic` (docs/tools.md, "pagedkv quality"): what each
+ * storage dtype costs in attention output alone, no model.
  *
  * Owns: the synthetic q/K/V (with their outlier channels), its run per dtype and path,
  * and its table. Does not own: the options, the rows' plan, the JSON and the bar chart

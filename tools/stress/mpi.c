@@ -1,6 +1,6 @@
 /*
  * stress/mpi.c - `pagedkv stress --mpi`: one long context sharded by position over the
- * ranks of `mpirun -np R` (context parallel, SPEC §11).
+ * ranks of `mpirun -np R` (context parallel, docs/sharding.md).
  *
  * Owns: the split of the context, the token loop of every rank, the decode of a
  * sharded context (each rank's partial states gathered to the rank that owns the query
@@ -53,7 +53,7 @@ static void usage(FILE *f)
         "  --head-dim-v N       width of V rows (default: --head-dim)\n"
         "  --dtype T            f32, f16, bf16, q8, q4 (default f16)\n"
         "  --block-tokens N     tokens per page (default: the library's)\n"
-        "  --window W --sinks S --softcap C   variants of every layer (SPEC §8)\n"
+        "  --window W --sinks S --softcap C   variants of every layer (docs/variants.md)\n"
         "  --sink-logits        a learned sink logit per head (seeded)\n"
         "  --threads N          engine threads per rank (default 1)\n"
         "  --points N           log-spaced decode points (default 12)\n"

@@ -1,5 +1,5 @@
 /*
- * stress/prefix.c - `pagedkv stress --prefix P` (SPEC §10): N sessions that share a
+ * stress/prefix.c - `pagedkv stress --prefix P` (docs/prefix-cache.md): N sessions that share a
  * P-token prefix, built twice - once through the prefix cache (session 0 appends
  * the prefix and records its token ids, every later session starts from
  * pkv_session_from_prefix), once without it (every session appends the whole prefix)

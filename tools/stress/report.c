@@ -327,7 +327,7 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
     if (r->windowed && sr->n)
         printf("windowed: from %llu to %llu tokens (%zu points past sinks + window + "
                "rollback + a page) the windowed layers' p50 latency %.1f..%.1f us, "
-               "resident %s..%s%s; pages held per windowed layer at most %llu, SPEC "
+               "resident %s..%s%s; pages held per windowed layer at most %llu, page "
                "ceiling %llu\n",
                (unsigned long long)sr->ctx_lo, (unsigned long long)sr->ctx_hi, sr->n,
                sr->p50_lo, sr->p50_hi, cli_bytes(sr->res_lo, b1), cli_bytes(sr->res_hi, b2),
@@ -335,7 +335,7 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
                (unsigned long long)r->window_pages_max, (unsigned long long)r->ceiling);
     else if (r->windowed)
         printf("windowed: the context never passed sinks + window + rollback + a page "
-               "(%llu tokens); pages held per windowed layer at most %llu, SPEC ceiling "
+               "(%llu tokens); pages held per windowed layer at most %llu, page ceiling "
                "%llu\n", (unsigned long long)r->steady_from,
                (unsigned long long)r->window_pages_max, (unsigned long long)r->ceiling);
     if (r->windowed)   /* a line through a level latency is no K/V rate */
@@ -388,7 +388,7 @@ static int write_svg(const stress_run *r, const line_fit *fit)
     double *x = buf, *p50 = x + n, *p90 = p50 + n, *fl = p90 + n,
            *res = fl + n, *ideal = res + n, *spill = ideal + n, *rss = spill + n;
     double *bx = rss + n, *by = bx + 2;   /* the budget: a level line over the data */
-    double *cx = by + 2, *cy = cx + 2;     /* SPEC §8's ceiling of a windowed run */
+    double *cx = by + 2, *cy = cx + 2;     /* docs/variants.md's ceiling of a windowed run */
     double maxlat = 0;
     for (size_t i = 0; i < n; i++)
         maxlat = fmax(maxlat, r->points[i].p90);
@@ -449,7 +449,7 @@ static int write_svg(const stress_run *r, const line_fit *fit)
     const stress_opts *oo = &r->o;
     char ceil_name[96];
     const bool bound = r->windowed == oo->layers && r->windowed;
-    snprintf(ceil_name, sizeof ceil_name, "SPEC \xc2\xa7" "8 bound: %llu pages/layer",
+    snprintf(ceil_name, sizeof ceil_name, "page ceiling: %llu pages/layer",
              (unsigned long long)r->ceiling);
     cx[0] = n ? x[0] : 1;
     cx[1] = n ? x[n - 1] : 1;
@@ -526,7 +526,7 @@ int stress_report(stress_run *r)
              : cli_interrupted()                    ? EXIT_INTERRUPTED
                                                          : CLI_OK;
     /* The report above may be in a file (--json > run.json): every reason for exit 1
-     * is said on stderr too, in the form of every other error (SPEC §6). */
+     * is said on stderr too, in the form of every other error (docs/tools.md). */
     if (r->error[0])
         cli_fail(CMD, "%s", r->error);
     if (r->mismatches)

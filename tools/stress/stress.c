@@ -1,6 +1,6 @@
 /*
  * stress/stress.c - `pagedkv stress`: drive sessions to long contexts and report decode
- * latency against context length and memory per session (SPEC §6).
+ * latency against context length and memory per session (docs/tools.md).
  *
  * Owns: option parsing, the token loop (append every token to every layer of every
  * session; decode at scheduled lengths), the fork checks, the memory check against
@@ -17,7 +17,7 @@
  *     pkv_kv_cache_bytes(layers, g, d, n, 1, dtype_size)); with spill,
  *     bytes_resident + bytes_spilled takes the place of bytes_resident. A mismatch is
  *     reported and makes the exit status 1.
- *   - With variants (SPEC §8) the same identities hold with a windowed layer's pages
+ *   - With variants (docs/variants.md) the same identities hold with a windowed layer's pages
  *     given by cli_variant_pages_held (which never exceeds the ceiling
  *     ceil(S/bt) + ceil((W+R)/bt) + 1) and its ideal by min(n, S + W + R) positions,
  *     each g * (d + dv) values; every windowed layer's own pages are checked too.
@@ -56,7 +56,7 @@ static void usage(FILE *f)
         "  --dtype T            K/V storage type: f32, f16 (default), bf16, q8, q4\n"
         "  --block-tokens N     tokens per page (default: the library's, 16)\n"
         "  --head-dim-v N       width of V rows (default: --head-dim; MLA: 512)\n"
-        "variants (SPEC §8; every layer, or the preset's windowed layers):\n"
+        "variants (docs/variants.md; every layer, or the preset's windowed layers):\n"
         "  --window W           sliding window: a decode reads the last W positions\n"
         "                       (0 = full causal); memory and latency stay flat in\n"
         "                       context, pages held are checked against the ceiling\n"
@@ -72,9 +72,9 @@ static void usage(FILE *f)
         "  --reps N             timed decodes per session, layer and point (default 3)\n"
         "  --fork-every N       every N tokens fork each session, check copy-on-write\n"
         "                       (shared pages, bitwise-equal decode), drop the fork\n"
-        "  --prefix P           prefix cache (SPEC §10): --sessions sessions sharing a\n"
-        "                       P-token prefix, built with and without the cache; memory\n"
-        "                       and append work of both (--svg plots them)\n"
+        "  --prefix P           prefix cache (docs/prefix-cache.md): --sessions sessions\n"
+        "                       sharing a P-token prefix, built with and without the\n"
+        "                       cache; memory and append work of both (--svg plots them)\n"
         "  --prefix-tail T      with --prefix: tokens of each session's own (default 256)\n"
         "  --budget BYTES       resident page budget (0 = none)\n"
         "  --spill-dir DIR      spill pages beyond the budget to a file in DIR\n"
@@ -348,7 +348,8 @@ static void note(char *buf, uint64_t *count, const char *fmt, ...)
     }
 }
 
-/* Pages the SPEC says a session of length n holds, all layers (cli.h). */
+/* Pages the release rule (docs/variants.md) says a session of length n holds, all layers (cli.h).
+ * */
 static uint64_t pages_expected(const stress_run *r, uint64_t n)
 {
     uint64_t pages = 0;
@@ -372,7 +373,7 @@ static uint64_t ideal_expected(const stress_run *r, uint64_t n)
 }
 
 /* The memory report of every session against the formula, at length n; with a window
- * also every windowed layer's pages against the SPEC's rule and ceiling. */
+ * also every windowed layer's pages against the release rule (docs/variants.md) and ceiling. */
 static void check_memory(stress_run *r, uint64_t n, stress_point *pt)
 {
     const stress_opts *o = &r->o;
@@ -405,7 +406,7 @@ static void check_memory(stress_run *r, uint64_t n, stress_point *pt)
             if (held != want || held > r->ceiling)
                 note(r->mismatch, &r->mismatches,
                      "session %u layer %u at %llu tokens: %llu pages held, the window's "
-                     "rule says %llu, the SPEC ceiling %llu", s, l, (unsigned long long)n,
+                     "rule says %llu, the page ceiling %llu", s, l, (unsigned long long)n,
                      (unsigned long long)held, (unsigned long long)want,
                      (unsigned long long)r->ceiling);
         }
@@ -673,7 +674,7 @@ int cmd_stress(int argc, char **argv)
     int rc = parse_opts(argc, argv, &r.o);
     if (rc != CLI_OK)
         return rc == CLI_HELP ? CLI_OK : rc;
-    if (r.o.prefix) /* SPEC §10: its own run (stress/prefix.c) */
+    if (r.o.prefix) /* the prefix cache (docs/prefix-cache.md): its own run */
         return stress_prefix(&r.o);
     /* the budget and spill directory name their mistakes before any work; with spill
      * a decode still needs its whole layer resident, so a budget below one layer of
@@ -710,7 +711,8 @@ int cmd_stress(int argc, char **argv)
                                          r.o.block_tokens, r.o.dtype, 1);
         cli_kv_bytes(&kc, r.o.ctx, r.o.sessions, &need);
     } else if (bt) {
-        /* the pages the SPEC lets these layers hold at --ctx (a window bounds them) */
+        /* the pages the release rule (docs/variants.md) lets these layers hold at --ctx (a window
+         * bounds them) */
         uint64_t pages = 0;
         for (uint32_t l = 0; l < r.o.layers; l++)
             pages += cli_variant_pages_held(&r.o.v, cli_variant_windowed(&r.o.v, l), r.o.ctx,

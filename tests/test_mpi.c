@@ -5,7 +5,8 @@
  *
  * SKIP (77) only when this build has no MPI (PKV_MPI != 1: meson found no 'mpi'
  * dependency) or no mpirun (PKV_MPIRUN empty); CI installs Open MPI so neither happens
- * there. generate also needs stories260K (../shared/models), as test_generate does.
+ * there. generate also needs stories260K (pkvt_model_dir()), as test_generate does:
+ * without it that case is SKIP (77), never a pass.
  *
  * What is asserted:
  *   - stress: exit 0, valid JSON, every decode point checked and bitwise equal to one
@@ -129,15 +130,9 @@ END_TEST
 
 START_TEST(generate_text)
 {
-    const char *dir = getenv("PKV_SHARED_DIR");
     char model[4096], tok[4096];
-    struct stat a, b;
-    snprintf(model, sizeof model, "%s/models/stories260K.bin", dir ? dir : ".");
-    snprintf(tok, sizeof tok, "%s/models/tok512.bin", dir ? dir : ".");
-    if (stat(model, &a) != 0 || stat(tok, &b) != 0) {
-        printf("SKIP: generate_text: stories260K.bin + tok512.bin not found\n");
-        return;
-    }
+    ck_assert_msg(pkvt_model_paths(model, tok, sizeof model), "no model in %s",
+                  pkvt_model_dir());
     pkvt_proc one = pkvt_tool(ARGS("generate", "--model", model, "--tokenizer", tok, "-t",
                                    "0", "-n", "120", "-i", "Once upon a time"), NULL);
     ck_assert_msg(one.status == 0, "single process: exit %d\n%s", one.status, one.err);
@@ -173,6 +168,6 @@ int main(void)
     TCase *tg = tcase_create("generate");
     tcase_set_timeout(tg, 240);
     tcase_add_test(tg, generate_text);
-    suite_add_tcase(s, tg);
+    pkvt_add_tcase_needing(s, tg, "generate", "model");
     return pkvt_run(s);
 }

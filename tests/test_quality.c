@@ -5,8 +5,8 @@
  *
  * Owns: the cases "builtin" (the built-in model, the synthetic attention-only mode,
  * the SVG and the usage errors; needs the tool) and "stories260K" (the real model;
- * needs ../shared/models: meson registers it with PKV_TEST_NEEDS=model, a SKIP
- * where the files are absent).
+ * needs pkvt_model_dir(): meson registers it with PKV_TEST_NEEDS=model, a SKIP
+ * where the files are absent; a whole-program run leaves it out).
  *
  * What must hold, whatever the host:
  *   - the f32 row is the self-check: the same tokens through an f32 cache in one
@@ -320,10 +320,8 @@ END_TEST
 START_TEST(stories260K)
 {
     char model[4096], tok[4096];
-    const char *dir = getenv("PKV_SHARED_DIR");
-    ck_assert(dir != NULL);
-    snprintf(model, sizeof model, "%s/models/stories260K.bin", dir);
-    snprintf(tok, sizeof tok, "%s/models/tok512.bin", dir);
+    ck_assert_msg(pkvt_model_paths(model, tok, sizeof model), "no model in %s",
+                  pkvt_model_dir());
     pkvt_proc p = pkvt_tool(ARGS("--model", model, "--tokenizer", tok, "--json"), NULL);
     ck_assert_msg(p.status == 0, "quality --model: exit %d: %s", p.status, p.err);
     const uint64_t n = pkvt_json_u64(p.out, "positions");
@@ -351,6 +349,6 @@ int main(void)
     TCase *tm = tcase_create("stories260K");
     tcase_set_timeout(tm, 240);
     tcase_add_test(tm, stories260K);
-    suite_add_tcase(s, tm);
+    pkvt_add_tcase_needing(s, tm, "stories260K", "model");
     return pkvt_run(s);
 }

@@ -249,6 +249,13 @@ int gen_report(gen *g)
         fputc('\n', stdout);
         return CLI_OK;
     }
+    if (!o->model_path)
+        fprintf(stderr, "model: the built-in synthetic one (random weights): its output is "
+                        "token ids, not text; --model and --tokenizer run a real model "
+                        "(README.md, \"A real model\")\n");
+    else if (!g->have_tok)
+        fprintf(stderr, "model: %s without --tokenizer: its output is token ids\n",
+                o->model_path);
     for (uint32_t s = 0; s < g->N; s++)
         say_stop(g, s);
     fprintf(stderr, "engine: %llu pages in use = %s for %u session(s) (%s if nothing "

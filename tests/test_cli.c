@@ -173,6 +173,86 @@ START_TEST(help_and_mistakes)
 }
 END_TEST
 
+/* `pagedkv help CMD` is `CMD --help`, byte for byte, for every command the top-level
+ * help lists; version, -V and --version print one line; the man page (when this build
+ * made one: PKV_MANPAGE) holds every command's help. */
+START_TEST(help_version_man)
+{
+    pkvt_proc top = pkvt_tool((const char *[]){"help", NULL}, NULL);
+    ck_assert_msg(top.status == 0 && has(top.out, "commands:"), "help: %s", top.err);
+    const char *t = strstr(top.out, "commands:\n") + strlen("commands:\n");
+    char cmd[32];
+    size_t n = 0;
+    char *man = getenv("PKV_MANPAGE") && *getenv("PKV_MANPAGE")
+                    ? pkvt_slurp(getenv("PKV_MANPAGE"), NULL) : NULL;
+    for (; sscanf(t, " %31s", cmd) == 1 && *t == ' '; t = strchr(t, '\n') + 1) {
+        if (strcmp(cmd, "help") == 0 || strcmp(cmd, "version") == 0)
+            continue;
+        pkvt_proc a = pkvt_tool((const char *[]){"help", cmd, NULL}, NULL);
+        pkvt_proc b = pkvt_tool((const char *[]){cmd, "--help", NULL}, NULL);
+        ck_assert_msg(a.status == 0 && b.status == 0 && strcmp(a.out, b.out) == 0 &&
+                          has(a.out, "usage: "),
+                      "help %s (exit %d) and %s --help (exit %d) differ:\n%s\n---\n%s", cmd,
+                      a.status, cmd, b.status, a.out, b.out);
+        if (man) {
+            char sh[64];
+            snprintf(sh, sizeof sh, ".SH pagedkv %s\n", cmd);
+            ck_assert_msg(has(man, sh), "the man page has no section %s", cmd);
+            /* the help's second paragraph, verbatim (the usage line may carry roff) */
+            char line[128];
+            const char *para = strstr(a.out, "\n\n") + 2;
+            snprintf(line, sizeof line, "%.*s", (int)strcspn(para, "\n"), para);
+            ck_assert_msg(!strchr(line, '\\') && has(man, line),
+                          "the man page lacks '%s' of %s --help", line, cmd);
+        }
+        pkvt_proc_free(&a);
+        pkvt_proc_free(&b);
+        n++;
+    }
+    ck_assert_uint_ge(n, 6);
+    free(man);
+    pkvt_proc_free(&top);
+    char want[64];
+    snprintf(want, sizeof want, "pagedkv %s\n", pkv_version());
+    static const char *const v[] = {"version", "-V", "--version"};
+    for (size_t i = 0; i < 3; i++) {
+        pkvt_proc p = pkvt_tool((const char *[]){v[i], NULL}, NULL);
+        ck_assert_msg(p.status == 0 && strcmp(p.out, want) == 0, "%s: exit %d, '%s'", v[i],
+                      p.status, p.out);
+        pkvt_proc_free(&p);
+    }
+    pkvt_proc p = pkvt_tool((const char *[]){"help", "frobnicate", NULL}, NULL);
+    ck_assert_msg(p.status == 2 && has(p.err, "unknown command 'frobnicate'"), "%s", p.err);
+    pkvt_proc_free(&p);
+}
+END_TEST
+
+/* An option that needs another is refused the same way in every command, before any
+ * work: "pagedkv CMD: --A needs --B: why", exit 2, nothing on stdout. */
+START_TEST(needs_one_wording)
+{
+    static const usage_row rows[] = {
+        {{"generate", "--prefix-cache"},
+         "pagedkv generate: --prefix-cache needs --sessions"},
+        {{"generate", "--sinks", "4"}, "pagedkv generate: --sinks needs --window"},
+        {{"stress", "--ctx", "64", "--rollback", "2"},
+         "pagedkv stress: --rollback needs --window"},
+        {{"stress", "--ctx", "64", "--spill-dir", "/tmp"},
+         "pagedkv stress: --spill-dir needs --budget"},
+        {{"stress", "--ctx", "64", "--prefix-tail", "8"},
+         "pagedkv stress: --prefix-tail needs --prefix"},
+        {{"stress", "--ctx", "64", "--svg-logx"}, "pagedkv stress: --svg-logx needs --svg"},
+        {{"stress", "--ctx", "64", "--exchange", "chain"},
+         "pagedkv stress: --exchange needs --mpi"},
+        {{"mem", "--model-preset", "mqa", "--ctx", "64", "--sinks", "4"},
+         "pagedkv mem: --sinks needs --window"},
+        {{"bench", "--spill-mib", "8"}, "pagedkv bench: --spill-mib needs --spill"},
+        {{"quality", "--outliers", "2"}, "pagedkv quality: --outliers needs --synthetic"},
+    };
+    expect_usage(rows, sizeof rows / sizeof rows[0]);
+}
+END_TEST
+
 /* Values beyond an engine limit are usage errors that name the limit, before any
  * engine is made: never "cannot create the engine" (exit 1). */
 START_TEST(engine_limits)
@@ -577,6 +657,8 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, option_forms);
     tcase_add_test(tc, help_and_mistakes);
+    tcase_add_test(tc, help_version_man);
+    tcase_add_test(tc, needs_one_wording);
     tcase_add_test(tc, engine_limits);
     tcase_add_test(tc, threads_zero);
     suite_add_tcase(s, tc);

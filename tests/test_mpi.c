@@ -14,7 +14,9 @@
  *     position a multiple of the align, positions adding up to ctx), points owned by
  *     the last rank among the checked ones; on the plain layer and on one with every
  *     variant at once (window, sinks, sink logits, soft-cap, head_dim_v, q8), and
- *     with --exchange chain (one folded state passed rank to rank, q4, a window).
+ *     with --exchange chain (one folded state passed rank to rank, q4, a window), and
+ *     on a variant preset's layer pattern (--model-preset, as stress takes it); the
+ *     options of stress that one sharded context has no use for are refused in words;
  *   - generate: the greedy text of stories260K over R ranks is the single-process text
  *     byte for byte.
  */
@@ -128,6 +130,26 @@ START_TEST(stress_chain)
 }
 END_TEST
 
+/* The model described as for one run (a variant preset: gpt-oss-20b's alternating
+ * windows and sink logits), cut to two layers; and stress's options that have no
+ * meaning for one sharded context refused in words, not as unknown. */
+START_TEST(stress_preset)
+{
+    stress_case(ARGS("--model-preset", "gpt-oss-20b", "--layers", "2", "--heads", "8",
+                     "--kv-heads", "2"),
+                3000);
+    static const char *const refused[] = {"--sessions", "--fork-every", "--prefix",
+                                          "--budget", "--svg"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        pkvt_proc p = pkvt_tool(ARGS("stress", "--mpi", refused[i], "2"), NULL);
+        ck_assert_msg(p.status == 2 && strstr(p.err, "does not combine with --mpi") &&
+                          !strstr(p.err, "unknown option"),
+                      "stress --mpi %s 2: exit %d: %s", refused[i], p.status, p.err);
+        pkvt_proc_free(&p);
+    }
+}
+END_TEST
+
 START_TEST(generate_text)
 {
     char model[4096], tok[4096];
@@ -164,6 +186,7 @@ int main(void)
     tcase_add_test(ts, stress_plain);
     tcase_add_test(ts, stress_variants);
     tcase_add_test(ts, stress_chain);
+    tcase_add_test(ts, stress_preset);
     suite_add_tcase(s, ts);
     TCase *tg = tcase_create("generate");
     tcase_set_timeout(tg, 240);

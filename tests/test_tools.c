@@ -155,7 +155,7 @@ START_TEST(engine_memory_usage)
         {{"--ctx", "16", "--budget", "1"}, "smaller than one page, 65536 bytes"},
         {{"--ctx", "16", "--budget", "100", "--block-tokens", "1", "--dtype", "f32"},
          "8192 bytes"},
-        {{"--ctx", "16", "--spill-dir", "/tmp"}, "--spill-dir without --budget"},
+        {{"--ctx", "16", "--spill-dir", "/tmp"}, "--spill-dir needs --budget"},
         /* with spill, a decode still needs one layer of one session resident */
         {{"--ctx", "16k", "--sessions", "3", "--budget", "4m", "--spill-dir", "/tmp"},
          "cannot hold one layer"},
@@ -924,15 +924,15 @@ START_TEST(variant_usage)
 {
     static const bad_args mem_rows[] = {
         {{"--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--ctx", "9", "--sinks", "4"},
-         "--sinks 4 needs --window"},
+         "--sinks needs --window"},
         {{"--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--ctx", "9", "--rollback",
-          "4"}, "--rollback 4 needs --window"},
+          "4"}, "--rollback needs --window"},
         {{"--model-preset", "gemma2-9b", "--ctx", "9", "--head-dim-v", "5000"}, "4096"},
         {{"--model-preset", "gemma2-9b", "--ctx", "9", "--window", "-1"}, "--window"},
     };
     expect_usage_errors("mem", mem_rows, sizeof mem_rows / sizeof mem_rows[0]);
     static const bad_args stress_rows[] = {
-        {{"--sinks", "4"}, "--sinks 4 needs --window"},
+        {{"--sinks", "4"}, "--sinks needs --window"},
         {{"--softcap", "-2"}, "--softcap"},
         {{"--softcap", "nan"}, "--softcap"},
         {{"--window", "x"}, "--window"},

@@ -246,6 +246,8 @@ static int parse(int argc, char **argv, bench_opts *o)
 {
     memset(o, 0, sizeof *o);
     uint64_t reps = 7, bt = 0, prefill = 4096, in_cache = 4096;
+    const char *spill_only = NULL;   /* never read: refused without --spill */
+    static const char *const spill_why = "it sets the spill benchmark (--spill)";
     o->bw_mib = 2048;
     o->scalar_max_ctx = 32768;
     o->naive_max_bytes = 4ull << 30;
@@ -274,6 +276,11 @@ static int parse(int argc, char **argv, bench_opts *o)
         {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
         {.name = "in-turn", .kind = OPT_FLAG, .dst = &o->in_turn},
         {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
+        /* the spill mode's own options (spill_mode: with --spill they are read there) */
+        {.name = "spill-dir", .kind = OPT_STRING, .dst = &spill_only, .needs = "spill",
+         .why = spill_why},
+        {.name = "spill-mib", .kind = OPT_STRING, .dst = &spill_only, .needs = "spill",
+         .why = spill_why},
     };
     int rc = cli_parse(CMD, argc, argv, opts_, sizeof opts_ / sizeof opts_[0], usage, NULL,
                        0, NULL);
@@ -771,8 +778,19 @@ static int spill_mode(int argc, char **argv)
         spill |= strcmp(argv[i], "--spill") == 0;
     if (!spill)
         return -1;
+    static const char *const decode_only = "does not combine with --spill (the decode "
+                                           "benchmark's option)";
+    const char *ignored = NULL;
     const cli_opt opts_[] = {
         {.name = "spill", .kind = OPT_FLAG, .dst = &spill},
+        {.name = "model-preset", .kind = OPT_STRING, .dst = &ignored, .refused = decode_only},
+        {.name = "ctx", .kind = OPT_STRING, .dst = &ignored, .refused = decode_only},
+        {.name = "dtype", .kind = OPT_STRING, .dst = &ignored, .refused = decode_only},
+        {.name = "threads", .kind = OPT_STRING, .dst = &ignored, .refused = decode_only},
+        {.name = "block-tokens", .kind = OPT_STRING, .dst = &ignored, .refused = decode_only},
+        {.name = "prefill", .kind = OPT_STRING, .dst = &ignored, .refused = decode_only},
+        {.name = "bw-mib", .kind = OPT_STRING, .dst = &ignored, .refused = decode_only},
+        {.name = "in-cache", .kind = OPT_STRING, .dst = &ignored, .refused = decode_only},
         {.name = "json", .kind = OPT_FLAG, .dst = &json},
         {.name = "spill-dir", .kind = OPT_STRING, .dst = &dir},
         {.name = "spill-mib", .kind = OPT_U64, .dst = &mib, .lo = 1, .hi = 1u << 20},

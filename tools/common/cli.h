@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "common/json.h"
 #include "pagedkv.h"
 
 #define CLI_OK 0
@@ -195,6 +196,28 @@ int cli_memory_guard(const char *cmd, const char *what, uint64_t need, uint64_t 
 void cli_sigint_catch(void);
 bool cli_interrupted(void);
 void cli_sigint_restore(void);
+
+/* ---- the command line, the host, the JSON envelope ------------------------------
+ * cli_set_command_line keeps argv as main got it (before a parser permutes it);
+ * cli_command_line gives it back (count in *argc). The tool's only other
+ * process-wide state besides the SIGINT flag. */
+void cli_set_command_line(int argc, char **argv);
+const char *const *cli_command_line(int *argc);
+/* The host's name (gethostname, "?" if unknown), the CPU's model name
+ * (/proc/cpuinfo's first "model name", "?" if none), the online CPUs. */
+const char *cli_host_name(void);
+const char *cli_cpu_name(void);
+uint32_t cli_online_cpus(void);
+/* The kernels an engine of this process picks (pkv_stats.isa of a small engine:
+ * PKV_FORCE_ISA applies); "?" if none can be made. A string of the library's. */
+const char *cli_default_isa(void);
+/* The first fields of every --json document, in this order and with these names:
+ * tool ("pagedkv"), command (cmd), version (pkv_version()), isa (the kernels the run
+ * used; NULL: cli_default_isa()), host, cpu, online_cpus, argv (the command line as
+ * main got it, a list of strings). W must have just opened the top-level object. */
+void cli_json_envelope(json_writer *W, const char *cmd, const char *isa);
+/* "threads T, ISA, host H (CPU)", for plots: what ran where (buf of cap bytes). */
+const char *cli_run_where(char *buf, size_t cap, uint32_t threads, const char *isa);
 
 double cli_now(void);                  /* monotonic seconds */
 uint64_t cli_peak_rss_bytes(void);     /* getrusage ru_maxrss */

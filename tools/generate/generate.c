@@ -145,6 +145,10 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
                        NULL);
     if (rc != CLI_OK)
         return rc;
+    if (o->prefix_cache && o->sessions < 2)
+        return cli_needs_error(CMD, "--prefix-cache", "--sessions N (N >= 2)",
+                               "sessions 2..N take the prompt from the prefix cache that "
+                               "session 1 fills; one session has nothing to reuse");
     if (o->prefix_cache && o->check) /* --check's history follows forks */
         return cli_usage_error(CMD, "--prefix-cache does not combine with --check "
                                "(--check-e2e does)");

@@ -53,7 +53,9 @@ static void usage(FILE *f)
         "  --dtype T            K/V storage (default f32 with --model, else f16)\n"
         "  --block-tokens N     tokens per page (default: the library's)\n"
         "  --threads N          engine threads per rank (default 1)\n"
-        "  --help               this text\n");
+        "  --help               this text\n\n"
+        "generate's options of several sessions, variants, checks and JSON (--sessions,\n"
+        "--prefix-cache, --window, --check, --json, ...) are refused with --mpi.\n");
 }
 
 typedef struct {
@@ -358,6 +360,10 @@ int mpi_generate(int argc, char **argv)
     o.topp = 0.9;
     o.seed = 42;
     o.threads = 1;
+    static const char *const not_sharded = "does not combine with --mpi (pagedkv generate "
+                                           "--mpi --help)";
+    const char *ignored_s = NULL;
+    bool ignored_b = false;
     const cli_opt opts[] = {
         {.name = "mpi", .kind = OPT_FLAG, .dst = &o.mpi},
         {.name = "model", .kind = OPT_STRING, .dst = &o.model_path},
@@ -376,6 +382,17 @@ int mpi_generate(int argc, char **argv)
          .hi = UINT32_MAX},
         {.name = "threads", .kind = OPT_U32, .dst = &o.threads, .lo = 0,
          .hi = CLI_MAX_THREADS},
+        {.name = "sessions", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "prefix-cache", .kind = OPT_FLAG, .dst = &ignored_b,
+         .refused = not_sharded},
+        {.name = "window", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "sinks", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "rollback", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "softcap", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "check", .kind = OPT_FLAG, .dst = &ignored_b, .refused = not_sharded},
+        {.name = "check-e2e", .kind = OPT_FLAG, .dst = &ignored_b, .refused = not_sharded},
+        {.name = "json", .kind = OPT_FLAG, .dst = &ignored_b, .refused = not_sharded},
+        {.name = "save", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
     };
     int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
                        NULL);

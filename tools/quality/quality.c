@@ -132,6 +132,7 @@ static int parse(int argc, char **argv, q_opts *o)
     o->q_scale = 2;
     o->seed = 1;
     bool prompt_seen = false;
+    static const char *const synth_why = "it sets the attention-only synthetic run";
     static const pkv_dtype def[] = {PKV_F16, PKV_BF16, PKV_Q8, PKV_Q4};
     for (; o->n_dtypes < 4; o->n_dtypes++)
         o->dtypes[o->n_dtypes] = def[o->n_dtypes];
@@ -153,13 +154,18 @@ static int parse(int argc, char **argv, q_opts *o)
         {.name = "svg", .kind = OPT_STRING, .dst = &o->svg},
         {.name = "synthetic", .kind = OPT_FLAG, .dst = &o->synthetic},
         {.name = "ctx", .kind = OPT_U32, .dst = &o->ctx, .lo = 1, .hi = 1u << 16,
-         .note = "the double-precision reference is O(ctx^2)"},
+         .note = "the double-precision reference is O(ctx^2)",
+         .needs = "synthetic", .why = synth_why},
         {.name = "outliers", .kind = OPT_U32, .dst = &o->outliers, .lo = 0,
-         .hi = MAX_OUTLIERS},
+         .hi = MAX_OUTLIERS,
+         .needs = "synthetic", .why = synth_why},
         {.name = "outlier-scale", .kind = OPT_DOUBLE, .dst = &o->outlier_scale, .dlo = 0,
-         .dhi = 1e4},
-        {.name = "q-scale", .kind = OPT_DOUBLE, .dst = &o->q_scale, .dlo = 0, .dhi = 1e3},
-        {.name = "seed", .kind = OPT_U64, .dst = &o->seed, .lo = 0, .hi = UINT64_MAX},
+         .dhi = 1e4,
+         .needs = "synthetic", .why = synth_why},
+        {.name = "q-scale", .kind = OPT_DOUBLE, .dst = &o->q_scale, .dlo = 0, .dhi = 1e3,
+         .needs = "synthetic", .why = synth_why},
+        {.name = "seed", .kind = OPT_U64, .dst = &o->seed, .lo = 0, .hi = UINT64_MAX,
+         .needs = "synthetic", .why = synth_why},
     };
     int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
                        NULL);

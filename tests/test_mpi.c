@@ -78,6 +78,10 @@ static void stress_case(const char *const *extra, uint64_t ctx)
     ck_assert_msg(p.status == 0, "mpirun -np %d stress --mpi: exit %d\n%s", R, p.status,
                   p.err);
     ck_assert_msg(pkvt_json_valid(p.out), "not JSON:\n%s", p.out);
+    ck_assert_msg(pkvt_json_is(p.out, "tool", "\"pagedkv\"") &&
+                      pkvt_json_is(p.out, "command", "\"stress\"") &&
+                      pkvt_json_len(p.out, "argv") > 3,
+                  "no JSON envelope:\n%s", p.out);
     ck_assert_uint_eq(pkvt_json_u64(p.out, "ranks"), (uint64_t)R);
     ck_assert_uint_eq(pkvt_json_u64(p.out, "check.mismatches"), 0);
     const size_t np = pkvt_json_len(p.out, "points");

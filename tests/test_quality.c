@@ -68,7 +68,8 @@ static const pkv_dtype all_dtypes[] = {PKV_F32, PKV_F16, PKV_BF16, PKV_Q8, PKV_Q
 static void check_model_json(const char *json, uint64_t positions)
 {
     ck_assert_msg(pkvt_json_valid(json), "quality --json is not valid JSON: %s", json);
-    ck_assert(pkvt_json_is(json, "tool", "\"pagedkv quality\""));
+    ck_assert(pkvt_json_is(json, "tool", "\"pagedkv\"") &&
+              pkvt_json_is(json, "command", "\"quality\""));
     ck_assert(pkvt_json_is(json, "mode", "\"model\""));
     ck_assert_uint_eq(pkvt_json_u64(json, "positions"), positions);
     const uint64_t L = pkvt_json_u64(json, "layers"), g = pkvt_json_u64(json, "kv_heads"),

@@ -68,10 +68,8 @@ void bench_print_json(const bench *b)
     const bench_opts *o = b->o;
     json_writer w = {stdout, true, false}, *W = &w;
     json_open(W, NULL, '{');
-    json_str(W, "tool", "pagedkv bench");
-    json_str(W, "version", pkv_version());
-    json_str(W, "isa", b->isa ? b->isa : "?");
-    JSON_U64S(W, {"online_cpus", bench_online_cpus()}, {"reps", o->reps},
+    cli_json_envelope(W, "bench", b->isa);
+    JSON_U64S(W, {"reps", o->reps},
               {"bw_buffer_bytes", b->bw.vecs * sizeof(bench_vec)},
               {"llc_bytes", b->llc_bytes});
     json_bool(W, "rows_together", b->together);

@@ -171,8 +171,7 @@ int bench_spill(const char *dir, uint64_t mib, int reps, bool json)
         /* the top-level keys of every `bench --json`, then the spill figures */
         json_writer w = {stdout, true, true}, *W = &w;
         json_open(W, NULL, '{');
-        json_str(W, "tool", "pagedkv bench");
-        json_str(W, "version", pkv_version());
+        cli_json_envelope(W, "bench", NULL);
         json_str(W, "spill_dir", dir);
         json_open(W, "spill", '{');
         json_u64(W, "mib_per_session", mib);

@@ -154,18 +154,18 @@ int gen_report(gen *g)
     json_writer w = {stdout, true, true}, *W = &w;
     if (o->json) {
         json_open(W, NULL, '{');
+        cli_json_envelope(W, CMD, es.isa);
         json_open(W, "model", '{');
         json_str(W, "source", o->model_path ? o->model_path : "synthetic");
-        JSON_U64S(W, {"dim", c->dim}, {"hidden_dim", c->hidden_dim}, {"n_layers", c->n_layers},
-                  {"n_heads", c->n_heads}, {"n_kv_heads", c->n_kv_heads},
-                  {"head_dim", c->head_size}, {"vocab_size", c->vocab_size},
+        JSON_U64S(W, {"dim", c->dim}, {"hidden_dim", c->hidden_dim}, {"layers", c->n_layers},
+                  {"heads", c->n_heads}, {"kv_heads", c->n_kv_heads},
+                  {"head_dim", c->head_size}, {"vocab", c->vocab_size},
                   {"seq_len", c->seq_len}, {"params", llama_param_count(c)});
         json_close(W, '}');
         json_open(W, "cache", '{');
         json_str(W, "dtype", pkv_dtype_name(cfg.kv_dtype));
         JSON_U64S(W, {"block_tokens", cfg.block_tokens}, {"page_bytes", es.page_bytes},
-                  {"n_threads", cfg.n_threads});
-        json_str(W, "isa", es.isa);
+                  {"threads", cfg.n_threads});
         JSON_U64S(W, {"window", o->v.window}, {"sinks", o->v.sinks},
                   {"rollback", o->v.rollback});
         json_num(W, "softcap", o->v.softcap);

@@ -106,6 +106,7 @@ static void print_json(const char *path, const pkv_file_info *in, const uint64_t
 {
     json_writer w = {stdout, true, false}, *W = &w;
     json_open(W, NULL, '{');
+    cli_json_envelope(W, "inspect", NULL);
     json_str(W, "file", path);
     json_bool(W, "sound", st == PKV_OK);
     json_str(W, "status", status_name(st));
@@ -113,8 +114,8 @@ static void print_json(const char *path, const pkv_file_info *in, const uint64_t
     JSON_U64S(W, {"file_bytes", in->file_bytes});
     json_bool(W, "header_sound", in->header_sound);
     if (in->header_sound) {
-        JSON_U64S(W, {"version", in->version}, {"n_layers", in->n_layers},
-                  {"n_heads", in->n_heads}, {"n_kv_heads", in->n_kv_heads},
+        JSON_U64S(W, {"file_version", in->version}, {"layers", in->n_layers},
+                  {"heads", in->n_heads}, {"kv_heads", in->n_kv_heads},
                   {"head_dim", in->head_dim});
         json_str(W, "dtype", pkv_dtype_name(in->kv_dtype));
         JSON_U64S(W, {"block_tokens", in->block_tokens});

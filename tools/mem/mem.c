@@ -107,7 +107,9 @@ static void usage(FILE *f)
     }
     fprintf(f,
 "\n"
-"JSON keys (stable): preset (string or null), layers, heads, kv_heads, head_dim,\n"
+"JSON keys (stable): the envelope of every command (tool, command, version, isa,\n"
+"  host, cpu, online_cpus, argv), then preset (string or null), layers, heads,\n"
+"  kv_heads, head_dim,\n"
 "  ctx, batch, dtype, bytes_per_value (q8/q4: a fraction, scales included),\n"
 "  row_bytes_k, row_bytes_v (pkv_row_bytes of a K and a V row), bytes_per_token (all\n"
 "  layers of one session), block_tokens, formula_bytes, paged_bytes,\n"
@@ -695,6 +697,7 @@ static void print_json(const mem_opts *o, const mem_figures *f, const mem_measur
 {
     json_writer w = {stdout, true, false}, *W = &w;
     json_open(W, NULL, '{');
+    cli_json_envelope(W, CMD, NULL);
     json_str(W, "preset", o->preset);
     JSON_U64S(W, {"layers", o->layers}, {"heads", o->heads}, {"kv_heads", o->kv_heads},
               {"head_dim", o->head_dim}, {"ctx", o->ctx}, {"batch", o->batch});

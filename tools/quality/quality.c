@@ -89,7 +89,8 @@ static void usage(FILE *f)
 "  --seed S            synthetic: random seed (default 1)\n"
 "  -h, --help          this help\n"
 "\n"
-"JSON keys: tool, version, mode (\"model\" or \"synthetic\"), kernels; model mode:\n"
+"JSON keys: the envelope of every command (tool, command, version, isa, host, cpu,\n"
+"  online_cpus, argv), then mode (\"model\" or \"synthetic\"); model mode:\n"
 "  model (path or null: built-in), tokenizer, layers, heads, kv_heads, head_dim, vocab,\n"
 "  prompts, positions (compared, all prompts), prompt_positions, stopped_at_bos (any\n"
 "  prompt), text (the first prompt's; null without a tokenizer); synthetic mode:\n"
@@ -606,10 +607,8 @@ static void print_json(const q_result *R)
     const q_opts *o = R->o;
     json_writer w = {stdout, true, false}, *W = &w;
     json_open(W, NULL, '{');
-    json_str(W, "tool", "pagedkv quality");
-    json_str(W, "version", pkv_version());
+    cli_json_envelope(W, CMD, R->isa);
     json_str(W, "mode", o->synthetic ? "synthetic" : "model");
-    json_str(W, "kernels", R->isa ? R->isa : "?");
     if (o->synthetic) {
         JSON_U64S(W, {"heads", 32}, {"kv_heads", 8}, {"head_dim", 128}, {"ctx", o->ctx},
                   {"seed", o->seed});

@@ -289,11 +289,11 @@ static void report(const soak *S, const pkv_stats *st, double secs, const uint64
     }
     json_writer w = {f, true, true}, *W = &w;
     json_open(W, NULL, '{');
+    cli_json_envelope(W, CMD, st->isa);
     json_bool(W, "ok", ok);
     json_fmt(W, "seconds", "%.3f", secs);
     json_fmt(W, "ops_per_s", "%.1f", rate);
     json_str(W, "dtype", pkv_dtype_name(S->cfg.kv_dtype));
-    json_str(W, "isa", st->isa);
     json_str(W, "io_backend", st->io_backend);
     for (size_t i = 0; i < n; i++)
         json_u64(W, kv[i].k, kv[i].v);

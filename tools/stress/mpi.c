@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "common/cli.h"
+#include "common/json.h"
 #include "common/mpi_common.h"
 #include "common/model.h"
 #include "common/mpi_tools.h"
@@ -345,29 +346,41 @@ static int run(const void *opts, int rank, int R)
         memset(&es, 0, sizeof es);
         pkv_engine_stats(e, &es);
         if (o->json) {
-            printf("{\"ranks\": %d, \"ctx\": %llu, \"align\": %llu, \"layers\": %u, "
-                   "\"heads\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"head_dim_v\": %u, "
-                   "\"dtype\": \"%s\", \"isa\": \"%s\", \"threads_per_rank\": %u, "
-                   "\"exchange\": \"%s\",\n"
-                   " \"rank_memory\": [", R, (unsigned long long)o->ctx,
-                   (unsigned long long)A, o->layers, o->heads, o->kv_heads, o->head_dim, dv,
-                   pkv_dtype_name(o->dtype), es.isa, o->threads, o->exchange);
-            for (int r = 0; r < R; r++)
-                printf("%s{\"rank\": %d, \"first\": %llu, \"positions\": %llu, "
-                       "\"bytes_resident\": %llu, \"bytes_overhead\": %llu}",
-                       r ? ", " : "", r, (unsigned long long)lo[r],
-                       (unsigned long long)mems[3 * r + 2], (unsigned long long)mems[3 * r],
-                       (unsigned long long)mems[3 * r + 1]);
-            printf("],\n \"points\": [");
-            for (uint32_t i = 0; i < n_pts; i++)
-                printf("%s\n  {\"ctx\": %llu, \"owner\": %d, \"p50_us\": %.1f, \"states\": "
-                       "%llu, \"bytes_per_step\": %llu, \"checked\": %s, \"bitwise_equal\": "
-                       "%s}", i ? "," : "", (unsigned long long)pts[i].ctx, pts[i].owner,
-                       pts[i].us, (unsigned long long)pts[i].states,
-                       (unsigned long long)pts[i].bytes, pts[i].checked ? "true" : "false",
-                       pts[i].checked && pts[i].equal ? "true" : "false");
-            printf("],\n \"check\": {\"prefix\": %llu, \"points\": %d, \"mismatches\": %d}}\n",
-                   (unsigned long long)check, checks, mismatches);
+            json_writer w = {stdout, true, true}, *W = &w;
+            json_open(W, NULL, '{');
+            cli_json_envelope(W, CMD, es.isa);
+            JSON_U64S(W, {"ranks", (uint64_t)R}, {"ctx", o->ctx}, {"align", A},
+                      {"layers", o->layers}, {"heads", o->heads}, {"kv_heads", o->kv_heads},
+                      {"head_dim", o->head_dim}, {"head_dim_v", dv});
+            json_str(W, "dtype", pkv_dtype_name(o->dtype));
+            JSON_U64S(W, {"threads", o->threads});
+            json_str(W, "exchange", o->exchange);
+            json_open(W, "rank_memory", '[');
+            for (int r = 0; r < R; r++) {
+                json_open(W, NULL, '{');
+                JSON_U64S(W, {"rank", (uint64_t)r}, {"first", lo[r]},
+                          {"positions", mems[3 * r + 2]}, {"bytes_resident", mems[3 * r]},
+                          {"bytes_overhead", mems[3 * r + 1]});
+                json_close(W, '}');
+            }
+            json_close(W, ']');
+            json_open(W, "points", '[');
+            for (uint32_t i = 0; i < n_pts; i++) {
+                json_open(W, NULL, '{');
+                JSON_U64S(W, {"ctx", pts[i].ctx}, {"owner", (uint64_t)pts[i].owner});
+                json_fmt(W, "p50_us", "%.1f", pts[i].us);
+                JSON_U64S(W, {"states", pts[i].states}, {"bytes_per_step", pts[i].bytes});
+                json_bool(W, "checked", pts[i].checked);
+                json_bool(W, "bitwise_equal", pts[i].checked && pts[i].equal);
+                json_close(W, '}');
+            }
+            json_close(W, ']');
+            json_open(W, "check", '{');
+            JSON_U64S(W, {"prefix", check}, {"points", (uint64_t)checks},
+                      {"mismatches", (uint64_t)mismatches});
+            json_close(W, '}');
+            json_close(W, '}');
+            fputc('\n', stdout);
         } else {
             printf("pagedkv stress --mpi: %d ranks, ctx %llu, %u layer(s) h=%u g=%u d=%u "
                    "dv=%u %s, kernels %s, exchange %s, shard "

@@ -204,12 +204,12 @@ int stress_prefix(const stress_opts *o)
         if (o->json) {
             json_writer w = {stdout, true, true}, *W = &w;
             json_open(W, NULL, '{');
+            cli_json_envelope(W, "stress", es.isa);
             json_u64(W, "prefix", P);
             json_u64(W, "tail", o->prefix_tail);
             json_u64(W, "sessions", N);
             json_u64(W, "layers", o->layers);
             json_u64(W, "page_bytes", es.page_bytes);
-            json_str(W, "isa", es.isa);
             mode_json(W, "with_cache", &m[0], es.page_bytes);
             mode_json(W, "without_cache", &m[1], es.page_bytes);
             json_u64(W, "without_cache_bytes_computed", need);

@@ -141,8 +141,7 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
     json_writer w = {stdout, true, false}, *W = &w;
     double tok = (double)r->done * o->sessions, rows = tok * o->layers;
     json_open(W, NULL, '{');
-    json_str(W, "command", "stress");
-    json_str(W, "version", pkv_version());
+    cli_json_envelope(W, CMD, r->isa);
     json_open(W, "config", '{');
     JSON_U64S(W, {"ctx", o->ctx}, {"sessions", o->sessions}, {"layers", o->layers},
               {"heads", o->heads}, {"kv_heads", o->kv_heads}, {"head_dim", o->head_dim});
@@ -178,7 +177,6 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
         }
         json_close(W, '}');
     }
-    json_str(W, "isa", r->isa);
     json_str(W, "io_backend", r->io);
     JSON_U64S(W, {"tokens", r->done});
     json_key(W, "interrupted");

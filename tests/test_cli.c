@@ -12,6 +12,7 @@
 #include "testutil.h"
 #include "tools_run.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -259,6 +260,33 @@ START_TEST(needs_one_wording)
         {{"quality", "--outliers", "2"}, "pagedkv quality: --outliers needs --synthetic"},
     };
     expect_usage(rows, sizeof rows / sizeof rows[0]);
+}
+END_TEST
+
+/* A file the tools cannot open is named with the OS's reason (strerror), in every
+ * command that opens one. */
+START_TEST(os_reasons)
+{
+    const char *enoent = strerror(ENOENT);
+    static const struct { const char *argv[10]; const char *says; } rows[] = {
+        {{"generate", "--model", "/nonexistent/m.bin", NULL},
+         "cannot open model '/nonexistent/m.bin': "},
+        {{"generate", "--tokenizer", "/nonexistent/t.bin", NULL},
+         "cannot open tokenizer '/nonexistent/t.bin': "},
+        {{"quality", "--model", "/nonexistent/m.bin", NULL},
+         "cannot open model '/nonexistent/m.bin': "},
+        {{"quality", "--prompts", "/nonexistent/p.txt", NULL},
+         "cannot open --prompts '/nonexistent/p.txt': "},
+        {{"inspect", "/nonexistent/s.pkv", NULL}, "cannot open '/nonexistent/s.pkv': "},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        pkvt_proc p = pkvt_tool(rows[i].argv, NULL);
+        char want[256];
+        snprintf(want, sizeof want, "%s%s", rows[i].says, enoent);
+        ck_assert_msg(p.status == 1 && has(p.err, want), "%s %s: exit %d, stderr %s",
+                      rows[i].argv[0], rows[i].argv[1], p.status, p.err);
+        pkvt_proc_free(&p);
+    }
 }
 END_TEST
 
@@ -775,6 +803,7 @@ int main(void)
     tcase_set_timeout(to, 120);
     tcase_add_test(to, mem_attention_kind);
     tcase_add_test(to, json_envelope);
+    tcase_add_test(to, os_reasons);
     tcase_add_test(to, inspect_status_line);
     tcase_add_test(to, stress_plot_axes);
     tcase_add_test(to, memory_guard_available);

@@ -19,6 +19,7 @@
  */
 #include "common/svg.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -503,7 +504,11 @@ int svg_write_file(const char *path, const char *title, const svg_panel *panels,
     if (!f)
         return -1;
     int rc = svg_write(f, title, panels, n_panels);
-    if (fclose(f) != 0)
+    int err = rc ? errno : 0;   /* the first failure's reason, for the caller's message */
+    if (fclose(f) != 0 && !rc) {
         rc = -1;
+        err = errno;
+    }
+    errno = err ? err : errno;
     return rc;
 }

@@ -58,7 +58,8 @@ typedef struct {
 /* Write a complete SVG document: `title` on top, then the panels. Non-finite points
  * are skipped. Returns 0, or -1 on bad arguments or a write error. */
 int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_panels);
-/* svg_write to a new file at path (truncated); -1 if it cannot be written. */
+/* svg_write to a new file at path (truncated); -1 if it cannot be written, with errno
+ * saying why (for the caller's strerror). */
 int svg_write_file(const char *path, const char *title, const svg_panel *panels,
                    size_t n_panels);
 

@@ -11,10 +11,13 @@
  * Exit status: 0 the file is sound; 1 it is not (or cannot be read), the reason on
  *   stderr; 2 a usage error (cli.h).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/cli.h"
 #include "common/json.h"
@@ -179,6 +182,15 @@ int cmd_inspect(int argc, char **argv)
         if (!(len = malloc(sizeof *len * info.n_layers)))
             return cli_fail(CMD, "out of memory");
         st = pkv_session_file_check(path[0], &info, len, info.n_layers);
+    }
+    /* not opened: the library's reason is its own words; the OS's is more precise */
+    if (st == PKV_EIO && info.file_bytes == 0) {
+        int fd = open(path[0], O_RDONLY);
+        if (fd < 0)
+            snprintf(info.reason, sizeof info.reason, "cannot open '%s': %s", path[0],
+                     strerror(errno));
+        else
+            close(fd);
     }
     if (json)
         print_json(path[0], &info, len, st);

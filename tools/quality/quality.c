@@ -29,6 +29,7 @@
  * Synthetic mode (--synthetic): quality/synthetic.c. The rows both modes fill, and
  * their engines: quality/rows.c.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -299,15 +300,17 @@ static int read_prompts(const q_opts *o, char **buf, const char **list, uint32_t
     }
     FILE *f = fopen(o->prompts_path, "rb");
     if (!f)
-        return cli_fail(CMD, "cannot open --prompts %s", o->prompts_path);
+        return cli_fail(CMD, "cannot open --prompts '%s': %s", o->prompts_path,
+                        strerror(errno));
     const size_t cap = (size_t)1 << 24;
     char *t = malloc(cap + 1);
     const size_t len = t ? fread(t, 1, cap + 1, f) : 0;
     const bool bad = !t || ferror(f);
+    const char *why = !t ? strerror(ENOMEM) : strerror(errno);
     fclose(f);
     if (bad || len > cap) {
         free(t);
-        return bad ? cli_fail(CMD, "cannot read --prompts %s", o->prompts_path)
+        return bad ? cli_fail(CMD, "cannot read --prompts '%s': %s", o->prompts_path, why)
                    : cli_usage_error(CMD, "--prompts %s: larger than 16 MiB", o->prompts_path);
     }
     t[len] = '\0';
@@ -714,7 +717,7 @@ static int write_svg(const q_result *R)
         .n_series = 2,
     };
     if (svg_write_file(o->svg, "pagedkv quality", &panel, 1) != 0)
-        return cli_fail(CMD, "cannot write --svg %s", o->svg);
+        return cli_fail(CMD, "cannot write the plot to '%s': %s", o->svg, strerror(errno));
     return CLI_OK;
 }
 

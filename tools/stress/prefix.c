@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 #include "common/cli.h"
@@ -269,7 +270,8 @@ int stress_prefix(const stress_opts *o)
                  .series = tm, .n_series = 2},
             };
             if (svg_write_file(o->svg, "pagedkv stress --prefix", panels, 2) != 0)
-                rc = cli_fail(CMD, "cannot write %s", o->svg);
+                rc = cli_fail(CMD, "cannot write the plot to '%s': %s", o->svg,
+                              strerror(errno));
         }
     }
     free(K), free(V), free(ids), free(buf);

@@ -18,6 +18,7 @@
  *   - Integers are written exactly (JSON_U64S), figures with %.6g, NaN and infinity
  *     as null.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -535,6 +536,6 @@ int stress_report(stress_run *r)
         cli_fail(CMD, "fork check: %llu of %llu forks failed; the first: %s",
                  (unsigned long long)r->fork_bad, (unsigned long long)r->forks, r->fork_msg);
     if (o->svg && write_svg(r, &fit[0]) != 0)
-        rc = cli_fail(CMD, "cannot write the plot to '%s'", o->svg);
+        rc = cli_fail(CMD, "cannot write the plot to '%s': %s", o->svg, strerror(errno));
     return rc;
 }

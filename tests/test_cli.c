@@ -2,12 +2,14 @@
  * test_cli.c - the conventions every `pagedkv` command keeps, checked on the built
  * binary (env PKV_TOOL): one option syntax (getopt_long's), usage errors that name
  * the option and its valid range or the engine's limit (exit 2), --threads 0 as all
- * CPUs, and the output contracts of the tools (docs/tools.md): mem's attention kind, inspect's
- * status line, the stress plot's axes and budget, the memory guard against MemAvailable, and
- * bootstrap.sh refusing an unknown mode before any work.
+ * CPUs, `help CMD` = `CMD --help`, the version, the man page, one wording for an
+ * option that needs another, the OS's reason for a file that cannot be opened, the
+ * JSON envelope of every --json, and the output contracts of the tools
+ * (docs/tools.md): mem's attention kind, inspect's status line, the memory guard
+ * against MemAvailable, and bootstrap.sh refusing an unknown mode before any work.
  *
  * Owns: those checks. Does not own: the runs of test_tools.c (stress, bench, the
- * usage rows it had first) or generate's (test_generate.c).
+ * usage rows it had first), generate's (test_generate.c) or the plots (test_plots.c).
  */
 #include "testutil.h"
 #include "tools_run.h"
@@ -567,130 +569,6 @@ START_TEST(inspect_status_line)
 }
 END_TEST
 
-/* ---- stress: the plot ------------------------------------------------------------ */
-
-/* The attribute `name="..."` of the tag at p, into buf; NULL if it has none. */
-static const char *attr(const char *p, const char *name, char *buf, size_t cap)
-{
-    const char *end = strchr(p, '>');
-    char pat[64];
-    snprintf(pat, sizeof pat, " %s=\"", name);
-    const char *a = strstr(p, pat);
-    if (!a || (end && a > end))
-        return NULL;
-    a += strlen(pat);
-    const char *q = strchr(a, '"');
-    snprintf(buf, cap, "%.*s", (int)(q - a), a);
-    return buf;
-}
-
-typedef struct {
-    char xscale[16], yscale[16];
-    double plot[4];                  /* left, top, right, bottom */
-    double max_x, min_y;             /* rightmost and topmost data vertex, pixels */
-    bool budget;                     /* a budget series is drawn */
-} panel_info;
-
-/* The panels of an SVG written by tools/common/svg.c: their scales, plot areas, and the
- * extreme data vertices (polylines and circles inside the plot area). */
-static size_t read_panels(const char *svg, panel_info *out, size_t cap)
-{
-    size_t n = 0;
-    const char *p = strstr(svg, "<g class=\"panel\"");
-    while (p && n < cap) {
-        const char *next = strstr(p + 1, "<g class=\"panel\"");
-        const char *end = next ? next : p + strlen(p);
-        panel_info *pi = &out[n++];
-        memset(pi, 0, sizeof *pi);
-        char buf[128];
-        ck_assert(attr(p, "data-x-scale", pi->xscale, sizeof pi->xscale));
-        ck_assert(attr(p, "data-y-scale", pi->yscale, sizeof pi->yscale));
-        ck_assert(attr(p, "data-plot", buf, sizeof buf));
-        ck_assert(sscanf(buf, "%lf %lf %lf %lf", &pi->plot[0], &pi->plot[1], &pi->plot[2],
-                         &pi->plot[3]) == 4);
-        pi->max_x = -INFINITY;
-        pi->min_y = INFINITY;
-        for (const char *q = p; (q = strstr(q, "points=\"")) && q < end;) {
-            q += 8;
-            double x, y;
-            int used;
-            while (*q != '"' && sscanf(q, "%lf,%lf%n", &x, &y, &used) == 2) {
-                pi->max_x = fmax(pi->max_x, x);
-                pi->min_y = fmin(pi->min_y, y);
-                q += used;
-                while (*q == ' ' || *q == '\n')
-                    q++;
-            }
-        }
-        for (const char *q = p; (q = strstr(q, "<circle cx=\"")) && q < end; q++) {
-            double x, y;
-            ck_assert(sscanf(q, "<circle cx=\"%lf\" cy=\"%lf\"", &x, &y) == 2);
-            if (x > pi->plot[2] + 1)
-                continue;   /* the legend */
-            pi->max_x = fmax(pi->max_x, x);
-            pi->min_y = fmin(pi->min_y, y);
-        }
-        const char *bud = strstr(p, "<title>budget");
-        pi->budget = bud && bud < end;
-        p = next;
-    }
-    return n;
-}
-
-static void stress_plot(bool logx, bool budget, panel_info pi[2])
-{
-    char svg[] = "/tmp/pkvt-plot-XXXXXX";
-    int fd = mkstemp(svg);
-    ck_assert(fd >= 0);
-    close(fd);
-    const char *argv[24] = {"stress", "--ctx", "3000", "--heads", "4", "--kv-heads", "2",
-                            "--head-dim", "16", "--points", "20", "--quiet", "--json",
-                            "--svg", svg};
-    size_t n = 15;
-    if (logx)
-        argv[n++] = "--svg-logx";
-    if (budget) {
-        argv[n++] = "--budget";
-        argv[n++] = "8m";
-    }
-    pkvt_proc p;
-    p = pkvt_tool(argv, NULL);
-    ck_assert_msg(p.status == 0, "stress: exit %d: %s", p.status, p.err);
-    pkvt_proc_free(&p);
-    char *text = pkvt_slurp(svg, NULL);
-    ck_assert_uint_eq(read_panels(text, pi, 2), 2);
-    free(text);
-    unlink(svg);
-}
-
-START_TEST(stress_plot_axes)
-{
-    for (int logx = 0; logx < 2; logx++) {
-        panel_info pi[2];
-        stress_plot(logx, !logx, pi);
-        for (int k = 0; k < 2; k++) {
-            const char *scale = logx ? "log" : "linear";
-            /* with a log context axis the y axes are log too: short contexts would
-             * otherwise all sit on the bottom of a linear one */
-            ck_assert_msg(strcmp(pi[k].xscale, scale) == 0 && strcmp(pi[k].yscale, scale) == 0,
-                          "logx %d panel %d: scales %s/%s", logx, k, pi[k].xscale,
-                          pi[k].yscale);
-            /* the axes end near the data: within 6% of the plot's width and height */
-            const double w = pi[k].plot[2] - pi[k].plot[0], h = pi[k].plot[3] - pi[k].plot[1];
-            ck_assert_msg(pi[k].plot[2] - pi[k].max_x <= 0.06 * w,
-                          "logx %d panel %d: rightmost point %.1f px, plot ends at %.1f",
-                          logx, k, pi[k].max_x, pi[k].plot[2]);
-            ck_assert_msg(pi[k].min_y - pi[k].plot[1] <= 0.06 * h,
-                          "logx %d panel %d: topmost point %.1f px, plot starts at %.1f",
-                          logx, k, pi[k].min_y, pi[k].plot[1]);
-        }
-        /* the budget is a line on the memory panel, and only there */
-        ck_assert_msg(!pi[0].budget && pi[1].budget == !logx, "logx %d: budget %d/%d", logx,
-                      pi[0].budget, pi[1].budget);
-    }
-}
-END_TEST
-
 /* ---- the memory guard compares with MemAvailable -------------------------------- */
 
 static uint64_t mem_available(void)
@@ -805,7 +683,6 @@ int main(void)
     tcase_add_test(to, json_envelope);
     tcase_add_test(to, os_reasons);
     tcase_add_test(to, inspect_status_line);
-    tcase_add_test(to, stress_plot_axes);
     tcase_add_test(to, memory_guard_available);
     tcase_add_test(to, bootstrap_unknown_mode);
     suite_add_tcase(s, to);

@@ -705,9 +705,12 @@ static int write_svg(const q_result *R)
         snprintf(title, sizeof title, "attention-output error per dtype (llama3-8b layer, %u "
                  "positions, %u outlier K channels x %g)", o->ctx, o->outliers,
                  o->outlier_scale);
-    else
+    else {   /* the model by its file's name: a path says where it is, not what */
+        const char *name = o->model_path ? strrchr(o->model_path, '/') : NULL;
+        name = name ? name + 1 : o->model_path ? o->model_path : "the built-in model";
         snprintf(title, sizeof title, "KL divergence from the f32 cache per dtype (%s, %u "
-                 "positions)", o->model_path ? o->model_path : "built-in model", R->positions);
+                 "positions)", name, R->positions);
+    }
     const svg_panel panel = {
         .title = title,
         .x = {.label = "K/V storage (dtype, path)", .categories = cats, .n_categories = n},
@@ -716,7 +719,9 @@ static int write_svg(const q_result *R)
         .series = se,
         .n_series = 2,
     };
-    if (svg_write_file(o->svg, "pagedkv quality", &panel, 1) != 0)
+    char where[512];
+    cli_run_where(where, sizeof where, R->threads, R->isa);
+    if (svg_write_file(o->svg, "pagedkv quality", where, &panel, 1) != 0)
         return cli_fail(CMD, "cannot write the plot to '%s': %s", o->svg, strerror(errno));
     return CLI_OK;
 }

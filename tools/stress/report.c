@@ -388,13 +388,10 @@ static int write_svg(const stress_run *r, const line_fit *fit)
            *res = fl + n, *ideal = res + n, *spill = ideal + n, *rss = spill + n;
     double *bx = rss + n, *by = bx + 2;   /* the budget: a level line over the data */
     double *cx = by + 2, *cy = cx + 2;     /* docs/variants.md's ceiling of a windowed run */
-    double maxlat = 0;
-    for (size_t i = 0; i < n; i++)
-        maxlat = fmax(maxlat, r->points[i].p90);
-    bool ms = maxlat > 20000;
-    /* max is left out of the plot: one preempted decode would set the scale; the
-     * table and the JSON have it */    /* beyond 20 ms, label the axis in ms */
-    double div = ms ? 1000 : 1;
+    /* every latency of the stress plots in one unit, ms, whatever the run's range (the
+     * text and JSON keep us); max is left out: one preempted decode would set the
+     * scale, the table and the JSON have it */
+    const double div = 1000;
     bool any_spill = false;
     for (size_t i = 0; i < n; i++) {
         const stress_point *p = &r->points[i];
@@ -475,28 +472,36 @@ static int write_svg(const stress_run *r, const line_fit *fit)
                    .format = SVG_FMT_COUNT, .from_zero = true};
     svg_panel panels[2] = {
         {.title = lat_title, .x = xa,
-         .y = {.label = ms ? "latency (ms)" : "latency (us)", .log = o->svg_logx,
-               .from_zero = true},
+         .y = {.label = "latency (ms)", .log = o->svg_logx, .from_zero = true},
          .series = lat, .n_series = draw_fit ? 3 : 2},
         {.title = "K/V memory of all sessions vs context", .x = xa,
          .y = {.label = "memory", .log = o->svg_logx, .format = SVG_FMT_BYTES,
                .from_zero = true},
          .series = memser, .n_series = n_mem},
     };
-    char title[256];
+    char title[512], note[768], where[512];
     char vd[200] = "";
     if (cli_variant_any(&o->v))
         cli_variant_describe(&o->v, o->layers, vd, sizeof vd);
     snprintf(title, sizeof title, "pagedkv stress: %u session(s), %u layer(s), h %u, g %u, "
-             "d %u, %s, %u tokens/page, isa %s%s%s", o->sessions, o->layers, o->heads,
-             o->kv_heads, o->head_dim, pkv_dtype_name(o->dtype), r->bt, r->isa,
-             vd[0] ? "; " : "", vd);
+             "d %u, %s, %u tokens/page%s%s%s%s", o->sessions, o->layers, o->heads,
+             o->kv_heads, o->head_dim, pkv_dtype_name(o->dtype), r->bt,
+             o->preset ? ", " : "", o->preset ? o->preset : "", vd[0] ? "; " : "", vd);
+    cli_run_where(where, sizeof where, o->threads, r->isa);
+    if (cli_interrupted())
+        snprintf(note, sizeof note, "%s; interrupted at %llu of %llu tokens", where,
+                 (unsigned long long)r->done, (unsigned long long)o->ctx);
+    else if (r->error[0])
+        snprintf(note, sizeof note, "%s; stopped by an error at %llu tokens", where,
+                 (unsigned long long)r->done);
+    else
+        snprintf(note, sizeof note, "%s", where);
     /* mixed layers: the windowed layers' own latency, level, next to the mean */
     if (r->windowed && r->windowed < o->layers) {
         lat[2] = lat[3];
         panels[0].n_series = 3;
     }
-    int rc = svg_write_file(o->svg, title, panels, 2);
+    int rc = svg_write_file(o->svg, title, note, panels, 2);
     free(wl);
     free(buf);
     return rc;

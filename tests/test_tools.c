@@ -445,6 +445,14 @@ START_TEST(bench_json)
         ck_assert(pkvt_json_num(p.out, ROW("roofline_frac")) > 0);
         ck_assert(pkvt_json_num(p.out, ROW("dram_bound_us")) > 0 &&
                   pkvt_json_num(p.out, ROW("compute_bound_us")) > 0);
+        /* a row faster than its bound says why: its K/V (partly) in cache */
+        const double frac = pkvt_json_num(p.out, ROW("roofline_frac"));
+        ck_assert_msg(frac > 1.05 ? pkvt_json_is(p.out, ROW("above_roofline"), "\"in_cache\"") ||
+                                        pkvt_json_is(p.out, ROW("above_roofline"),
+                                                     "\"partly_in_cache\"")
+                                  : pkvt_json_is(p.out, ROW("above_roofline"), "null"),
+                      "row %zu: frac %g, above_roofline %s", i, frac,
+                      pkvt_json_find(p.out, ROW("above_roofline")));
         if (t == PKV_F16)
             ck_assert(pkvt_json_num(p.out, ROW("vs_f16")) == 1.0);
 #undef ROW
@@ -649,7 +657,7 @@ START_TEST(memory_guard)
     };
     expect_usage_errors("stress", stress_rows, 2);
     pkvt_proc p;
-    p = pkvt_tool((const char *[]){"bench", "--ctx", "1g", NULL}, NULL);
+    p = pkvt_tool((const char *[]){"bench", "--ctx", "1g", "--bw-mib", "2048", NULL}, NULL);
     ck_assert_msg(has(p.err, "physical memory,") && has(p.err, " bytes (") &&
                       /* f32: 2*8*128*2^30*4 bytes + the 2 GiB bandwidth buffer */
                       has(p.err, "needs 8798240505856 bytes"),
@@ -695,6 +703,34 @@ START_TEST(stress_sigint)
     ck_assert_msg(done > 0 && done < (1ull << 30), "tokens %llu", (unsigned long long)done);
     ck_assert(pkvt_json_is(p.out, "memory_check.exact", "true"));
     ck_assert_uint_eq(pkvt_json_u64(p.out, "sessions[0].bytes_ideal"), 2ull * 1 * 4 * done * 2);
+    pkvt_proc_free(&p);
+}
+END_TEST
+
+/* bench tells where it is on stderr, step by step (--quiet: silent); its default run
+ * is the short one (two contexts), --full the long one (three). */
+START_TEST(bench_progress)
+{
+    const char *base[] = {"bench", "--json", "--model-preset", "mqa", "--dtype", "f16",
+                          "--threads", "1", "--reps", "1", "--bw-mib", "8", "--prefill", "0",
+                          "--in-cache", "0", "--no-naive", "--no-scalar", NULL, NULL, NULL};
+    pkvt_proc p = pkvt_tool(base, NULL);
+    ck_assert_msg(p.status == 0, "bench: exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "decode"), 2);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode[0].ctx"), 4096);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode[1].ctx"), 32768);
+    ck_assert_msg(has(p.err, "pagedkv bench: [1/2] mqa, 4096 tokens") &&
+                      has(p.err, "pagedkv bench: [2/2] mqa, 32768 tokens") &&
+                      has(p.err, "--full for the long run"),
+                  "no progress on stderr: %s", p.err);
+    pkvt_proc_free(&p);
+    base[18] = "--full";
+    base[19] = "--quiet";
+    p = pkvt_tool(base, NULL);
+    ck_assert_msg(p.status == 0, "bench --full: exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "decode"), 3);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode[2].ctx"), 131072);
+    ck_assert_msg(p.err[0] == 0, "--quiet wrote to stderr: %s", p.err);
     pkvt_proc_free(&p);
 }
 END_TEST
@@ -1033,6 +1069,7 @@ int main(void)
     TCase *tr = tcase_create("stress");
     tcase_set_timeout(tr, 120);
     tcase_add_test(tr, bench_json);
+    tcase_add_test(tr, bench_progress);
     tcase_add_test(tr, block_dtypes);
     tcase_add_test(tr, stress_json_random);
     tcase_add_test(tr, stress_decode_every);

@@ -50,6 +50,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -84,29 +85,41 @@ static void usage(FILE *f)
 "on the exact path and, where the engine accepts pkv_config.quant_dot = 1, on the\n"
 "integer path (otherwise the report says why it is unavailable).\n"
 "\n"
+"The default run is short (under a minute on a quiet machine): contexts 4096 and\n"
+"32768, 5 rounds, a bandwidth buffer of 8x the last-level cache (256 MiB at least,\n"
+"2 GiB at most), the scalar reference up to 4096 tokens, a 1024-token prefill.\n"
+"--full is the long run: contexts up to 131072, 7 rounds, a 2 GiB buffer, the scalar\n"
+"reference up to 32768, a 4096-token prefill. Any option below overrides either.\n"
+"Progress goes to stderr (--quiet: none).\n"
+"\n"
 "options:\n"
+"  --full               the long run's defaults (above)\n"
 "  --model-preset LIST  comma-separated presets (default llama3-8b; 'all' = llama3-8b,\n"
 "                       mqa,mha,d64,d256); one layer of each is measured\n"
-"  --ctx LIST           context lengths (default 4096,32768,131072; k/m suffixes)\n"
+"  --ctx LIST           context lengths (default 4096,32768; --full: and 131072; k/m\n"
+"                       suffixes)\n"
 "  --dtype LIST         f16,bf16,f32,q8,q4 (default all five)\n"
 "  --threads LIST       thread counts (default 1 and the number of online CPUs;\n"
 "                       0 = all online CPUs)\n"
-"  --reps N             rounds per figure (default 7; scalar and naive use <= %u,\n"
-"                       fewer once they have taken %.0f s)\n"
+"  --reps N             rounds per figure (default 5, --full 7; scalar and naive use\n"
+"                       <= %u, fewer once they have taken %.0f s)\n"
 "  --block-tokens N     tokens per page (default: the library's)\n"
 "  --prefill N          prompt length of the prefill measurement, run with the first\n"
-"                       --dtype (default 4096; 0 skips it)\n"
-"  --bw-mib N           bandwidth probe buffer in MiB (default 2048)\n"
+"                       --dtype (default 1024, --full 4096; 0 skips it)\n"
+"  --bw-mib N           bandwidth probe buffer in MiB (default 8x the last-level\n"
+"                       cache, 256..2048; --full 2048)\n"
 "  --in-cache N         tokens of the in-cache measurement (default 4096; 0 skips it)\n"
 "  --no-scalar          skip the scalar reference\n"
 "  --no-naive           skip the naive implementation\n"
-"  --scalar-max-ctx N   skip the scalar reference above this context (default 32768:\n"
-"                       its ratio is flat in the context and 128k costs ~20 s; 0 = no limit)\n"
+"  --scalar-max-ctx N   skip the scalar reference above this context (default 4096,\n"
+"                       --full 32768: its ratio is flat in the context, and it is\n"
+"                       the slowest row; 0 = no limit)\n"
 "  --in-turn            time the rows of a context one after another (what bench does\n"
 "                       when their sessions do not fit in memory at once, below)\n"
 "  --force              run even when the largest context's buffers (below) exceed\n"
 "                       the memory available now (MemAvailable)\n"
 "  --json               one JSON object on stdout instead of the table\n"
+"  --quiet              no progress on stderr\n"
 "  --help               this text\n"
 "\n"
 "Before allocating anything, bench adds up the most it will hold at once: the\n"
@@ -246,11 +259,11 @@ static bool list_threads(const char *v, void *dst)
 static int parse(int argc, char **argv, bench_opts *o)
 {
     memset(o, 0, sizeof *o);
-    uint64_t reps = 7, bt = 0, prefill = 4096, in_cache = 4096;
+    uint64_t reps = 5, bt = 0, prefill = 1024, in_cache = 4096, bw_mib = 0;
+    bool reps_set = false, prefill_set = false, bw_set = false, scalar_set = false;
     const char *spill_only = NULL;   /* never read: refused without --spill */
     static const char *const spill_why = "it sets the spill benchmark (--spill)";
-    o->bw_mib = 2048;
-    o->scalar_max_ctx = 32768;
+    o->scalar_max_ctx = 4096;
     o->naive_max_bytes = 4ull << 30;
     o->scalar = o->naive = true;
     const cli_opt opts_[] = {
@@ -265,13 +278,18 @@ static int parse(int argc, char **argv, bench_opts *o)
         {.name = "threads", .kind = OPT_CALL, .dst = o, .call = list_threads,
          .what = "a comma-separated list of thread counts in 0..256 (0 = all CPUs; "
                  "bench's limit)"},
-        {.name = "reps", .kind = OPT_U64, .dst = &reps, .lo = 1, .hi = 1000},
+        {.name = "reps", .kind = OPT_U64, .dst = &reps, .lo = 1, .hi = 1000,
+         .seen = &reps_set},
         {.name = "block-tokens", .kind = OPT_U64, .dst = &bt, .lo = 0, .hi = UINT32_MAX},
-        {.name = "prefill", .kind = OPT_U64, .dst = &prefill, .lo = 0, .hi = 1u << 20},
-        {.name = "bw-mib", .kind = OPT_U64, .dst = &o->bw_mib, .lo = 1, .hi = 1u << 20},
+        {.name = "prefill", .kind = OPT_U64, .dst = &prefill, .lo = 0, .hi = 1u << 20,
+         .seen = &prefill_set},
+        {.name = "bw-mib", .kind = OPT_U64, .dst = &bw_mib, .lo = 1, .hi = 1u << 20,
+         .seen = &bw_set},
         {.name = "in-cache", .kind = OPT_U64, .dst = &in_cache, .lo = 0, .hi = 1u << 20},
         {.name = "scalar-max-ctx", .kind = OPT_U64, .dst = &o->scalar_max_ctx, .lo = 0,
-         .hi = UINT64_MAX},
+         .hi = UINT64_MAX, .seen = &scalar_set},
+        {.name = "full", .kind = OPT_FLAG, .dst = &o->full},
+        {.name = "quiet", .kind = OPT_FLAG, .dst = &o->quiet},
         {.name = "no-scalar", .kind = OPT_CLEAR, .dst = &o->scalar},
         {.name = "no-naive", .kind = OPT_CLEAR, .dst = &o->naive},
         {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
@@ -287,6 +305,20 @@ static int parse(int argc, char **argv, bench_opts *o)
                        0, NULL);
     if (rc != CLI_OK)
         return rc;
+    /* --full: the long run's defaults, where no option gave the figure */
+    if (o->full) {
+        reps = reps_set ? reps : 7;
+        prefill = prefill_set ? prefill : 4096;
+        bw_mib = bw_set ? bw_mib : 2048;
+        o->scalar_max_ctx = scalar_set ? o->scalar_max_ctx : 32768;
+    }
+    if (!bw_mib) {
+        /* 8x the last-level cache: a sum over it streams from DRAM whatever the cache
+         * keeps; 256 MiB at least (an unknown or small cache), 2 GiB at most */
+        const uint64_t llc_mib = bench_llc_bytes() >> 20;
+        bw_mib = llc_mib * 8 < 256 ? 256 : llc_mib * 8 > 2048 ? 2048 : llc_mib * 8;
+    }
+    o->bw_mib = bw_mib;
     o->reps = (uint32_t)reps;
     o->block_tokens = (uint32_t)bt;
     o->prefill_tokens = (uint32_t)prefill;
@@ -295,7 +327,7 @@ static int parse(int argc, char **argv, bench_opts *o)
         return cli_fail(CMD, "preset table lacks llama3-8b");
     static const uint64_t def_ctx[] = {4096, 32768, 131072};
     if (o->n_ctx == 0)
-        for (; o->n_ctx < 3; o->n_ctx++)
+        for (; o->n_ctx < (o->full ? 3u : 2u); o->n_ctx++)
             o->ctx[o->n_ctx] = def_ctx[o->n_ctx];
     static const pkv_dtype def_dt[] = {PKV_F16, PKV_BF16, PKV_F32, PKV_Q8, PKV_Q4};
     if (o->n_dtypes == 0)
@@ -359,6 +391,27 @@ static uint64_t peak_bytes(const bench_opts *o, bool all)
         }
     const uint64_t bw = o->bw_mib << 20;
     return worst > UINT64_MAX - bw ? UINT64_MAX : worst + bw;
+}
+
+/* ---- progress ---------------------------------------------------------------------------- */
+
+/* "pagedkv bench: [k/N] what (T s so far)" on stderr as a step begins; nothing with
+ * --quiet. A step is one context and thread count of a preset, its in-cache rows, or
+ * its prefill. */
+static void step(bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void step(bench *b, const char *fmt, ...)
+{
+    bench_opts *o = b->o;
+    o->step++;
+    if (o->quiet)
+        return;
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "pagedkv bench: [%u/%u] %s (%.0f s so far)\n", o->step, o->steps, what,
+            cli_now() - o->t0);
 }
 
 /* ---- one row of the table ------------------------------------------------------------- */
@@ -627,6 +680,10 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
                 }
         bench_variant vs[2 * MAX_LIST];
         const uint32_t nv = bench_variants(b, vs);
+        step(b, "%s, %llu tokens, %u thread%s: %u row%s%s%s", p->name, (unsigned long long)ctx,
+             T, T > 1 ? "s" : "", nv, nv > 1 ? "s" : "", do_naive ? ", the naive kernel" : "",
+             o->scalar && (o->scalar_max_ctx == 0 || ctx <= o->scalar_max_ctx)
+                 ? ", the scalar reference" : "");
         /* the rows timed together: all of them, a round at a time, where their sessions
          * fit in memory at once (b->together), else one at a time */
         const uint32_t group = b->together ? nv : 1;
@@ -668,6 +725,8 @@ static int run_prefill(bench *b, const cli_preset *p)
     }
     bench_fill_uniform(&seed, Q, (size_t)n * h * d);
     bench_fill_uniform(&seed, KV, (size_t)n * 2 * g * d);
+    step(b, "%s, prefill of %u tokens (%s) x %u thread count(s)", p->name, n,
+         pkv_dtype_name(o->dtypes[0]), o->n_threads);
     for (uint32_t di = 0; di < 1; di++)
         for (uint32_t ti = 0; ti < o->n_threads; ti++) {
             if (b->n_pre >= sizeof b->pre / sizeof b->pre[0])
@@ -730,6 +789,8 @@ static int run_incache(bench *b, const cli_preset *p)
     bench_fill_uniform(&seed, q, (size_t)h * d);
     bench_variant vs[2 * MAX_LIST];
     const uint32_t nv = bench_variants(b, vs);
+    step(b, "%s, in-cache rows: %u tokens, %u row(s) x %u thread count(s)", p->name,
+         o->in_cache, nv, o->n_threads);
     for (uint32_t ti = 0; ti < o->n_threads; ti++)
         for (uint32_t vi = 0; vi < nv; vi++) {
             const pkv_dtype dt = vs[vi].dt;
@@ -772,7 +833,7 @@ done:
 /* `--spill` mode: its own small option set, then tools/bench/spill.c. -1: not asked. */
 static int spill_mode(int argc, char **argv)
 {
-    bool spill = false, json = false;
+    bool spill = false, json = false, quiet = false;
     const char *dir = "/tmp";
     uint64_t mib = 256, reps = 5;
     for (int i = 1; i < argc; i++)
@@ -796,6 +857,8 @@ static int spill_mode(int argc, char **argv)
         {.name = "spill-dir", .kind = OPT_STRING, .dst = &dir},
         {.name = "spill-mib", .kind = OPT_U64, .dst = &mib, .lo = 1, .hi = 1u << 20},
         {.name = "reps", .kind = OPT_U64, .dst = &reps, .lo = 1, .hi = 1000},
+        {.name = "full", .kind = OPT_FLAG, .dst = &spill, .refused = decode_only},
+        {.name = "quiet", .kind = OPT_FLAG, .dst = &quiet},
     };
     int rc = cli_parse(CMD, argc, argv, opts_, sizeof opts_ / sizeof opts_[0], usage, NULL,
                        0, NULL);
@@ -865,6 +928,15 @@ int cmd_bench(int argc, char **argv)
         b->int_ok[dt] = pkv_config_explain(&c, b->int_why[dt], sizeof b->int_why[dt]) ==
                         PKV_OK;
     }
+    o.t0 = cli_now();
+    o.steps = o.n_presets * (o.n_ctx * o.n_threads + (o.in_cache > 0) + (o.prefill_tokens > 0));
+    if (!o.quiet)
+        fprintf(stderr, "pagedkv bench: %u step(s): %u context(s) x %u thread count(s)%s%s "
+                        "per preset, %u rounds, a %llu MiB bandwidth buffer%s\n", o.steps,
+                o.n_ctx, o.n_threads, o.in_cache ? ", in-cache rows" : "",
+                o.prefill_tokens ? ", a prefill" : "", o.reps,
+                (unsigned long long)o.bw_mib,
+                o.full ? " (--full)" : "; --full for the long run");
     for (uint32_t pi = 0; pi < o.n_presets && rc == CLI_OK; pi++) {
         for (uint32_t ci = 0; ci < o.n_ctx && rc == CLI_OK; ci++)
             rc = run_ctx(b, o.presets[pi], o.ctx[ci]);

@@ -43,6 +43,9 @@ typedef struct {
     uint64_t bw_mib, scalar_max_ctx, naive_max_bytes;
     bool json, scalar, naive, force;
     bool in_turn;                  /* --in-turn: rows one after another, always */
+    bool full, quiet;              /* --full: the long run's defaults; --quiet */
+    uint32_t steps, step;          /* progress: groups of rows to time, this one */
+    double t0;                     /* cli_now() at the start, for the progress lines */
 } bench_opts;
 
 /* Decode paths: the exact one (every dtype) and the integer dot products (docs/numerics.md, section
@@ -118,7 +121,7 @@ typedef struct {
 } bench_incache_row;
 
 typedef struct {
-    const bench_opts *o;
+    bench_opts *o;
     bench_bw bw;
     bench_incache_row inc[512];
     uint32_t n_inc;

@@ -53,6 +53,9 @@ static void usage(FILE *f)
         "  --dtype T            K/V storage (default f32 with --model, else f16)\n"
         "  --block-tokens N     tokens per page (default: the library's)\n"
         "  --threads N          engine threads per rank (default 1)\n"
+        "  --timeout S          give up when the other ranks have not answered for S\n"
+        "                       seconds (a rank stopped or died): a message, exit 1\n"
+        "                       (default 120). Waits sleep: no rank spins meanwhile\n"
         "  --help               this text\n\n"
         "generate's options of several sessions, variants, checks and JSON (--sessions,\n"
         "--prefix-cache, --window, --check, --json, ...) are refused with --mpi.\n");
@@ -64,6 +67,7 @@ typedef struct {
     double temperature, topp;
     uint64_t seed;
     pkv_dtype dtype;
+    double timeout;            /* --timeout, seconds */
     bool dtype_set, mpi;
 } mg_opts;
 
@@ -136,8 +140,8 @@ static pkv_status attn(void *ctx, uint32_t layer, uint32_t n, const float *q,
         a->counts[r] = (int)(n * a->all[r].nh * hs);
         a->displs[r] = r ? a->displs[r - 1] + a->counts[r - 1] : 0;
     }
-    MPI_Allgatherv(a->ob, (int)(n * a->me.nh * hs), MPI_FLOAT, a->gath,
-                   a->counts, a->displs, MPI_FLOAT, MPI_COMM_WORLD);
+    mpi_allgatherv(a->ob, (int)(n * a->me.nh * hs), MPI_FLOAT, a->gath, a->counts,
+                   a->displs, MPI_FLOAT, "gathering every rank's attention heads");
     a->bytes += (uint64_t)n * a->me.nh * hs * sizeof(float);
     a->gathers++;
     for (int r = 0; r < a->R; r++)
@@ -312,7 +316,7 @@ static int run(const void *opts, int rank, int R)
     memset(&mem, 0, sizeof mem);
     pkv_session_memory(s, &mem);
     uint64_t resident[2] = {mem.bytes_resident, a.bytes}, sum[2] = {0, 0};
-    MPI_Reduce(resident, sum, 2, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    mpi_reduce_sum_u64(resident, sum, 2, 0, "adding up the ranks' memory");
     if (rank == 0) {
         printf("\n");
         fflush(stdout);
@@ -360,6 +364,7 @@ int mpi_generate(int argc, char **argv)
     o.topp = 0.9;
     o.seed = 42;
     o.threads = 1;
+    o.timeout = MPI_COMMON_TIMEOUT_DEFAULT;
     static const char *const not_sharded = "does not combine with --mpi (pagedkv generate "
                                            "--mpi --help)";
     const char *ignored_s = NULL;
@@ -382,6 +387,7 @@ int mpi_generate(int argc, char **argv)
          .hi = UINT32_MAX},
         {.name = "threads", .kind = OPT_U32, .dst = &o.threads, .lo = 0,
          .hi = CLI_MAX_THREADS},
+        {.name = "timeout", .kind = OPT_DOUBLE, .dst = &o.timeout, .dlo = 0.1, .dhi = 1e7},
         {.name = "sessions", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
         {.name = "prefix-cache", .kind = OPT_FLAG, .dst = &ignored_b,
          .refused = not_sharded},
@@ -398,5 +404,5 @@ int mpi_generate(int argc, char **argv)
                        NULL);
     if (rc != CLI_OK)
         return rc == CLI_HELP ? CLI_OK : rc;
-    return mpi_common_main(CMD, argc, argv, run, &o);
+    return mpi_common_main(CMD, argc, argv, o.timeout, run, &o);
 }

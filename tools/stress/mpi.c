@@ -64,6 +64,10 @@ static void usage(FILE *f)
           "                       folds its own after it, the owner finishes - one state\n"
           "                       per hop instead of every chunk's, the same bits\n"
           "  --seed N             seed of the rows (default 1)\n"
+          "  --timeout S          give up when the other ranks have not answered for S\n"
+          "                       seconds (a rank stopped or died): a message, exit 1\n"
+          "                       (default 120; longer than any one rank's work between\n"
+          "                       two exchanges). Waits sleep: no rank spins meanwhile\n"
           "  --json               one JSON object on stdout (rank 0)\n"
           "  --help               this text\n\n"
           "stress's options of several sessions, forks, the prefix cache, a budget and\n"
@@ -78,6 +82,7 @@ typedef struct {
     uint32_t points, reps;
     pkv_dtype dtype;
     cli_variant v;            /* the model's variant: window pattern, sinks, cap, ... */
+    double timeout;           /* --timeout, seconds */
     bool mpi, json, check_set;
     const char *exchange;     /* "gather" or "chain" */
 } ms_opts;
@@ -237,7 +242,7 @@ static int run(const void *opts, int rank, int R)
         uint64_t sent = 0, merged = 0;
         int fail = 0;
         for (uint32_t rep = 0; rep < o->reps; rep++) {
-            MPI_Barrier(MPI_COMM_WORLD);
+            mpi_barrier("starting a decode step");
             const double t0 = MPI_Wtime();
             sent = merged = 0;
             for (uint32_t l = 0; l < o->layers; l++) {
@@ -263,12 +268,13 @@ static int run(const void *opts, int rank, int R)
                         memset(x + 2, 0, (size_t)dv * sizeof(float));
                     }
                     if (rank > 0)
-                        MPI_Recv(mine, (int)ps, MPI_FLOAT, rank - 1, 11, MPI_COMM_WORLD,
-                                 MPI_STATUS_IGNORE);
+                        mpi_recv(mine, (int)ps, MPI_FLOAT, rank - 1, 11,
+                                 "receiving the folded state of the rank before");
                     if (rank < owner) {
                         if (pkv_fold_partials(e, got + 1, mine, mine) != PKV_OK)
                             fail = 1;
-                        MPI_Send(mine, (int)ps, MPI_FLOAT, rank + 1, 11, MPI_COMM_WORLD);
+                        mpi_send(mine, (int)ps, MPI_FLOAT, rank + 1, 11,
+                                 "passing the folded state on");
                     } else {
                         if (pkv_merge_partials(e, got + 1, mine, out + l * od) != PKV_OK)
                             fail = 1;
@@ -278,7 +284,8 @@ static int run(const void *opts, int rank, int R)
                     continue;
                 }
                 int cnt = (int)(got * ps);
-                MPI_Gather(&cnt, 1, MPI_INT, counts, 1, MPI_INT, owner, MPI_COMM_WORLD);
+                mpi_gather(&cnt, 1, MPI_INT, counts, 1, MPI_INT, owner,
+                           "gathering the state counts");
                 if (rank == owner) {
                     int total = 0;
                     for (int r = 0; r < R; r++) {
@@ -289,8 +296,8 @@ static int run(const void *opts, int rank, int R)
                     }
                     merged = (uint64_t)total / ps;
                 }
-                MPI_Gatherv(mine, cnt, MPI_FLOAT, all, counts, displs, MPI_FLOAT, owner,
-                            MPI_COMM_WORLD);
+                mpi_gatherv(mine, cnt, MPI_FLOAT, all, counts, displs, MPI_FLOAT, owner,
+                            "gathering the partial states");
                 if (rank == owner &&
                     pkv_merge_partials(e, (uint32_t)merged, all, out + l * od) != PKV_OK)
                     fail = 1;
@@ -300,17 +307,18 @@ static int run(const void *opts, int rank, int R)
         qsort(lat, o->reps, sizeof *lat, cmp_double);
         ms_point p = {.ctx = n, .owner = owner, .us = lat[o->reps / 2], .bytes = sent,
                       .states = merged};
-        MPI_Bcast(&p.us, 1, MPI_DOUBLE, owner, MPI_COMM_WORLD);
-        MPI_Bcast(&p.bytes, 1, MPI_UINT64_T, owner, MPI_COMM_WORLD);
-        MPI_Bcast(&p.states, 1, MPI_UINT64_T, owner, MPI_COMM_WORLD);
+        mpi_bcast(&p.us, 1, MPI_DOUBLE, owner, "sharing the step's latency");
+        mpi_bcast(&p.bytes, 1, MPI_UINT64_T, owner, "sharing the step's bytes");
+        mpi_bcast(&p.states, 1, MPI_UINT64_T, owner, "sharing the step's states");
         /* the bitwise check: the owner's output against one engine on rank 0 */
         if (n <= check) {
             if (owner != 0 && rank == owner)
-                MPI_Send(out, (int)(od * o->layers), MPI_FLOAT, 0, 7, MPI_COMM_WORLD);
+                mpi_send(out, (int)(od * o->layers), MPI_FLOAT, 0, 7,
+                         "sending the output to be checked");
             if (rank == 0) {
                 if (owner != 0)
-                    MPI_Recv(out, (int)(od * o->layers), MPI_FLOAT, owner, 7, MPI_COMM_WORLD,
-                             MPI_STATUS_IGNORE);
+                    mpi_recv(out, (int)(od * o->layers), MPI_FLOAT, owner, 7,
+                             "receiving the output to check");
                 p.checked = 1;
                 p.equal = 1;
                 for (uint32_t l = 0; l < o->layers; l++) {
@@ -340,7 +348,7 @@ static int run(const void *opts, int rank, int R)
     pkv_session_memory(s, &m);
     uint64_t mem[3] = {m.bytes_resident, m.bytes_overhead, held - lo[rank]};
     uint64_t *mems = rank == 0 ? calloc((size_t)R * 3, sizeof *mems) : NULL;
-    MPI_Gather(mem, 3, MPI_UINT64_T, mems, 3, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    mpi_gather(mem, 3, MPI_UINT64_T, mems, 3, MPI_UINT64_T, 0, "gathering the ranks' memory");
     if (rank == 0 && rc == CLI_OK && mems) {
         pkv_stats es;
         memset(&es, 0, sizeof es);
@@ -440,6 +448,7 @@ int mpi_stress(int argc, char **argv)
     o.reps = 3;
     o.seed = 1;
     o.exchange = "gather";
+    o.timeout = MPI_COMMON_TIMEOUT_DEFAULT;
     cli_model m = cli_model_default();
     /* stress's run options that one sharded context has no use for: known, refused */
     static const char *const not_sharded = "does not combine with --mpi: one context is "
@@ -458,6 +467,7 @@ int mpi_stress(int argc, char **argv)
         {.name = "check", .kind = OPT_U64, .dst = &o.check, .lo = 0, .hi = UINT64_MAX,
          .seen = &o.check_set},
         {.name = "seed", .kind = OPT_U64, .dst = &o.seed, .lo = 0, .hi = UINT64_MAX},
+        {.name = "timeout", .kind = OPT_DOUBLE, .dst = &o.timeout, .dlo = 0.1, .dhi = 1e7},
         {.name = "json", .kind = OPT_FLAG, .dst = &o.json},
         {.name = "quiet", .kind = OPT_FLAG, .dst = &ignored_b},
         {.name = "sessions", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
@@ -494,5 +504,5 @@ int mpi_stress(int argc, char **argv)
     o.v = m.v;
     if (strcmp(o.exchange, "gather") && strcmp(o.exchange, "chain"))
         return cli_usage_error(CMD, "--exchange: '%s' is not gather or chain", o.exchange);
-    return mpi_common_main(CMD, argc, argv, run, &o);
+    return mpi_common_main(CMD, argc, argv, o.timeout, run, &o);
 }

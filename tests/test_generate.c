@@ -717,6 +717,48 @@ START_TEST(synthetic_variants)
 }
 END_TEST
 
+/* --prefix-cache claims a saving only where the cache was hit, and says why a prompt
+ * of one page or less never is; --save writes session 0 where `inspect` reads it. */
+START_TEST(synthetic_prefix_and_save)
+{
+    pkvt_proc r = pkvt_tool(ARGS("--sessions", "3", "--prefix-cache", "-n", "40", "-i", "hi"),
+                            NULL);
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_msg(strstr(r.err, "none of 2 later session(s) hit") &&
+                      strstr(r.err, "no prefill saved") && !strstr(r.err, "ms saved") &&
+                      strstr(r.err, "fit in one page of 16 tokens"),
+                  "stderr: %s", r.err);
+    pkvt_proc_free(&r);
+    r = pkvt_tool(ARGS("--sessions", "3", "--prefix-cache", "-n", "40", "-i", "hi", "--json"),
+                  NULL);
+    ck_assert_msg(r.status == 0 && pkvt_json_u64(r.out, "prefix_cache.hits") == 0 &&
+                      pkvt_json_is(r.out, "prefix_cache.prefill_seconds_saved", "null") &&
+                      pkvt_json_is(r.out, "prefix_cache.prompt_within_one_page", "true"),
+                  "JSON: %s", r.out);
+    pkvt_proc_free(&r);
+    char dir[] = "/tmp/pkvt-gen-save-XXXXXX", file[600];
+    ck_assert(mkdtemp(dir) != NULL);
+    snprintf(file, sizeof file, "%s/s0.pkv", dir);
+    r = pkvt_tool(ARGS("-n", "30", "--save", file), NULL);
+    ck_assert_msg(r.status == 0 && strstr(r.err, "pagedkv inspect "), "--save: %s", r.err);
+    pkvt_proc_free(&r);
+    r = pkvt_tool((const char *const[]){"inspect", "--json", file, NULL}, NULL);
+    ck_assert_msg(r.status == 0 && pkvt_json_is(r.out, "sound", "true") &&
+                      pkvt_json_u64(r.out, "layer_len[0]") == 30 &&
+                      pkvt_json_u64(r.out, "n_token_ids") == 30,
+                  "inspect: exit %d: %s", r.status, r.out);
+    pkvt_proc_free(&r);
+    unlink(file);
+    /* a path that cannot take the file is refused before the run */
+    snprintf(file, sizeof file, "%s/no/such/dir/s.pkv", dir);
+    r = pkvt_tool(ARGS("-n", "30", "--save", file), NULL);
+    ck_assert_msg(r.status == 2 && strstr(r.err, "--save") && !r.out[0], "%d %s", r.status,
+                  r.err);
+    pkvt_proc_free(&r);
+    ck_assert(rmdir(dir) == 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("generate");
@@ -728,6 +770,7 @@ int main(void)
     tcase_add_test(tc, options);
     tcase_add_test(tc, synthetic_check_cost);
     tcase_add_test(tc, synthetic_variants);
+    tcase_add_test(tc, synthetic_prefix_and_save);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("stories260K");
     tcase_set_timeout(tm, 240);

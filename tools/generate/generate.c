@@ -95,6 +95,8 @@ static void usage(FILE *f)
         "                      2^-8 x, bf16 and q8: 2^-5 x, q4: 2^-3 x) or a greedy\n"
         "                      token differs beyond\n"
         "                      a near-tie\n"
+        "  --save FILE         after the run, write session 0 to FILE (pkv_session_save,\n"
+        "                      its token ids recorded): `pagedkv inspect FILE` reads it\n"
         "  --json              one JSON object on stdout instead of text and figures\n"
         "  --mpi               sharded by heads over MPI ranks (mpirun -np R ...): the\n"
         "                      same text; its options: pagedkv generate --mpi --help\n"
@@ -134,6 +136,7 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
         {.name = "check", .kind = OPT_FLAG, .dst = &o->check},
         {.name = "check-e2e", .kind = OPT_FLAG, .dst = &o->check_e2e},
         {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
+        {.name = "save", .kind = OPT_STRING, .dst = &o->save_path},
         {.name = "prefix-cache", .kind = OPT_FLAG, .dst = &o->prefix_cache},
         {.name = "window", .kind = OPT_U32, .dst = &o->v.window, .lo = 0, .hi = UINT32_MAX},
         {.name = "sinks", .kind = OPT_U32, .dst = &o->v.sinks, .lo = 0, .hi = UINT32_MAX},
@@ -152,6 +155,9 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
     if (o->prefix_cache && o->check) /* --check's history follows forks */
         return cli_usage_error(CMD, "--prefix-cache does not combine with --check "
                                "(--check-e2e does)");
+    /* the file is written after the run: a path that cannot take it fails now */
+    if (o->save_path && cli_check_output_file(CMD, "--save", o->save_path) != CLI_OK)
+        return CLI_USAGE;
     return cli_variant_check(CMD, &o->v);
 }
 
@@ -676,6 +682,39 @@ static int gen_e2e(gen *g)
     return CLI_OK;
 }
 
+/* --save: session 0 to its file, its forwarded token ids recorded first (a
+ * version-3 file, whose prefix `inspect` reports). A window releases pages: then the
+ * ids are not recorded (pkv_session_set_tokens would refuse nothing, but a windowed
+ * session's file is about its pages). */
+static int gen_save(gen *g)
+{
+    const char *path = g->o->save_path;
+    pkv_session *s = g->sess[0];
+    const uint64_t n = pkv_session_len(s, 0);
+    pkv_status st = PKV_OK;
+    if (!g->o->v.window && n > 0) {
+        int32_t *ids = malloc((size_t)n * sizeof *ids);
+        if (!ids)
+            return cli_fail(CMD, "out of memory");
+        for (uint64_t i = 0; i < n; i++)
+            ids[i] = (int32_t)g->tok[i];
+        st = pkv_session_set_tokens(s, n, ids);
+        free(ids);
+    }
+    if (st == PKV_OK)
+        st = pkv_session_save(s, path);
+    if (st != PKV_OK) {
+        char why[256] = "";
+        pkv_engine_last_error(g->eng, why, sizeof why);
+        return cli_fail(CMD, "cannot save session 0 to '%s': %s%s%s", path,
+                        pkv_status_str(st), why[0] ? ": " : "", why);
+    }
+    if (!g->o->json)
+        fprintf(stderr, "session 0 (%llu positions) saved to %s: `pagedkv inspect %s` "
+                        "reads it\n", (unsigned long long)n, path, path);
+    return CLI_OK;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     if (mpi_tools_requested(argc, argv)) /* sharded by heads over MPI: generate/mpi.c */
@@ -693,6 +732,8 @@ int cmd_generate(int argc, char **argv)
         rc = gen_run(g);
     if (rc == CLI_OK && o.check_e2e)
         rc = gen_e2e(g);
+    if (rc == CLI_OK && o.save_path)
+        rc = gen_save(g);
     if (rc == CLI_OK)
         rc = gen_report(g);
     gen_free(g);

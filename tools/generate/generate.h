@@ -42,6 +42,7 @@ typedef struct {
 
 typedef struct {
     const char *model_path, *tok_path, *prompt;
+    const char *save_path;          /* --save FILE: session 0 written there, or NULL */
     uint32_t steps, block_tokens, sessions, threads;
     double temperature, topp;
     uint64_t seed;

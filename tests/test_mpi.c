@@ -19,13 +19,19 @@
  *     options of stress that one sharded context has no use for are refused in words;
  *   - generate: the greedy text of stories260K over R ranks is the single-process text
  *     byte for byte.
+ *   - stop: one of two ranks frozen (SIGSTOP): the other waits without spinning, and the
+ *     run ends non-zero within --timeout, naming the wait (issue: ranks spun forever).
  */
 #include "testutil.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -154,6 +160,137 @@ START_TEST(stress_preset)
 }
 END_TEST
 
+/* ---- a frozen rank ---------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* /proc/PID/stat: the state letter, the parent and the CPU time (utime + stime, in
+ * clock ticks). False when the process is gone. */
+static bool proc_stat(int pid, char *state, int *ppid, unsigned long long *ticks)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+    unsigned long long ut = 0, stime = 0;
+    if (!p || sscanf(p + 2, "%c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", state, ppid,
+                     &ut, &stime) != 4)
+        return false;
+    *ticks = ut + stime;
+    return true;
+}
+
+/* The ranks mpirun (pid) started: its children running pagedkv. */
+static int ranks_of(int mpirun_pid, int *pids, int cap)
+{
+    int n = 0;
+    DIR *d = opendir("/proc");
+    ck_assert(d != NULL);
+    for (struct dirent *e; (e = readdir(d)) && n < cap;) {
+        const int pid = atoi(e->d_name);
+        char state, path[64], cmd[256] = "";
+        int ppid = 0;
+        unsigned long long t;
+        if (pid <= 0 || !proc_stat(pid, &state, &ppid, &t) || ppid != mpirun_pid)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+        FILE *f = fopen(path, "r");
+        const size_t len = f ? fread(cmd, 1, sizeof cmd - 1, f) : 0;
+        if (f)
+            fclose(f);
+        cmd[len] = '\0';
+        if (strstr(cmd, "pagedkv"))   /* argv[0]: the first NUL-ended word */
+            pids[n++] = pid;
+    }
+    closedir(d);
+    return n;
+}
+
+/* One rank frozen (SIGSTOP, as a node that hangs): the other does not spin while it
+ * waits (its CPU time over 3 s of waiting stays under 0.3 s, where a busy poll takes
+ * what the scheduler gives it), and every rank ends, non-zero, with a message naming
+ * the wait, within --timeout and some slack; the stopped rank too. */
+START_TEST(stopped_rank)
+{
+    const double timeout = 6;
+    char np[16] = "2", to[32];
+    snprintf(to, sizeof to, "%g", timeout);
+    const char *argv[] = {mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", np,
+                          pkvt_tool_path(), "stress", "--mpi", "--ctx", "4m", "--heads", "2",
+                          "--kv-heads", "1", "--head-dim", "8", "--points", "40", "--reps",
+                          "1", "--check", "0", "--timeout", to, NULL};
+    pkvt_child c = pkvt_start(mpirun(), argv, NULL);
+    /* running: rank 0 has printed decode points */
+    char err_path[64];
+    snprintf(err_path, sizeof err_path, "/proc/self/fd/%d", c.err_fd);
+    int pids[8], n = 0;
+    for (int i = 0; i < 600; i++) {
+        char *e = pkvt_read_file(err_path, NULL);
+        int lines = 0;
+        for (const char *p = e; p && (p = strstr(p, "owner rank")); p++)
+            lines++;
+        free(e);
+        n = ranks_of(c.pid, pids, 8);
+        if (lines >= 3 && n == 2)
+            break;
+        nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+    }
+    ck_assert_msg(n == 2, "found %d ranks of mpirun %d", n, c.pid);
+    const int victim = pids[1], other = pids[0];
+    ck_assert(kill(victim, SIGSTOP) == 0);
+    const double t0 = now_s();
+    char state;
+    int ppid;
+    unsigned long long c0 = 0, c1 = 0;
+    nanosleep(&(struct timespec){0, 500 * 1000 * 1000}, NULL);   /* into its wait */
+    const bool alive0 = proc_stat(other, &state, &ppid, &c0);
+    nanosleep(&(struct timespec){3, 0}, NULL);
+    const bool alive1 = proc_stat(other, &state, &ppid, &c1);
+    /* mpirun ends (a zombie until pkvt_finish reaps it) within the timeout and slack */
+    bool ended = false;
+    while (!ended && now_s() - t0 < timeout + 30) {
+        unsigned long long t;
+        ended = !proc_stat(c.pid, &state, &ppid, &t) || state == 'Z';
+        if (!ended)
+            nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+    }
+    const double took = now_s() - t0;
+    if (!ended) {   /* the defect: clean up, then fail */
+        kill(victim, SIGCONT);
+        kill(victim, SIGKILL);
+        kill(other, SIGKILL);
+        kill(c.pid, SIGKILL);
+    }
+    pkvt_proc p = pkvt_finish(&c);
+    ck_assert_msg(ended, "the ranks still ran %.0f s after rank pid %d stopped", took, victim);
+    ck_assert_msg(alive0 && alive1 && (c1 - c0) < 0.3 * (double)sysconf(_SC_CLK_TCK),
+                  "the waiting rank used %llu ticks of CPU in 3 s (%ld a second)", c1 - c0,
+                  sysconf(_SC_CLK_TCK));
+    ck_assert_msg(p.status != 0 && strstr(p.err, "no answer from the other ranks") &&
+                      strstr(p.err, "--timeout"),
+                  "exit %d after %.0f s:\n%s", p.status, took, p.err);
+    /* the frozen rank did not outlive the run */
+    unsigned long long t;
+    const bool victim_left = proc_stat(victim, &state, &ppid, &t) && state != 'Z';
+    if (victim_left) {
+        kill(victim, SIGCONT);
+        kill(victim, SIGKILL);
+    }
+    ck_assert_msg(!victim_left, "the stopped rank %d is still there", victim);
+    pkvt_proc_free(&p);
+}
+END_TEST
+
 START_TEST(generate_text)
 {
     char model[4096], tok[4096];
@@ -192,6 +329,10 @@ int main(void)
     tcase_add_test(ts, stress_chain);
     tcase_add_test(ts, stress_preset);
     suite_add_tcase(s, ts);
+    TCase *tq = tcase_create("stop");
+    tcase_set_timeout(tq, 240);
+    tcase_add_test(tq, stopped_rank);
+    suite_add_tcase(s, tq);
     TCase *tg = tcase_create("generate");
     tcase_set_timeout(tg, 240);
     tcase_add_test(tg, generate_text);

@@ -385,9 +385,14 @@ static pkv_status check_rows(gen *g, uint32_t s, uint32_t layer, uint32_t T,
                  pkv_status_str(st));
         return st;
     }
+    /* max |V| as a compare, not fmax(): Debian 12's aarch64 gcc (12.2) crashes in its
+     * -O3 vectorizer on an fmax reduction of fabs (docs/performance.md, decision
+     * table: aarch64-fmax) */
     double vmax = 0;
-    for (size_t i = 0; i < (size_t)T * c->kv_dim; i++)
-        vmax = fmax(vmax, fabs((double)hv[i]));
+    for (size_t i = 0; i < (size_t)T * c->kv_dim; i++) {
+        const double a = fabs((double)hv[i]);
+        vmax = a > vmax ? a : vmax;
+    }
     double tol = CHECK_REL * vmax;
     for (uint32_t t = first; t < T; t++) {
         const float *a = out + (size_t)(t - first) * c->dim;
@@ -646,9 +651,10 @@ static int gen_e2e(gen *g)
             const float *dl = g->dense_logits + (size_t)k * V;
             const float *pl = g->rec_logits + ((size_t)s * g->gen_cap + k) * V;
             double mx = 1.0, diff = 0.0;
-            for (uint32_t i = 0; i < V; i++) {
-                mx = fmax(mx, fabs((double)dl[i]));
-                diff = fmax(diff, fabs((double)dl[i] - (double)pl[i]));
+            for (uint32_t i = 0; i < V; i++) {   /* compares, not fmax(): check_rows */
+                const double a = fabs((double)dl[i]), e = fabs((double)dl[i] - (double)pl[i]);
+                mx = a > mx ? a : mx;
+                diff = e > diff || isnan(e) ? e : diff;
             }
             double tol = rel * mx;
             g->e2e_maxdiff = fmax(g->e2e_maxdiff, diff);

@@ -209,9 +209,11 @@ static pkv_status attn_checked(void *ctx, uint32_t layer, uint32_t n, const floa
         a->ref_st = st;
         return st;
     }
+    /* compares, not fmax() (generate.c's check_rows says why); a NaN error shows */
     for (size_t i = 0; i < (size_t)n * c->dim; i++) {
-        a->max_abs = fmax(a->max_abs, fabs((double)out[i] - (double)a->ref[i]));
-        a->ref_max = fmax(a->ref_max, fabs((double)a->ref[i]));
+        const double e = fabs((double)out[i] - (double)a->ref[i]), r = fabs((double)a->ref[i]);
+        a->max_abs = e > a->max_abs || isnan(e) ? e : a->max_abs;
+        a->ref_max = r > a->ref_max ? r : a->ref_max;
     }
     return PKV_OK;
 }
@@ -229,8 +231,8 @@ static uint32_t argmax(const float *x, uint32_t n)
 static void log_softmax(const float *x, uint32_t n, double *y)
 {
     double m = -INFINITY, s = 0;
-    for (uint32_t i = 0; i < n; i++)
-        m = fmax(m, (double)x[i]);
+    for (uint32_t i = 0; i < n; i++)   /* a compare, not fmax(): generate.c's check_rows */
+        m = (double)x[i] > m ? (double)x[i] : m;
     for (uint32_t i = 0; i < n; i++)
         s += exp((double)x[i] - m);
     const double ls = m + log(s);

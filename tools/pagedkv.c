@@ -24,7 +24,6 @@ static const command commands[] = {
     {"bench",    cmd_bench,    "decode throughput next to DRAM bandwidth and a naive kernel"},
     {"mem",      cmd_mem,      "KV-cache memory for a geometry: the formula and the paged figure"},
     {"inspect",  cmd_inspect,  "print a session file's header and verify its checksums"},
-    {"soak",     cmd_soak,     "model-based soak: random operations under a tight budget"},
     {"quality",  cmd_quality,  "what each K/V dtype costs: KL vs an f32 cache, top-1, attention error"},
 };
 

@@ -108,9 +108,20 @@ int cli_parse_dtype(const char *s, pkv_dtype *out)
     return 0;
 }
 
+/* The program a message names: "pagedkv CMD", or the name cli_set_program gave. */
+static const char *program;
+
+void cli_set_program(const char *name)
+{
+    program = name;
+}
+
 static void vmsg(const char *cmd, const char *fmt, va_list ap)
 {
-    fprintf(stderr, "pagedkv%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+    if (program)
+        fprintf(stderr, "%s: ", program);
+    else
+        fprintf(stderr, "pagedkv%s%s: ", cmd ? " " : "", cmd ? cmd : "");
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
 }
@@ -121,7 +132,10 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     va_start(ap, fmt);
     vmsg(cmd, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "Try 'pagedkv %s --help'.\n", cmd ? cmd : "");
+    if (program)
+        fprintf(stderr, "Try '%s --help'.\n", program);
+    else
+        fprintf(stderr, "Try 'pagedkv %s --help'.\n", cmd ? cmd : "");
     return CLI_USAGE;
 }
 
@@ -398,7 +412,7 @@ const char *cli_default_isa(void)
 
 void cli_json_envelope(json_writer *W, const char *cmd, const char *isa)
 {
-    json_str(W, "tool", "pagedkv");
+    json_str(W, "tool", program ? program : "pagedkv");
     json_str(W, "command", cmd);
     json_str(W, "version", pkv_version());
     json_str(W, "isa", isa ? isa : cli_default_isa());

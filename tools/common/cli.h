@@ -24,7 +24,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_stress(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
-int cmd_soak(int argc, char **argv);
 int cmd_quality(int argc, char **argv);
 
 /* `pagedkv bench --spill`: spill/restore GB/s next to plain sequential I/O in `dir`,
@@ -136,7 +135,10 @@ int cli_parse_u32(const char *s, uint32_t *out);
 int cli_parse_double(const char *s, double *out);
 int cli_parse_dtype(const char *s, pkv_dtype *out);
 
-/* "pagedkv CMD: <message>\n" on stderr; returns CLI_USAGE / CLI_FAIL for chaining. */
+/* "pagedkv CMD: <message>\n" on stderr; returns CLI_USAGE / CLI_FAIL for chaining.
+ * A program of its own on these conventions (the soak) calls cli_set_program first:
+ * its messages are then "NAME: <message>" and the hint "Try 'NAME --help'". */
+void cli_set_program(const char *name);
 int cli_usage_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -212,7 +214,7 @@ uint32_t cli_online_cpus(void);
  * PKV_FORCE_ISA applies); "?" if none can be made. A string of the library's. */
 const char *cli_default_isa(void);
 /* The first fields of every --json document, in this order and with these names:
- * tool ("pagedkv"), command (cmd), version (pkv_version()), isa (the kernels the run
+ * tool ("pagedkv", or cli_set_program's name), command (cmd), version (pkv_version()), isa (the kernels the run
  * used; NULL: cli_default_isa()), host, cpu, online_cpus, argv (the command line as
  * main got it, a list of strings). W must have just opened the top-level object. */
 void cli_json_envelope(json_writer *W, const char *cmd, const char *isa);

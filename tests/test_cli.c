@@ -292,6 +292,86 @@ START_TEST(os_reasons)
 }
 END_TEST
 
+/* The long options named at the start of the lines of text (after blanks, and after
+ * "-x, " where a short form comes first), or in the first cell of a markdown table's
+ * rows ("| `-n N`, `--steps N` |"): into names, "--name" each, without repeats.
+ * Returns how many. */
+static size_t long_options(const char *text, bool table, char names[][32], size_t cap)
+{
+    size_t n = 0;
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *end = strchr(l, '\n') ? strchr(l, '\n') : l + strlen(l);
+        const char *p = l;
+        if (table) {
+            if (*p != '|')
+                continue;
+            end = strchr(p + 1, '|') && strchr(p + 1, '|') < end ? strchr(p + 1, '|') : end;
+        } else {
+            while (*p == ' ')
+                p++;
+            if (p - l < 2 || p - l > 4 || *p != '-')   /* an option line, not prose */
+                continue;
+            end = p + strcspn(p, " \n") + 1;
+            if (p[1] != '-' && p[2] == ',') {   /* "-n, --steps" */
+                p += 3;
+                while (*p == ' ')
+                    p++;
+                end = p + strcspn(p, " \n");
+            }
+        }
+        for (const char *q = p; (q = strstr(q, "--")) && q < end && n < cap; q += 2) {
+            const size_t len = strspn(q + 2, "abcdefghijklmnopqrstuvwxyz-0123456789");
+            if (len == 0 || q[2] < 'a' || q[2] > 'z')   /* a name starts with a letter */
+                continue;
+            snprintf(names[n], sizeof names[0], "--%.*s", (int)len, q + 2);
+            bool dup = false;
+            for (size_t i = 0; i < n && !dup; i++)
+                dup = strcmp(names[i], names[n]) == 0;
+            n += !dup;
+            q += len;
+        }
+    }
+    return n;
+}
+
+/* docs/generate.md's option table and `generate --help` name the same options. */
+START_TEST(generate_doc_options)
+{
+    const char *src = getenv("PKV_SRCDIR");
+    ck_assert_msg(src && *src, "PKV_SRCDIR is not set (run through meson test)");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/docs/generate.md", src);
+    char *doc = pkvt_slurp(path, NULL);
+    char *tbl = strstr(doc, "## Options");
+    ck_assert(tbl != NULL);
+    char *stop = strstr(tbl + 3, "\n## ");
+    if (stop)
+        *stop = '\0';
+    pkvt_proc h = pkvt_tool((const char *[]){"generate", "--help", NULL}, NULL);
+    ck_assert_int_eq(h.status, 0);
+    static char in_doc[64][32], in_help[64][32];
+    const size_t nd = long_options(tbl, true, in_doc, 64);
+    const size_t nh = long_options(h.out, false, in_help, 64);
+    ck_assert_uint_ge(nh, 20);
+    for (size_t i = 0; i < nh; i++) {
+        bool found = false;
+        for (size_t j = 0; j < nd && !found; j++)
+            found = strcmp(in_help[i], in_doc[j]) == 0;
+        ck_assert_msg(found, "generate --help has %s, docs/generate.md's table does not",
+                      in_help[i]);
+    }
+    for (size_t j = 0; j < nd; j++) {
+        bool found = false;
+        for (size_t i = 0; i < nh && !found; i++)
+            found = strcmp(in_help[i], in_doc[j]) == 0;
+        ck_assert_msg(found, "docs/generate.md's table has %s, generate --help does not",
+                      in_doc[j]);
+    }
+    pkvt_proc_free(&h);
+    free(doc);
+}
+END_TEST
+
 /* ---- the JSON envelope ---------------------------------------------------------- */
 
 /* Keys no --json may use: each has one name across the commands (layers, heads,
@@ -673,6 +753,7 @@ int main(void)
     tcase_add_test(tc, help_and_mistakes);
     tcase_add_test(tc, help_version_man);
     tcase_add_test(tc, needs_one_wording);
+    tcase_add_test(tc, generate_doc_options);
     tcase_add_test(tc, engine_limits);
     tcase_add_test(tc, threads_zero);
     suite_add_tcase(s, tc);

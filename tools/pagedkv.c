@@ -24,7 +24,8 @@ static const command commands[] = {
     {"bench",    cmd_bench,    "decode throughput next to DRAM bandwidth and a naive kernel"},
     {"mem",      cmd_mem,      "KV-cache memory for a geometry: the formula and the paged figure"},
     {"inspect",  cmd_inspect,  "print a session file's header and verify its checksums"},
-    {"quality",  cmd_quality,  "what each K/V dtype costs: KL vs an f32 cache, top-1, attention error"},
+    {"quality",  cmd_quality,  "what each K/V dtype costs: KL vs an f32 cache, top-1, "
+                               "attention error"},
 };
 
 static void usage(FILE *f)

@@ -1,7 +1,7 @@
 /*
- * bench.h - what the two halves of `pagedkv bench` share: bench/bench.c parses the
- * options and measures (decode rows, prefill rows, the peak FMA rate), bench/report.c
- * prints them as a table or one JSON object.
+ * bench.h - what the parts of `pagedkv bench` share: bench/options.c parses the
+ * options, bench/bench.c measures (decode rows, prefill rows, the peak FMA rate),
+ * bench/report.c prints them as a table or one JSON object.
  *
  * Owns: the options and the results of a run. Does not own: the probes
  * (bench/probe.h), the spill mode (bench/spill.c), anything in the library.
@@ -145,6 +145,13 @@ typedef struct {
     pkv_dtype dt;
     uint32_t path;
 } bench_variant;
+
+/* bench/options.c. bench_parse: the decode mode's options into o; CLI_OK to run,
+ * CLI_HELP after --help, CLI_USAGE on a bad argument (message printed).
+ * bench_spill_mode: with --spill on the command line, its options and the run
+ * (bench_spill); -1 without --spill. */
+int bench_parse(int argc, char **argv, bench_opts *o);
+int bench_spill_mode(int argc, char **argv);
 
 /* Logical CPUs online, at most BENCH_MAX_THREADS. */
 uint32_t bench_online_cpus(void);

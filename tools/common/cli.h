@@ -214,9 +214,9 @@ uint32_t cli_online_cpus(void);
  * PKV_FORCE_ISA applies); "?" if none can be made. A string of the library's. */
 const char *cli_default_isa(void);
 /* The first fields of every --json document, in this order and with these names:
- * tool ("pagedkv", or cli_set_program's name), command (cmd), version (pkv_version()), isa (the kernels the run
- * used; NULL: cli_default_isa()), host, cpu, online_cpus, argv (the command line as
- * main got it, a list of strings). W must have just opened the top-level object. */
+ * tool ("pagedkv", or cli_set_program's name), command (cmd), version (pkv_version()),
+ * isa (the kernels the run used; NULL: cli_default_isa()), host, cpu, online_cpus,
+ * argv (the command line as main got it, a list of strings). W must have just opened the top-level object. */
 void cli_json_envelope(json_writer *W, const char *cmd, const char *isa);
 /* "threads T, ISA, host H (CPU)", for plots: what ran where (buf of cap bytes). */
 const char *cli_run_where(char *buf, size_t cap, uint32_t threads, const char *isa);

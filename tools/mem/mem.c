@@ -54,6 +54,29 @@ static const char *const CMD = "mem";
  * block-table entry, plus one page descriptor. */
 #define TABLE_BYTES_PER_PAGE (2u * sizeof(void *) + 32u)
 
+/* text from column `at` of a line already started there, wrapped at spaces to `width`
+ * columns, the continuation lines indented to `at` too. */
+static void print_wrapped(FILE *f, const char *text, int at, int width)
+{
+    int col = at;
+    for (const char *p = text; *p;) {
+        const int w = (int)strcspn(p, " ");
+        if (col > at && col + 1 + w > width) {
+            fprintf(f, "\n%*s", at, "");
+            col = at;
+        } else if (col > at) {
+            fputc(' ', f);
+            col++;
+        }
+        fwrite(p, 1, (size_t)w, f);
+        col += w;
+        p += w;
+        while (*p == ' ')
+            p++;
+    }
+    fputc('\n', f);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -97,13 +120,18 @@ static void usage(FILE *f)
     const cli_variant_preset *vp = cli_variant_presets(&n);
     fprintf(f, "\nvariant presets, real models' layer patterns (docs/variants.md):\n");
     for (uint32_t i = 0; i < n; i++) {
-        char vd[200];
-        fprintf(f, "  %-12s like %s: %u layers, %u heads, %u kv-heads, head-dim %u", vp[i].name,
-                vp[i].like, vp[i].layers, vp[i].heads, vp[i].kv_heads, vp[i].head_dim);
-        if (vp[i].head_dim_v)
-            fprintf(f, ", head-dim-v %u", vp[i].head_dim_v);
-        fprintf(f, "; %s\n      (%s)\n",
-                cli_variant_describe(&vp[i].v, vp[i].layers, vd, sizeof vd), vp[i].note);
+        char vd[200], line[1024];
+        int k = snprintf(line, sizeof line, "like %s: %u layers, %u heads, %u kv-heads, "
+                         "head-dim %u", vp[i].like, vp[i].layers, vp[i].heads,
+                         vp[i].kv_heads, vp[i].head_dim);
+        if (vp[i].head_dim_v && k > 0 && (size_t)k < sizeof line)
+            k += snprintf(line + k, sizeof line - (size_t)k, ", head-dim-v %u",
+                          vp[i].head_dim_v);
+        if (k > 0 && (size_t)k < sizeof line)
+            snprintf(line + k, sizeof line - (size_t)k, "; %s (%s)",
+                     cli_variant_describe(&vp[i].v, vp[i].layers, vd, sizeof vd), vp[i].note);
+        fprintf(f, "  %-12s", vp[i].name);
+        print_wrapped(f, line, 14, 80);
     }
     fprintf(f,
 "\n"

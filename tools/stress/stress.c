@@ -94,7 +94,6 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
     cli_model m = cli_model_default();
     static const char *const mpi_only = "it is an option of one context over MPI ranks";
     const char *mpi_value = NULL;   /* never read: those options are refused here */
-    bool mpi_flag = false;
     cli_opt opts[CLI_MODEL_NOPTS + 24] = {
         {.name = "ctx", .kind = OPT_U64, .dst = &o->ctx, .lo = 1, .hi = UINT64_MAX},
         {.name = "sessions", .kind = OPT_U32, .dst = &o->sessions, .lo = 1, .hi = 65536},
@@ -126,7 +125,6 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
          .why = mpi_only},
         {.name = "timeout", .kind = OPT_STRING, .dst = &mpi_value, .needs = "mpi",
          .why = mpi_only},
-        {.name = "mpi", .kind = OPT_FLAG, .dst = &mpi_flag},
     };
     size_t n = 0;
     while (opts[n].name)

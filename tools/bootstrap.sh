@@ -45,10 +45,11 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 
 # Debian packages the build and the tests need (pkg-config names checked below);
-# python3 and python3-numpy for the Python package and its tests (tests/python), Open
+# python3 and python3-numpy for the Python package and its tests (tests/python), and
+# python3-venv for its pip install into a virtual environment (test_install), Open
 # MPI for the tools' --mpi modes and their tests (tests/test_mpi.c).
 PKGS="meson ninja-build pkg-config gcc libc6-dev libjemalloc-dev liburing-dev check python3
-      python3-numpy libopenmpi-dev openmpi-bin"
+      python3-numpy python3-venv libopenmpi-dev openmpi-bin"
 
 missing=""
 for p in $PKGS; do

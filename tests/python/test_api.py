@@ -3,9 +3,13 @@ memory, save, load, len), stats, every status as its exception with the library'
 reason, lifetimes (close, context managers, garbage collection, sessions keeping their
 engine alive)."""
 import ctypes
+import errno
 import gc
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 import types
 import unittest
 import weakref
@@ -38,7 +42,7 @@ class Config(unittest.TestCase):
                                 head_dim_v=6, layer_cfg=lc, quant_dot=0,
                                 prefix_cache_bytes=4096) as e:
                 c = _lib.Config()
-                _lib.pkv_engine_config(e._h, ctypes.byref(c))
+                _lib.pkv_engine_config(e._handle(), ctypes.byref(c))
                 self.assertEqual((c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
                                   c.block_tokens, c.kv_dtype, c.scale, c.mem_budget,
                                   c.n_threads, c.head_dim_v, c.quant_dot,
@@ -63,7 +67,7 @@ class Config(unittest.TestCase):
         try:
             with pagedkv.Engine(**G, kv_dtype="q8", quant_dot=True) as e:
                 c = _lib.Config()
-                _lib.pkv_engine_config(e._h, ctypes.byref(c))
+                _lib.pkv_engine_config(e._handle(), ctypes.byref(c))
                 self.assertEqual(c.quant_dot, 1)
         except pagedkv.InvalidArgument as exc:
             self.assertIn("quant_dot", str(exc))
@@ -160,6 +164,90 @@ class Statuses(unittest.TestCase):
                 f.write(b"not a session file at all, just text" * 4)
             with self.assertRaises(pagedkv.InvalidArgument):       # wrong magic: EINVAL
                 e.load(bad)
+
+    def test_file_errors_carry_the_os_reason(self):
+        # (call, path, the built-in class, errno, the library's status)
+        with tempfile.TemporaryDirectory() as tmp, pagedkv.Engine(**G) as e, \
+                e.session() as s:
+            fill(s, 0, 3)
+            plain = os.path.join(tmp, "plain")
+            with open(plain, "w") as f:
+                f.write("x")
+            cases = [
+                (e.load, os.path.join(tmp, "missing.pkv"), FileNotFoundError, errno.ENOENT,
+                 pagedkv.EIO),
+                (e.load, os.path.join(tmp, "no", "dir.pkv"), FileNotFoundError,
+                 errno.ENOENT, pagedkv.EIO),
+                (e.load, tmp, IsADirectoryError, errno.EISDIR, pagedkv.EINVAL),
+                (e.load, os.path.join(plain, "x.pkv"), NotADirectoryError, errno.ENOTDIR,
+                 pagedkv.EIO),
+                (s.save, os.path.join(tmp, "no", "such", "s.pkv"), FileNotFoundError,
+                 errno.ENOENT, pagedkv.EIO),
+                (s.save, tmp, IsADirectoryError, errno.EISDIR, pagedkv.EIO),
+                (s.save, os.path.join(plain, "s.pkv"), NotADirectoryError, errno.ENOTDIR,
+                 pagedkv.EIO),
+                (lambda p: pagedkv.Engine(**G, spill_dir=p), os.path.join(tmp, "nodir"),
+                 FileNotFoundError, errno.ENOENT, pagedkv.EINVAL),
+            ]
+            for call, path, cls, err, status in cases:
+                with self.subTest(call=getattr(call, "__name__", "Engine"), path=path):
+                    with self.assertRaises(cls) as cm:
+                        call(path)
+                    x = cm.exception
+                    self.assertIsInstance(x, pagedkv.IOFailure)
+                    self.assertIsInstance(x, pagedkv.Error)
+                    self.assertEqual((x.errno, x.filename, x.status), (err, path, status))
+                    self.assertIn(os.strerror(err), str(x))
+            self.assertEqual(os.listdir(tmp), ["plain"])        # no temporary left
+            # the library's other reasons keep their classes: no errno to find
+            with self.assertRaises(pagedkv.InvalidArgument) as cm:    # bad magic
+                e.load(plain)
+            self.assertNotIsInstance(cm.exception, OSError)
+            with self.assertRaises(pagedkv.InvalidArgument):
+                pagedkv.Engine(n_layers=1, n_heads=3, n_kv_heads=2, head_dim=8,
+                               spill_dir=tmp)
+
+    def test_permission_errors(self):
+        # as root, in a child that drops to nobody (root may write anywhere)
+        code = textwrap.dedent("""
+            import errno, os, sys
+            try:
+                import numpy as np, pagedkv
+            except (ImportError, OSError) as exc:    # the tree is not readable by nobody
+                print(exc, file=sys.stderr)
+                sys.exit(3)
+            tmp = sys.argv[1]
+            with pagedkv.Engine(n_layers=1, n_heads=1, n_kv_heads=1, head_dim=4) as e:
+                s = e.session()
+                s.append(0, np.ones((1, 4)), np.ones((1, 4)))
+                for call, path in ((s.save, os.path.join(tmp, "locked", "s.pkv")),
+                                   (e.load, os.path.join(tmp, "secret.pkv"))):
+                    try:
+                        call(path)
+                    except PermissionError as x:
+                        assert isinstance(x, pagedkv.IOFailure), type(x)
+                        assert (x.errno, x.filename) == (errno.EACCES, path), x
+                        print(type(x).__name__, x.status)
+                    else:
+                        raise AssertionError(f"{call.__name__}({path}) succeeded")
+        """)
+        with tempfile.TemporaryDirectory() as tmp, pagedkv.Engine(**G) as e, \
+                e.session() as s:
+            fill(s, 0, 3)
+            s.save(os.path.join(tmp, "secret.pkv"))            # mode 0600
+            os.mkdir(os.path.join(tmp, "locked"), 0o555)
+            os.chmod(tmp, 0o755)
+            kw = {}
+            if os.geteuid() == 0:
+                kw["preexec_fn"] = lambda: (os.setgid(65534), os.setuid(65534))
+                os.chown(os.path.join(tmp, "secret.pkv"), 0, 0)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+            r = subprocess.run([sys.executable, "-c", code, tmp], capture_output=True,
+                               text=True, env=env, **kw)
+            if r.returncode == 3 and kw:
+                self.skipTest(f"user nobody cannot import pagedkv here: {r.stderr.strip()}")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.split(), ["PermissionDenied", str(pagedkv.EIO)] * 2)
 
     def test_every_status_has_its_class(self):
         expect = {pagedkv.EINVAL: (pagedkv.InvalidArgument, ValueError),

@@ -91,6 +91,32 @@ class Dense(unittest.TestCase):
         with self.assertRaises(ValueError):
             pagedkv.causal_attention(np.zeros((2, 3, 4)), np.zeros((2, 2, 4)), np.zeros((2, 2, 4)))
 
+    def test_causal_attention_single_head_2d(self):
+        # the textbook's form: Q, K, V [T][d], one head -> [T][d]
+        for T, d in ((1, 4), (12, 16), (33, 7)):
+            with self.subTest(T=T, d=d):
+                r = rng(300 + T)
+                q = r.standard_normal((T, d), dtype=np.float32)
+                k = r.standard_normal((T, d), dtype=np.float32)
+                v = r.standard_normal((T, d), dtype=np.float32)
+                out = pagedkv.causal_attention(q, k, v)
+                self.assertEqual(out.shape, (T, d))
+                ref = ref_attention(q[:, None], k[:, None], v[:, None])[:, 0]
+                self.assertLessEqual(np.max(np.abs(out - ref)), tol(v))
+                # bit for bit the one-head case of the multi-head form
+                three = pagedkv.causal_attention(q[:, None], k[:, None], v[:, None])
+                self.assertTrue(np.array_equal(out, three[:, 0]))
+                self.assertTrue(np.array_equal(
+                    pagedkv.causal_attention(q.tolist(), k.tolist(), v.tolist(), scale=0.5),
+                    pagedkv.causal_attention(q, k, v, scale=0.5)))
+        x2, x3 = np.ones((3, 4)), np.ones((3, 1, 4))
+        with self.assertRaisesRegex(ValueError, r"all be \[T\]\[d\]"):
+            pagedkv.causal_attention(x2, x3, x3)                      # forms mixed
+        with self.assertRaises(ValueError):
+            pagedkv.causal_attention(x2, np.ones((4, 4)), np.ones((4, 4)))    # T differs
+        with self.assertRaises(ValueError):
+            pagedkv.causal_attention(x2, x2, np.ones((3, 5)))          # V's d differs
+
     def test_multi_head_attention(self):
         for h, g in ((4, 4), (4, 2), (4, 1)):   # MHA, GQA, MQA
             with self.subTest(h=h, g=g):
@@ -144,10 +170,10 @@ class Bitwise(unittest.TestCase):
             out_c = np.empty((h, d), dtype=np.float32)
             for t in range(T):
                 s.append(0, k[t], v[t])
-                self.assertEqual(_lib.pkv_append(raw._h, 0, k[t].ctypes.data,
+                self.assertEqual(_lib.pkv_append(raw._handle(), 0, k[t].ctypes.data,
                                                  v[t].ctypes.data), 0)
                 out_py = s.decode(0, q[t])
-                self.assertEqual(_lib.pkv_decode(raw._h, 0, q[t].ctypes.data,
+                self.assertEqual(_lib.pkv_decode(raw._handle(), 0, q[t].ctypes.data,
                                                  out_c.ctypes.data), 0)
                 self.assertTrue(np.array_equal(out_py.view(np.uint32), out_c.view(np.uint32)))
         out_c = np.empty((T, h, d), dtype=np.float32)

@@ -1,6 +1,7 @@
 """tools/python/generate.py, the numpy transformer with pagedkv as its attention layer,
 prints exactly `pagedkv generate --model stories260K ... -t 0`'s text (greedy, f32 KV),
-for several prompts and lengths, and the same with an f16 cache and other page sizes."""
+for several prompts and lengths, and the same with an f16 cache and other page sizes;
+and the same sampled text at -t > 0 (the C tool's sampler and coins)."""
 import os
 import subprocess
 import sys
@@ -28,7 +29,8 @@ def c_text(*args):
 
 def py_text(*args):
     return subprocess.run([sys.executable, GENERATE, "--model", MODEL, "--tokenizer",
-                           TOKENIZER, *args], capture_output=True, check=True).stdout
+                           TOKENIZER, "-t", "0", *args], capture_output=True,
+                          check=True).stdout
 
 
 class Generate(unittest.TestCase):
@@ -42,6 +44,15 @@ class Generate(unittest.TestCase):
                 want = c_text(*args)
                 got = py_text(*args)
                 self.assertGreater(len(want), 10)
+                self.assertEqual(got, want)
+
+    def test_same_sampled_text(self):
+        # the C tool's sampler and random stream: the same text at -t > 0 too
+        for args in (["-n", "120", "-i", "Once upon a time", "-t", "1", "-s", "42"],
+                     ["-n", "160", "-t", "0.8", "-p", "0.95", "-s", "7"]):
+            with self.subTest(args=args):
+                want = c_text(*args)
+                got = py_text(*args)
                 self.assertEqual(got, want)
 
     def test_known_anchor(self):

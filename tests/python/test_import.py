@@ -84,7 +84,12 @@ class Import(unittest.TestCase):
 
 
 def _needed(path):
-    """The DT_NEEDED entries of an ELF shared object, read with the standard library."""
+    return b" ".join(elf_dynamic(path, 1))                  # DT_NEEDED
+
+
+def elf_dynamic(path, tag):
+    """The strings of one tag of an ELF shared object's dynamic section (1 DT_NEEDED,
+    14 DT_SONAME), read with the standard library."""
     import struct
     with open(path, "rb") as f:
         elf = f.read()
@@ -97,12 +102,11 @@ def _needed(path):
     strtab = secs[dyn[6]]                               # sh_link: its string table
     names = []
     for off in range(dyn[4], dyn[4] + dyn[5], 16):
-        tag, val = struct.unpack_from("<qQ", elf, off)
-        if tag == 1:                                    # DT_NEEDED
+        t, val = struct.unpack_from("<qQ", elf, off)
+        if t == tag:
             end = elf.index(b"\0", strtab[4] + val)
             names.append(elf[strtab[4] + val:end])
-    return b" ".join(names)
-
+    return names
 
 if __name__ == "__main__":
     pkvtest.run()

@@ -12,12 +12,17 @@ as it is (no copy), anything else (other dtypes, strides, nested lists) is conve
 
 Statuses become exceptions: PKV_EINVAL InvalidArgument (a ValueError), PKV_ERANGE
 OutOfRange (a ValueError), PKV_ENOMEM OutOfMemory (a MemoryError), PKV_EIO IOFailure
-(an OSError), PKV_ECORRUPT CorruptFile (an OSError), PKV_ESTATE StateError (a
-RuntimeError); all are pagedkv.Error with .status, and carry the library's reason
-(pkv_engine_last_error) in their message.
+(an OSError; FileNotFound, IsADirectory, NotADirectory, PermissionDenied - also
+FileNotFoundError etc. - with errno and filename when the OS says why), PKV_ECORRUPT
+CorruptFile (an OSError), PKV_ESTATE StateError (a RuntimeError); all are
+pagedkv.Error with .status, and carry the library's reason (pkv_engine_last_error) in
+their message. Arguments are checked before any call (TypeError, ValueError,
+OverflowError): ctypes would wrap an out-of-range integer silently.
 """
-from ._lib import (Error, InvalidArgument, OutOfRange, OutOfMemory, IOFailure, CorruptFile,
-                   StateError, HAVE_PREFIX, path as library_path)
+from ._errors import (Error, InvalidArgument, OutOfRange, OutOfMemory, IOFailure,
+                      CorruptFile, StateError, FileNotFound, IsADirectory, NotADirectory,
+                      PermissionDenied)
+from ._lib import HAVE_PREFIX, path as library_path
 from ._lib import OK, EINVAL, ENOMEM, EIO, ECORRUPT, ERANGE, ESTATE, status_str
 from ._engine import Engine, Session, DTYPES
 from ._textbook import kv_cache_bytes, causal_attention, multi_head_attention
@@ -41,6 +46,7 @@ def pool():
 
 
 __all__ = ["Engine", "Session", "Error", "InvalidArgument", "OutOfRange", "OutOfMemory",
-           "IOFailure", "CorruptFile", "StateError", "kv_cache_bytes", "causal_attention",
+           "IOFailure", "CorruptFile", "StateError", "FileNotFound", "IsADirectory",
+           "NotADirectory", "PermissionDenied", "kv_cache_bytes", "causal_attention",
            "multi_head_attention", "version", "pool", "status_str", "library_path",
            "F32", "F16", "BF16", "Q8", "Q4", "HAVE_PREFIX"]

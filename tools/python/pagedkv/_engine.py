@@ -1,42 +1,69 @@
 """Engine and Session: the paged KV cache and its decode attention (pagedkv.h)."""
 import ctypes
 import os
-import weakref
 
 import numpy as np
 
+from . import _args as A
+from . import _errors
 from . import _lib as L
 
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q4": 4}
 _LAYER_FIELDS = ("window", "sink_tokens", "rollback_tokens", "softcap", "sink_logits")
 
 
-def f32_array(x, shape, what):
-    """x as a float32 C-contiguous array of `shape` (or flat of that size): the same
-    object when it already is one (no copy), else a converted copy."""
-    a = np.asarray(x, dtype=np.float32)
-    if not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a)
-    if a.shape != tuple(shape):
-        n = 1
-        for s in shape:
-            n *= s
-        if a.ndim != 1 or a.size != n:
-            raise ValueError(f"{what}: shape {a.shape}, expected {tuple(shape)}")
-    return a
+class _Owner:
+    """The one owner of an engine's C handle and of its sessions' C handles: the only
+    code that destroys them. Engine and Session objects hold it strongly; it holds no
+    Python object but ints, so nothing a garbage collection does to Engine and Session
+    objects can empty it. (The collector clears the weak references to a garbage
+    cycle first, then runs every finalizer of the cycle in no fixed order, then
+    clears the objects: a WeakSet of sessions is empty by the time an Engine's
+    __del__ reads it, and a Session's __del__ may run after the Engine's.)
 
+    Invariants:  engine is None  =>  sessions is empty;
+                 a session handle is destroyed at most once, by drop() or close(),
+                 and never after the engine (close() destroys the remaining ones
+                 first, as pkv_engine_destroy requires).
+    So every Session.close() and Engine.close(), in any order, any number of times,
+    from any finalizer, touches only live C objects. The C functions are kept here
+    (class attributes) because the module's globals may already be gone when a
+    finalizer runs at interpreter exit."""
 
-def out_array(out, shape, what):
-    """A float32 C-contiguous writable array of `shape` for results: `out` itself if
-    given (written in place), else a new one."""
-    if out is None:
-        return np.empty(shape, dtype=np.float32)
-    if (not isinstance(out, np.ndarray) or out.dtype != np.float32 or
-            not out.flags.c_contiguous or not out.flags.writeable or
-            out.size != int(np.prod(shape))):
-        raise ValueError(f"{what}: out must be a writable C-contiguous float32 array of "
-                         f"shape {tuple(shape)}")
-    return out
+    __slots__ = ("engine", "sessions")
+    _session_destroy = staticmethod(L.pkv_session_destroy)
+    _engine_destroy = staticmethod(L.pkv_engine_destroy)
+
+    def __init__(self, engine):
+        self.engine = engine        # int (the pkv_engine *), None once destroyed
+        self.sessions = set()       # ints: the live pkv_session * of this engine
+
+    def adopt(self, handle):
+        """Take ownership of a new session's handle (an int)."""
+        self.sessions.add(handle)
+        return handle
+
+    def owns(self, handle):
+        return handle in self.sessions
+
+    def drop(self, handle):
+        """Destroy one session's handle, if it is still live (else nothing)."""
+        try:
+            self.sessions.remove(handle)
+        except KeyError:
+            return
+        self._session_destroy(handle)
+
+    def close(self):
+        """Destroy every live session, then the engine. Idempotent."""
+        while self.sessions:
+            self._session_destroy(self.sessions.pop())
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            self._engine_destroy(engine)
+
+    def __del__(self):
+        self.close()
 
 
 def _dtype_code(t):
@@ -45,54 +72,23 @@ def _dtype_code(t):
             return DTYPES[t.lower()]
         except KeyError:
             raise ValueError(f"kv_dtype {t!r}: one of {', '.join(DTYPES)}") from None
-    return int(t)
+    return A.i32(t, "kv_dtype")
 
 
-def _layer_get(entry, name):
+def _layer_get(entry, name, i):
     if isinstance(entry, dict):
         unknown = set(entry) - set(_LAYER_FIELDS)
         if unknown:
             raise ValueError(f"layer_cfg: unknown field(s) {sorted(unknown)}; "
                              f"fields are {', '.join(_LAYER_FIELDS)}")
         return entry.get(name)
+    if isinstance(entry, (str, bytes)) or not any(hasattr(entry, f) for f in _LAYER_FIELDS):
+        raise TypeError(f"layer_cfg[{i}]: expected a dict or an object with attributes "
+                        f"{', '.join(_LAYER_FIELDS)}, got {type(entry).__name__}")
     return getattr(entry, name, None)
 
 
-def _tokens_array(tokens):
-    """Token ids as the int32 C-contiguous flat array the prefix calls read."""
-    return np.ascontiguousarray(np.asarray(tokens, dtype=np.int32).reshape(-1))
-
-
-class _Handle:
-    """What Engine and Session share of a library handle's lifetime: `with` closes it,
-    garbage collection closes it, `closed` tells, and _handle() refuses a closed one.
-    A subclass sets _h (None when closed), _what (its name in the error) and close()."""
-
-    _what = "handle"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
-            pass
-
-    @property
-    def closed(self):
-        return self._h is None
-
-    def _handle(self):
-        if self._h is None:
-            raise ValueError(f"the {self._what} is closed")
-        return self._h
-
-
-class Engine(_Handle):
+class Engine:
     """One engine per model geometry: the page pool, kernels, threads, spill file.
 
     Keyword arguments are pkv_config's fields: n_layers, n_heads, n_kv_heads, head_dim
@@ -100,34 +96,32 @@ class Engine(_Handle):
     scale, mem_budget, spill_dir, n_threads, head_dim_v, layer_cfg (a list of n_layers
     dicts or objects with window, sink_tokens, rollback_tokens, softcap, sink_logits),
     quant_dot, prefix_cache_bytes. Unset fields keep pkv_config_default()'s values.
+    Integers must be ints (or numpy integers) that fit their C field; see _args.py.
     """
 
-    _what = "engine"
+    _owner = None
 
     def __init__(self, *, n_layers, n_heads, n_kv_heads, head_dim, block_tokens=0,
                  kv_dtype="f32", scale=0.0, mem_budget=0, spill_dir=None, n_threads=0,
                  head_dim_v=0, layer_cfg=None, quant_dot=0, prefix_cache_bytes=0):
-        self._h = None
-        self._sessions = weakref.WeakSet()
         c = L.pkv_config_default()
         for name, val in (("n_layers", n_layers), ("n_heads", n_heads),
                           ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
                           ("block_tokens", block_tokens), ("n_threads", n_threads),
-                          ("head_dim_v", head_dim_v), ("quant_dot", int(quant_dot))):
-            if not 0 <= int(val) < 2**32:
-                raise ValueError(f"{name} {val}: out of range of uint32")
-            setattr(c, name, int(val))
-        for name, val in (("mem_budget", mem_budget),
-                          ("prefix_cache_bytes", prefix_cache_bytes)):
-            if not 0 <= int(val) < 2**64:
-                raise ValueError(f"{name} {val}: out of range of uint64")
-            setattr(c, name, int(val))
+                          ("head_dim_v", head_dim_v)):
+            setattr(c, name, A.u32(val, name))
+        c.quant_dot = A.flag(quant_dot, "quant_dot")
+        c.mem_budget = A.u64(mem_budget, "mem_budget")
+        c.prefix_cache_bytes = A.u64(prefix_cache_bytes, "prefix_cache_bytes")
         c.kv_dtype = _dtype_code(kv_dtype)
-        c.scale = float(scale)
+        c.scale = A.real(scale, "scale")
         if spill_dir is not None:
-            c.spill_dir = os.fsencode(spill_dir)
+            c.spill_dir = A.path(spill_dir, "spill_dir")
         keep = []  # arrays the library reads during create (it copies them)
         if layer_cfg is not None:
+            if isinstance(layer_cfg, (dict, str, bytes)):
+                raise TypeError("layer_cfg: expected a list of one entry per layer, got "
+                                f"{type(layer_cfg).__name__}")
             layer_cfg = list(layer_cfg)
             if len(layer_cfg) != c.n_layers:
                 raise ValueError(f"layer_cfg: {len(layer_cfg)} entries for {c.n_layers} "
@@ -135,11 +129,14 @@ class Engine(_Handle):
             arr = (L.LayerConfig * max(1, len(layer_cfg)))()
             for i, entry in enumerate(layer_cfg):
                 for name in ("window", "sink_tokens", "rollback_tokens"):
-                    setattr(arr[i], name, int(_layer_get(entry, name) or 0))
-                arr[i].softcap = float(_layer_get(entry, "softcap") or 0.0)
-                sl = _layer_get(entry, "sink_logits")
+                    v = _layer_get(entry, name, i)
+                    setattr(arr[i], name, 0 if v is None else
+                            A.u32(v, f"layer_cfg[{i}].{name}"))
+                v = _layer_get(entry, "softcap", i)
+                arr[i].softcap = 0.0 if v is None else A.real(v, f"layer_cfg[{i}].softcap")
+                sl = _layer_get(entry, "sink_logits", i)
                 if sl is not None:
-                    sl = f32_array(sl, (c.n_heads,), f"layer_cfg[{i}].sink_logits")
+                    sl = A.float32(sl, (c.n_heads,), f"layer_cfg[{i}].sink_logits")
                     keep.append(sl)
                     arr[i].sink_logits = sl.ctypes.data
             keep.append(arr)
@@ -149,8 +146,12 @@ class Engine(_Handle):
         if status != L.OK:
             why = ctypes.create_string_buffer(256)
             L.pkv_config_explain(ctypes.byref(c), why, len(why))
-            L.raise_for(status, "Engine", why.value.decode(errors="replace"))
-        self._h = h
+            errno = None
+            if status in (L.EIO, L.EINVAL) and spill_dir is not None:
+                errno = _errors.os_reason(c.spill_dir, "d")
+            L.raise_for(status, "Engine", why.value.decode(errors="replace"), errno,
+                        None if errno is None else os.fsdecode(c.spill_dir))
+        self._owner = _Owner(h.value)
         rc = L.Config()
         L.pkv_engine_config(h, ctypes.byref(rc))
         self.n_layers, self.n_heads = rc.n_layers, rc.n_heads
@@ -161,13 +162,29 @@ class Engine(_Handle):
 
     # -- lifetime ---------------------------------------------------------------------
     def close(self):
-        """Destroy the engine; its sessions are closed first. Idempotent."""
-        if self._h is None:
-            return
-        for s in list(self._sessions):
-            s.close()
-        L.pkv_engine_destroy(self._h)
-        self._h = None
+        """Destroy the engine; its open sessions are closed first. Idempotent."""
+        if self._owner is not None:
+            self._owner.close()
+
+    @property
+    def closed(self):
+        return self._owner is None or self._owner.engine is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        # Only reached when no Session refers to this engine (each holds it) or all of
+        # them are garbage with it; _Owner.close() is safe in either case.
+        self.close()
+
+    def _handle(self):
+        if self.closed:
+            raise ValueError("the engine is closed")
+        return self._owner.engine
 
     def last_error(self):
         """The reason of the most recent failed call on this engine or its sessions."""
@@ -175,47 +192,60 @@ class Engine(_Handle):
         L.pkv_engine_last_error(self._handle(), buf, len(buf))
         return buf.value.decode(errors="replace")
 
-    def _check(self, status, what):
+    def _check(self, status, what, path=None, mode=None):
         if status != L.OK:
-            L.raise_for(status, what, self.last_error())
+            errno = None
+            if status in (L.EIO, L.EINVAL) and path is not None:
+                errno = _errors.os_reason(path, mode)
+            L.raise_for(status, what, self.last_error(), errno,
+                        None if errno is None else os.fsdecode(path))
 
     # -- sessions ---------------------------------------------------------------------
+    def _session(self, call, what, path=None, mode=None):
+        """A Session of the handle `call(out)` makes, owned from the moment it exists."""
+        h = ctypes.c_void_p()
+        self._check(call(ctypes.byref(h)), what, path, mode)
+        return Session(self, self._owner.adopt(h.value))
+
     def session(self):
         """A new, empty Session."""
-        h = ctypes.c_void_p()
-        self._check(L.pkv_session_create(self._handle(), ctypes.byref(h)), "session")
-        return Session(self, h)
+        e = self._handle()
+        return self._session(lambda out: L.pkv_session_create(e, out), "session")
 
     def load(self, path):
         """A Session read from a session file (pkv_session_load)."""
-        h = ctypes.c_void_p()
-        self._check(L.pkv_session_load(self._handle(), os.fsencode(path), ctypes.byref(h)),
-                    f"load {os.fsdecode(path)!r}")
-        return Session(self, h)
+        e = self._handle()
+        p = A.path(path, "load")
+        return self._session(lambda out: L.pkv_session_load(e, p, out),
+                             f"load {os.fsdecode(p)!r}", p, "r")
 
     if L.HAVE_PREFIX:
         def from_prefix(self, tokens):
             """(session, n_cached): a session sharing the longest cached prefix of the
-            token ids (SPEC §10)."""
-            t = _tokens_array(tokens)
-            h, n = ctypes.c_void_p(), ctypes.c_uint64()
-            self._check(L.pkv_session_from_prefix(self._handle(), t.size, t.ctypes.data,
-                                                  ctypes.byref(h), ctypes.byref(n)),
-                        "from_prefix")
-            return Session(self, h), n.value
+            token ids (docs/prefix-cache.md): a sequence of ints in int32's range."""
+            e = self._handle()
+            t = A.token_ids(tokens, "from_prefix tokens")
+            n = ctypes.c_uint64()
+            s = self._session(lambda out: L.pkv_session_from_prefix(
+                e, t.size, t.ctypes.data, out, ctypes.byref(n)), "from_prefix")
+            return s, n.value
 
     def decode_batch(self, layer, sessions, q, out=None):
         """One query per session: q [n][n_heads][head_dim] -> [n][n_heads][head_dim_v]."""
+        e = self._handle()
+        layer = A.u32(layer, "decode_batch layer")
+        if isinstance(sessions, Session):
+            raise TypeError("decode_batch: sessions must be a sequence of Sessions")
         sessions = list(sessions)
-        n = len(sessions)
+        n = A.u32(len(sessions), "decode_batch: the number of sessions")
         for s in sessions:
             if not isinstance(s, Session) or s._engine is not self:
                 raise ValueError("decode_batch: every session must be a Session of this "
                                  "engine")
         hs = (ctypes.c_void_p * max(1, n))(*[s._handle() for s in sessions])
-        qa = f32_array(q, (n, self.n_heads, self.head_dim), "decode_batch q")
-        o = out_array(out, (n, self.n_heads, self.head_dim_v), "decode_batch")
-        self._check(L.pkv_decode_batch(self._handle(), layer, n, hs, qa.ctypes.data,
+        qa = A.float32(q, (n, self.n_heads, self.head_dim), "decode_batch q")
+        o = A.out_array(out, (n, self.n_heads, self.head_dim_v), "decode_batch", qa)
+        self._check(L.pkv_decode_batch(e, layer, n, hs, qa.ctypes.data,
                                        o.ctypes.data), "decode_batch")
         return o
 
@@ -236,84 +266,114 @@ class Engine(_Handle):
         self._check(L.pkv_engine_check(self._handle()), "check")
 
     def __repr__(self):
-        if self._h is None:
+        if self.closed:
             return "<pagedkv.Engine closed>"
         return (f"<pagedkv.Engine layers={self.n_layers} heads={self.n_heads}/"
                 f"{self.n_kv_heads} head_dim={self.head_dim} {self.kv_dtype}>")
 
 
-class Session(_Handle):
+class Session:
     """One sequence: every layer's cached K/V. Made by Engine.session(), Engine.load(),
-    Session.fork(). Holds its engine alive; close() (or garbage collection) releases
-    its pages."""
+    Session.fork(), Engine.from_prefix(). Holds its engine alive; close() (or garbage
+    collection) releases its pages."""
 
-    _what = "session"
+    _h = None
 
     def __init__(self, engine, handle):
         self._engine = engine
+        self._owner = engine._owner
         self._h = handle
-        engine._sessions.add(self)
 
     def close(self):
-        if self._h is None:
-            return
-        L.pkv_session_destroy(self._h)
-        self._h = None
+        """Release the session's pages. Idempotent."""
+        h, self._h = self._h, None
+        if h is not None:
+            self._owner.drop(h)
+
+    @property
+    def closed(self):
+        return self._h is None or not self._owner.owns(self._h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _handle(self):
+        if self.closed:
+            raise ValueError("the session is closed" if self._h is None else
+                             "the session is closed (its engine was closed)")
+        return self._h
 
     @property
     def engine(self):
         return self._engine
 
-    def _check(self, status, what):
+    def _check(self, status, what, path=None, mode=None):
         if status != L.OK:
-            self._engine._check(status, what)
+            self._engine._check(status, what, path, mode)
+
+    def _layer(self, layer, what):
+        return A.u32(layer, f"{what} layer")
 
     def append(self, layer, k, v):
         """Append one token's k [n_kv_heads][head_dim] and v [n_kv_heads][head_dim_v]."""
-        e = self._engine
-        ka = f32_array(k, (e.n_kv_heads, e.head_dim), "append k")
-        va = f32_array(v, (e.n_kv_heads, e.head_dim_v), "append v")
-        self._check(L.pkv_append(self._handle(), layer, ka.ctypes.data, va.ctypes.data),
+        h, e = self._handle(), self._engine
+        layer = self._layer(layer, "append")
+        ka = A.float32(k, (e.n_kv_heads, e.head_dim), "append k")
+        va = A.float32(v, (e.n_kv_heads, e.head_dim_v), "append v")
+        self._check(L.pkv_append(h, layer, ka.ctypes.data, va.ctypes.data),
                     "append")
 
     def decode(self, layer, q, out=None):
         """Attention of q [n_heads][head_dim] over the layer's cache -> [n_heads][head_dim_v]."""
-        e = self._engine
-        qa = f32_array(q, (e.n_heads, e.head_dim), "decode q")
-        o = out_array(out, (e.n_heads, e.head_dim_v), "decode")
-        self._check(L.pkv_decode(self._handle(), layer, qa.ctypes.data, o.ctypes.data),
+        h, e = self._handle(), self._engine
+        layer = self._layer(layer, "decode")
+        qa = A.float32(q, (e.n_heads, e.head_dim), "decode q")
+        o = A.out_array(out, (e.n_heads, e.head_dim_v), "decode", qa)
+        self._check(L.pkv_decode(h, layer, qa.ctypes.data, o.ctypes.data),
                     "decode")
         return o
 
     def prefill(self, layer, q, k, v, out=None):
         """Append n tokens (k, v [n][n_kv_heads][...]) and return each one's causal
         attention output for q [n][n_heads][head_dim] -> [n][n_heads][head_dim_v]."""
-        e = self._engine
-        qa = np.asarray(q, dtype=np.float32)
+        h, e = self._handle(), self._engine
+        layer = self._layer(layer, "prefill")
+        qa = q if isinstance(q, np.ndarray) else np.asarray(q)
         n = qa.shape[0] if qa.ndim == 3 else qa.size // (e.n_heads * e.head_dim)
-        qa = f32_array(qa, (n, e.n_heads, e.head_dim), "prefill q")
-        ka = f32_array(k, (n, e.n_kv_heads, e.head_dim), "prefill k")
-        va = f32_array(v, (n, e.n_kv_heads, e.head_dim_v), "prefill v")
-        o = out_array(out, (n, e.n_heads, e.head_dim_v), "prefill")
-        self._check(L.pkv_prefill(self._handle(), layer, n, qa.ctypes.data, ka.ctypes.data,
+        n = A.u32(n, "prefill: the number of tokens")
+        qa = A.float32(qa, (n, e.n_heads, e.head_dim), "prefill q")
+        ka = A.float32(k, (n, e.n_kv_heads, e.head_dim), "prefill k")
+        va = A.float32(v, (n, e.n_kv_heads, e.head_dim_v), "prefill v")
+        o = A.out_array(out, (n, e.n_heads, e.head_dim_v), "prefill", qa, ka, va)
+        self._check(L.pkv_prefill(h, layer, n, qa.ctypes.data, ka.ctypes.data,
                                   va.ctypes.data, o.ctypes.data), "prefill")
         return o
 
     def fork(self):
         """A new Session sharing every page of this one (copy-on-write)."""
-        h = ctypes.c_void_p()
-        self._check(L.pkv_session_fork(self._handle(), ctypes.byref(h)), "fork")
-        return Session(self._engine, h)
+        src = self._handle()
+        return self._engine._session(lambda out: L.pkv_session_fork(src, out), "fork")
 
     def truncate(self, n_tokens):
         """Every layer keeps min(its length, n_tokens)."""
-        if n_tokens < 0:
-            raise ValueError(f"truncate: n_tokens {n_tokens} is negative")
-        self._check(L.pkv_session_truncate(self._handle(), n_tokens), "truncate")
+        h = self._handle()
+        n = A.u64(n_tokens, "truncate n_tokens")
+        self._check(L.pkv_session_truncate(h, n), "truncate")
 
     def len(self, layer=0):
-        """Cached positions of `layer`."""
-        return L.pkv_session_len(self._handle(), layer)
+        """Cached positions of `layer` (InvalidArgument for a layer the engine lacks)."""
+        h = self._handle()
+        layer = self._layer(layer, "len")
+        if layer >= self._engine.n_layers:
+            raise L.InvalidArgument(f"len: layer {layer} of an engine with "
+                                    f"{self._engine.n_layers} layers", L.EINVAL)
+        return L.pkv_session_len(h, layer)
 
     def __len__(self):
         return self.len(0)
@@ -327,21 +387,27 @@ class Session(_Handle):
     @staticmethod
     def load(engine, path):
         """A Session of `engine` read from a session file (the same as engine.load)."""
+        if not isinstance(engine, Engine):
+            raise TypeError(f"Session.load: expected an Engine, got {type(engine).__name__}")
         return engine.load(path)
 
     def save(self, path):
         """Write the session to `path` atomically (mode 0600)."""
-        self._check(L.pkv_session_save(self._handle(), os.fsencode(path)),
-                    f"save {os.fsdecode(path)!r}")
+        h = self._handle()
+        p = A.path(path, "save")
+        self._check(L.pkv_session_save(h, p), f"save {os.fsdecode(p)!r}",
+                    p, "w")
 
     if L.HAVE_PREFIX:
         def set_tokens(self, tokens):
-            """Record the token ids of positions [0, len(tokens)) for prefix reuse."""
-            t = _tokens_array(tokens)
-            self._check(L.pkv_session_set_tokens(self._handle(), t.size, t.ctypes.data),
+            """Record the token ids of positions [0, len(tokens)) for prefix reuse: a
+            sequence of ints in int32's range (floats and bools are refused)."""
+            h = self._handle()
+            t = A.token_ids(tokens, "set_tokens tokens")
+            self._check(L.pkv_session_set_tokens(h, t.size, t.ctypes.data),
                         "set_tokens")
 
     def __repr__(self):
-        if self._h is None:
+        if self.closed:
             return "<pagedkv.Session closed>"
         return f"<pagedkv.Session len={self.len(0)}>"

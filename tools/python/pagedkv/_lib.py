@@ -1,56 +1,41 @@
 """The C library, its structs and its statuses (ctypes). Internal to the package.
 
-Where libpagedkv is looked for, first found wins:
-  1. $PAGEDKV_LIBRARY: a path to libpagedkv.so (tests point it at a build directory);
-  2. the library directory meson installed this package beside (_install.py, written at
-     install time);
-  3. the dynamic linker's search path (libpagedkv.so.2, then ctypes.util.find_library).
+The ctypes declarations below are libpagedkv's ABI of soname 2 (pkv_config and the
+other structs field by field): the package loads that library and no other.
+Where it is looked for, first found wins:
+  1. $PAGEDKV_LIBRARY: a path to the library (tests point it at a build directory).
+     When set, it is the only place tried.
+  2. The installed prefix: the library directory recorded when the package was
+     installed (_install.py: meson writes it beside the package; the pip backend
+     writes pkg-config's libdir of pagedkv when it knows one), then the lib
+     directories of the interpreter's prefix (sys.prefix: a virtual environment or
+     the prefix pagedkv was installed into beside this Python).
+  3. The dynamic loader's path: dlopen("libpagedkv.so.2") (LD_LIBRARY_PATH,
+     the ldconfig cache, /lib and /usr/lib).
+When none has it, ImportError names every place tried and why each failed.
 """
 import ctypes
-import ctypes.util
 import os
+import sys
+import sysconfig
 
-SONAME = "libpagedkv.so.2"
+from ._errors import (OK, EINVAL, ENOMEM, EIO, ECORRUPT, ERANGE, ESTATE,  # noqa: F401
+                      Error, InvalidArgument, OutOfRange, OutOfMemory, IOFailure,
+                      CorruptFile, StateError, FileNotFound, IsADirectory, NotADirectory,
+                      PermissionDenied, EXCEPTIONS)
+from . import _args
+from . import _errors
 
-# pkv_status
-OK, EINVAL, ENOMEM, EIO, ECORRUPT, ERANGE, ESTATE = range(7)
+# The soname the declarations below are written for. meson.build's soversion moves
+# when a public struct gains a field; tests/python/test_install.py holds this equal
+# to the built library's DT_SONAME, so the two cannot drift apart unnoticed.
+ABI_SONAME = "libpagedkv.so.2"
 
-
-class Error(Exception):
-    """Base of every pagedkv exception; `status` is the library's pkv_status (an int)."""
-
-    def __init__(self, message, status=None):
-        super().__init__(message)
-        self.status = status
-
-
-class InvalidArgument(Error, ValueError):
-    """PKV_EINVAL: a bad argument, geometry or file of another format/geometry."""
-
-
-class OutOfRange(Error, ValueError):
-    """PKV_ERANGE: a position or length out of range, or a size that overflows uint64."""
-
-
-class OutOfMemory(Error, MemoryError):
-    """PKV_ENOMEM: the memory budget (after spilling) or the system cannot supply it."""
-
-
-class IOFailure(Error, OSError):
-    """PKV_EIO: an I/O call failed (spill file, save, load)."""
-
-
-class CorruptFile(Error, OSError):
-    """PKV_ECORRUPT: a damaged session file (checksum, truncation, padding)."""
-
-
-class StateError(Error, RuntimeError):
-    """PKV_ESTATE: the object is not in a state that allows the call (decode of an
-    empty layer)."""
-
-
-EXCEPTIONS = {EINVAL: InvalidArgument, ENOMEM: OutOfMemory, EIO: IOFailure,
-              ECORRUPT: CorruptFile, ERANGE: OutOfRange, ESTATE: StateError}
+try:
+    from . import _install          # written at install time (meson or pip)
+except ImportError:
+    _install = None
+SONAME = getattr(_install, "SONAME", ABI_SONAME)
 
 
 class LayerConfig(ctypes.Structure):
@@ -85,33 +70,60 @@ class Stats(ctypes.Structure):
                [("pool", ctypes.c_char_p)]
 
 
-def _candidates():
-    env = os.environ.get("PAGEDKV_LIBRARY")
-    if env:
-        return [env]
-    out = []
-    try:
-        from . import _install
-        out.append(os.path.join(_install.LIBDIR, SONAME))
-    except ImportError:
-        pass
-    out.append(SONAME)
-    found = ctypes.util.find_library("pagedkv")
-    if found:
-        out.append(found)
-    return out
+def _prefix_libdirs():
+    """Library directories of the installed prefix, most specific first."""
+    dirs = []
+    recorded = getattr(_install, "LIBDIR", "")
+    if recorded:
+        dirs.append(recorded)
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        for sub in ([os.path.join("lib", multiarch)] if multiarch else []) + ["lib64", "lib"]:
+            d = os.path.join(prefix, sub)
+            if d not in dirs:
+                dirs.append(d)
+    return dirs
 
 
 def _load():
-    errors = []
-    for path in _candidates():
+    """(CDLL, path) of the first place that has the library; ImportError naming all."""
+    tried = []
+    env = os.environ.get("PAGEDKV_LIBRARY")
+    if env:
         try:
-            return ctypes.CDLL(path), path
+            return ctypes.CDLL(env), env
         except OSError as exc:
-            errors.append(f"{path}: {exc}")
-    raise ImportError("pagedkv: cannot load libpagedkv (set PAGEDKV_LIBRARY to its path): " +
-                      "; ".join(errors))
+            tried.append(f"1. $PAGEDKV_LIBRARY={env}: {exc}")
+        tried.append("2. the installed prefix: not tried ($PAGEDKV_LIBRARY is set)")
+        tried.append("3. the dynamic loader's path: not tried ($PAGEDKV_LIBRARY is set)")
+    else:
+        tried.append("1. $PAGEDKV_LIBRARY: not set")
+        missing = []
+        for d in _prefix_libdirs():
+            p = os.path.join(d, SONAME)
+            if not os.path.exists(p):
+                missing.append(d)
+                continue
+            try:
+                return ctypes.CDLL(p), p
+            except OSError as exc:
+                tried.append(f"2. the installed prefix: {p}: {exc}")
+        if missing:
+            tried.append(f"2. the installed prefix: no {SONAME} in " + ", ".join(missing))
+        try:
+            return ctypes.CDLL(SONAME), SONAME
+        except OSError as exc:
+            tried.append(f"3. the dynamic loader's path (LD_LIBRARY_PATH, ldconfig): {exc}")
+    raise ImportError(f"pagedkv: cannot load libpagedkv ({SONAME}). Looked in:\n  " +
+                      "\n  ".join(tried) + "\nInstall it (meson install; then ldconfig "
+                      "for a prefix the loader searches) or set PAGEDKV_LIBRARY to its "
+                      "path.")
 
+
+if SONAME != ABI_SONAME:
+    raise ImportError(f"pagedkv: this package is written for {ABI_SONAME}, but was "
+                      f"installed beside {SONAME}: install the package of that library's "
+                      "source tree")
 
 lib, path = _load()
 
@@ -160,7 +172,7 @@ pkv_row_bytes = _fn("pkv_row_bytes", ctypes.c_size_t, ctypes.c_int, u32)
 pkv_dtype_name = _fn("pkv_dtype_name", ctypes.c_char_p, ctypes.c_int)
 pkv_dtype_round_row = _fn("pkv_dtype_round_row", None, ctypes.c_int, u32, P, P)
 
-# SPEC §10, present once the prefix cache is merged: the package works without them.
+# The prefix cache's calls (docs/prefix-cache.md): the package works without them.
 HAVE_PREFIX = hasattr(lib, "pkv_session_set_tokens") and hasattr(lib, "pkv_session_from_prefix")
 if HAVE_PREFIX:
     pkv_session_set_tokens = _fn("pkv_session_set_tokens", st, P, u64, P)
@@ -169,12 +181,12 @@ if HAVE_PREFIX:
 
 
 def status_str(status):
-    return pkv_status_str(status).decode()
+    """pkv_status_str: the text of a status number (an int32)."""
+    return pkv_status_str(_args.i32(status, "status")).decode()
 
 
-def raise_for(status, what, reason=""):
-    """Raise the exception of a failed status: `what: status text (reason)`."""
-    msg = f"{what}: {status_str(status)}"
-    if reason:
-        msg += f" ({reason})"
-    raise EXCEPTIONS.get(status, Error)(msg, status)
+def raise_for(status, what, reason="", errno=None, filename=None):
+    """Raise the exception of a failed status: `what: status text (reason)`; with an
+    errno (PKV_EIO), the OSError subclass of that errno, errno and filename set."""
+    raise _errors.make(status, _errors.message(status_str(status), what, reason),
+                       errno, filename)

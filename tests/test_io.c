@@ -11,7 +11,7 @@
  * plain pread, CRCs against a bitwise (one bit per step) implementation written here.
  */
 #include "testutil.h"
-#include "store/io_backend.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

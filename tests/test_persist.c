@@ -15,7 +15,6 @@
  */
 #include "testutil.h"
 #include "internal.h"
-#include "store/io_backend.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -77,7 +76,7 @@ static pkv_session *make_session(pkv_engine *e, pkvt_rng *r, const uint64_t *len
 {
     pkv_session *s = NULL;
     ck_assert_int_eq(pkv_session_create(e, &s), PKV_OK);
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
+    for (uint32_t l = 0; l < s->geom->cfg.n_layers; l++)
         pkvt_append_random(s, r, l, lens[l], 2.0f, 1.0f);
     return s;
 }
@@ -86,7 +85,7 @@ static pkv_session *make_session(pkv_engine *e, pkvt_rng *r, const uint64_t *len
  * [n_layers][h][d] (zeros for empty layers, whose decode must be ESTATE). */
 static float *decode_all(pkv_session *s, uint64_t seed)
 {
-    const pkv_config *c = &s->e->cfg;
+    const pkv_config *c = &s->geom->cfg;
     size_t hd = (size_t)c->n_heads * c->head_dim;
     float *out = pkvt_alloc(hd * c->n_layers * sizeof(float));
     float *q = pkvt_alloc(hd * sizeof(float));
@@ -104,18 +103,20 @@ static float *decode_all(pkv_session *s, uint64_t seed)
 /* Lengths equal, every valid row bitwise equal, decode memcmp-equal. */
 static void assert_same(pkv_session *a, pkv_session *b, uint64_t seed, const char *what)
 {
-    const pkv_engine *e = a->e;
+    const pkvi_geom *e = a->geom;
     uint32_t L = e->cfg.n_layers, bt = e->cfg.block_tokens;
     for (uint32_t l = 0; l < L; l++) {
         ck_assert_msg(pkv_session_len(a, l) == pkv_session_len(b, l), "%s: layer %u length",
                       what, l);
-        const pkvi_btable *la = &a->layers[l], *lb = &b->layers[l];
-        ck_assert_uint_eq(la->n_pages, lb->n_pages);
-        for (uint64_t i = 0; i < la->n_pages; i++) {
-            uint64_t rows = i + 1 < la->n_pages ? bt : la->len - i * bt;
+        const pkvi_btable *la = a->layers[l], *lb = b->layers[l];
+        const uint64_t np = pkvi_btable_n_pages(la);
+        ck_assert_uint_eq(np, pkvi_btable_n_pages(lb));
+        for (uint64_t i = 0; i < np; i++) {
+            uint64_t rows = i + 1 < np ? bt : pkvi_btable_len(la) - i * bt;
             for (uint32_t gi = 0; gi < e->cfg.n_kv_heads; gi++) {
                 size_t base = gi * e->kp.group_stride;
-                const unsigned char *pa = la->pages[i]->data, *pb = lb->pages[i]->data;
+                const unsigned char *pa = pkvi_btable_page(la, i)->data;
+                const unsigned char *pb = pkvi_btable_page(lb, i)->data;
                 ck_assert_msg(memcmp(pa + base, pb + base, rows * e->row_bytes) == 0 &&
                                   memcmp(pa + base + e->kp.v_offset, pb + base + e->kp.v_offset,
                                          rows * e->row_bytes) == 0,
@@ -330,7 +331,8 @@ static void expect_load(pkv_engine *e, pkvi_io *io, const char *path, pkv_status
     uint64_t before = pages_in_use(e);
     pkv_session *s = (pkv_session *)&s;   /* a failed load must leave it so */
     const char *why = NULL;
-    pkv_status st = pkvi_session_load_io(e, path, io, &s, &why);
+    const pkvi_ctx ctx = pkvi_engine_ctx(e);
+    pkv_status st = pkvi_session_load_io(&ctx, path, io, &s, &why);
     ck_assert_msg(st == want, "%s: load gave %s (%s), want %s (seed %llu)", what,
                   pkv_status_str(st), why, pkv_status_str(want),
                   (unsigned long long)pkvt_seed());
@@ -778,11 +780,12 @@ START_TEST(load_faults)
     uint64_t base = pages_in_use(e);
     pkvi_io *io = NULL;
     ck_assert_int_eq(pkvi_io_open(false, &io), PKV_OK);
+    const pkvi_ctx ctx = pkvi_engine_ctx(e);
     uint64_t nth = 1;
     for (;; nth++) {
         pkvi_io_inject_fault(io, PKVI_FAULT_READ, nth);
         pkv_session *x = (pkv_session *)&x;
-        pkv_status st = pkvi_session_load_io(e, t.path, io, &x, NULL);
+        pkv_status st = pkvi_session_load_io(&ctx, t.path, io, &x, NULL);
         if (st == PKV_OK) {
             assert_same(s, x, 5, "load after faults");
             pkv_session_destroy(x);

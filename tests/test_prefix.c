@@ -94,7 +94,7 @@ static void assert_accounting(pkv_engine *e, pkv_session *const *ss, int n)
     ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
     pkv_stats st;
     ck_assert_int_eq(pkv_engine_stats(e, &st), PKV_OK);
-    ck_assert_uint_eq(st.pages_in_use + st.pages_cached + st.pages_free, e->pool.allocated);
+    ck_assert_uint_eq(st.pages_in_use + st.pages_cached + st.pages_free, pkvi_pool_count(pkvi_engine_ctx(e).cache->pool).allocated);
     /* distinct resident pages of live sessions, and how many sessions name each */
     uint64_t ids[MAXS * L * (MAXT / BT + 2)];
     uint32_t holders[MAXS * L * (MAXT / BT + 2)];
@@ -197,7 +197,7 @@ static void model_walk(bool collide, const char *dir)
     pkvt_rng_init(&r, pkvt_seed() ^ (collide ? 77 : 0));
     pkv_engine *e = engine(UINT64_MAX, 0, NULL, NULL);
     pkv_engine *ref = engine(0, 0, NULL, NULL);
-    e->prefix.collide = collide;
+    pkvi_prefix_set_collide(&pkvi_engine_ctx(e).cache->prefix, collide);
     pkv_session *ss[MAXS];
     msess ms[MAXS];
     int n = 0;
@@ -322,7 +322,7 @@ START_TEST(forced_collisions)
     pkvt_remove_dir(dir);
     /* and directly: two prompts that differ in one id of their second page */
     pkv_engine *e = engine(UINT64_MAX, 0, NULL, NULL);
-    e->prefix.collide = true;
+    pkvi_prefix_set_collide(&pkvi_engine_ctx(e).cache->prefix, true);
     int32_t a[17], b[17];
     for (int i = 0; i < 17; i++)
         a[i] = b[i] = i;

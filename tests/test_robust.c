@@ -14,7 +14,7 @@
  * follows a header's claims (seconds to minutes), not slowness.
  */
 #include "testutil.h"
-#include "store/io_backend.h"
+#include "internal.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -333,7 +333,7 @@ static pkv_engine *engine_threads(uint32_t nh, uint32_t g, uint32_t d, uint32_t 
     c.n_threads = threads;
     pkv_engine *e = pkvt_engine_cfg(&c);
     /* every call goes to the workers, whatever its size and timing (decode.c) */
-    e->split_awake = e->split_asleep = 0;
+    pkvi_exec_split_always(pkvi_engine_ctx(e).exec);
     return e;
 }
 

@@ -8,7 +8,8 @@
  * rollback; if the owner of the original session `o` had meanwhile truncated into that page, seen
  * it unshared and released the lock but not yet written, `o`'s next row landed in the
  * page `s` shared again. Here the writer is forced to stall exactly there (the
- * engine's hook_before_write) while the other thread's prefill runs and fails.
+ * session's write hook, pkvi_session_hook_before_write) while the other thread's
+ * prefill runs and fails.
  */
 #include "testutil.h"
 #include "internal.h"
@@ -91,14 +92,13 @@ START_TEST(a_stalled_writer_never_writes_into_a_fork)
     race r;
     memset(&r, 0, sizeof r);
     ck_assert_int_eq(pkv_engine_create(&c, &r.e), PKV_OK);
-    r.e->hook_before_write = stall_writer;
-    r.e->hook_ctx = &r;
     pkvt_rng rng;
     const uint64_t seed = pkvt_seed();
     pkvt_rng_init(&rng, seed);
     pkvt_fill(&rng, r.rows[0], sizeof r.rows / sizeof(float), -1, 1);
     pkvt_fill(&rng, r.q, H * D, -1, 1);
     ck_assert_int_eq(pkv_session_create(r.e, &r.o), PKV_OK);
+    pkvi_session_hook_before_write(r.o, stall_writer, &r);
 
     const int iters = pkvt_quick() ? 60 : 400;
     uint64_t changed = 0, prefill_failed = 0;
@@ -175,14 +175,14 @@ START_TEST(the_check_catches_a_shared_page_being_written)
     ck_assert_int_eq(pkv_session_fork(a, &b), PKV_OK);
     ck_assert(pkvi_engine_check(e));
     ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
-    pkvi_page *pg = a->layers[0].pages[0];
+    pkvi_page *pg = pkvi_btable_page(a->layers[0], 0);
     atomic_store(&pg->writing, 1);
     ck_assert(!pkvi_engine_check(e));
     ck_assert_int_eq(pkv_engine_check(e), PKV_ECORRUPT);
     atomic_store(&pg->writing, 0);
-    pg->refs++; /* E3: a count that no table backs */
+    pkvi_page_skew_refs(pg, +1); /* E3: a count that no table backs */
     ck_assert(!pkvi_engine_check(e));
-    pg->refs--;
+    pkvi_page_skew_refs(pg, -1);
     ck_assert(pkvi_engine_check(e));
     pkv_session_destroy(b);
     pkv_session_destroy(a);

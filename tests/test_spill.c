@@ -221,7 +221,7 @@ static void faults_keep_data(bool sync)
     grow(b, tb, &r, 40); /* 10 pages: 22 of 24 */
 
     /* the next write fails: b's growth past the budget gets PKV_EIO, nothing changes */
-    pkvi_io_inject_fault(pkvi_spill_io(e->spill), PKVI_FAULT_WRITE, 1);
+    pkvi_io_inject_fault(pkvi_spill_io(pkvi_engine_ctx(e).cache->spill), PKVI_FAULT_WRITE, 1);
     float k[KD], v[KD];
     pkvt_fill(&r, k, KD, -1, 1);
     pkvt_fill(&r, v, KD, -1, 1);
@@ -247,7 +247,7 @@ static void faults_keep_data(bool sync)
     pkv_memory m;
     pkv_session_memory(a, &m);
     ck_assert_uint_gt(m.bytes_spilled, 0);
-    pkvi_io_inject_fault(pkvi_spill_io(e->spill), PKVI_FAULT_READ, 1);
+    pkvi_io_inject_fault(pkvi_spill_io(pkvi_engine_ctx(e).cache->spill), PKVI_FAULT_READ, 1);
     float q[QD], o[QD];
     pkvt_fill(&r, q, QD, -1, 1);
     ck_assert_int_eq(pkv_decode(a, 0, q, o), PKV_EIO);

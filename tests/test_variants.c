@@ -367,7 +367,7 @@ START_TEST(every_path_gives_the_same_bits)
             pkv_layer_config lc[3];
             layer_configs(vi + gi, G->h, logits, lc);
             pkv_engine *e1 = make_engine(G, PKV_F16, lc, 1), *e3 = make_engine(G, PKV_F16, lc, 3);
-            e3->split_awake = e3->split_asleep = 0; /* always on the workers */
+            pkvi_exec_split_always(pkvi_engine_ctx(e3).exec); /* always on the workers */
             tokens tk = make_tokens(&r, G, PKV_F16, T);
             const size_t qd = (size_t)G->h * G->d, kd = (size_t)G->g * G->d,
                          vd = (size_t)G->g * G->dv, od = (size_t)G->h * G->dv;

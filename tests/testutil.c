@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "store/io_backend.h"
 
 extern char **environ;
 
@@ -218,7 +217,7 @@ pkv_engine *pkvt_engine_cfg(const pkv_config *c)
 pkv_engine *pkvt_engine_workers(const pkv_config *c)
 {
     pkv_engine *e = pkvt_engine_cfg(c);
-    e->split_awake = e->split_asleep = 0;
+    pkvi_exec_split_always(pkvi_engine_ctx(e).exec);
     return e;
 }
 
@@ -240,8 +239,7 @@ pkv_session *pkvt_session(pkv_engine *e)
 void pkvt_append_random(pkv_session *s, pkvt_rng *r, uint32_t layer, uint64_t n,
                         float k_abs, float v_abs)
 {
-    pkv_config c;
-    ck_assert_int_eq(pkv_engine_config(s->e, &c), PKV_OK);
+    const pkv_config c = s->geom->cfg;
     const size_t gk = pkvt_mul(c.n_kv_heads, c.head_dim);
     const size_t gv = pkvt_mul(c.n_kv_heads, c.head_dim_v ? c.head_dim_v : c.head_dim);
     float *k = pkvt_calloc(gk, sizeof(float)), *v = pkvt_calloc(gv, sizeof(float));

@@ -1,12 +1,16 @@
 /*
  * decode.c - the attention pipeline: pkv_decode, pkv_decode_batch, pkv_prefill and
- * the shard calls pkv_decode_partial / pkv_merge_partials (SPEC §11) as one pipeline
- * of split-K tasks over fixed page chunks, run on the engine's threads and merged in a
- * fixed order.
+ * the shard calls pkv_decode_partial / pkv_merge_partials (docs/sharding.md) as one
+ * pipeline of split-K tasks over fixed page chunks, run on the engine's threads and
+ * merged in a fixed order.
  *
- * Owns the work decomposition and the merge. The per-page arithmetic is the kernel's
- * (kernels/); residency and the reservation a prefill writes through are
- * session/residency.c's and session/write.c's.
+ * Owns the work decomposition and the merge. Works from the narrow contexts a session
+ * carries (session.h): the geometry (cache/geom.h), the executor (attention/exec.h)
+ * and the error sink; the calls that take an engine handle reach it through engine.c.
+ * The per-page arithmetic is the kernel's (kernels/); residency and the reservation a
+ * prefill writes through are session/residency.c's and session/write.c's; a layer's
+ * page data is read through btable.c's array, once per query set, while the layer is
+ * pinned.
  *
  * One pipeline. Its unit is a query set: nq consecutive queries of one session, at
  * the layer's last nq positions, all in its last page. A decode is a set of one
@@ -17,7 +21,8 @@
  * decode of one query: single, batched and prefill results are the same bits by
  * construction, not by a second implementation kept in step.
  *
- * Determinism (SPEC §2, §11): the chunks are absolute. Chunk c holds the pages
+ * Determinism (include/pagedkv.h; docs/sharding.md): the chunks are absolute. Chunk c
+ * holds the pages
  * [c * chunk_pages, (c + 1) * chunk_pages) of the layer - by position alone, never by
  * the length, the thread count, the batch or where a shard starts. What a query
  * attends is one or two runs of positions (a window's sinks and its window); a run's
@@ -39,7 +44,8 @@
  * Work: a task is (set, chunk, block of groups). One block holds every group unless
  * there are too few chunks to keep the threads busy; a task then walks each of its
  * pages front to back across the groups (pages are group-major), which is the stream
- * the hardware prefetcher follows (docs/numerics.md, "Performance"). Which chunk a
+ * the hardware prefetcher follows (docs/performance.md, "The read side of one core").
+ * Which chunk a
  * task index names is pkvi_chunk_order's: with T threads, consecutive tasks rotate over
  * T regions of the wave, so each thread streams one region of its own.
  *
@@ -48,17 +54,12 @@
  *     l = l*a + l'*b;  acc = acc*a + acc'*b;  m = M;   finally out = acc / l.
  */
 #include "attention/decode.h"
-#include "session/session.h"
+#include "attention/exec.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Whether a call over `bytes` of K/V (times queries) goes to the engine's threads. */
-static bool go_parallel(const pkv_engine *e, double bytes)
-{
-    return pkvi_threads_split(e->threads, bytes, e->split_awake, e->split_asleep);
-}
 /* Sessions per pool run in a batch (bounds the stack tables below). */
 #define BATCH_MAX 64u
 /* Aim for at least this many tasks per thread when cutting chunks into group blocks. */
@@ -114,8 +115,8 @@ static inline void fold_state(float *m, float *l, float *restrict o, float mc, f
  * and o = 0 * 0 + ac * 1, which are lc + 0 and ac + 0 (-0 becomes +0): the same bits.
  * False, and nothing written, where mc is not finite (the caller folds). A decode
  * within one chunk (chunk_pages) needs no fold at all; this spares it the zeroing and
- * the fold's multiplies, about half of the merge, itself 1-2 us of a llama3-8b
- * layer's decode at 64 tokens (docs/perf-log.md). */
+ * the fold's multiplies, about half of the merge (docs/performance.md, decision table:
+ * first_state). */
 static inline bool first_state(float *m, float *l, float *restrict o, float mc, float lc,
                                const float *restrict ac, uint32_t d)
 {
@@ -141,11 +142,9 @@ static void finish_state(float l, const float *o, uint32_t d, float *out)
  * one wave. The chunks are cut into R contiguous regions and consecutive tasks rotate
  * over them: threads that take tasks in turn from the pool's counter each walk one
  * region front to back, far from the others, instead of all walking neighbouring
- * chunks side by side. Measured on the Zen 5 dev VM (128k tokens of a llama3-8b f16
- * layer, 2 threads, in-process A/B against chunks in order): 35-37 -> 57-59 GB/s,
- * 0.68-0.71 -> 1.01-1.05 of the same rounds' DRAM sum; one thread walking the rotated
- * order lost nothing (docs/numerics.md, "What moved the figures"). Any order gives the
- * same bits: each chunk's arithmetic is its own and the fold runs in chunk order.
+ * chunks side by side (docs/performance.md, decision table: pkvi_chunk_order). Any
+ * order gives the same bits: each chunk's arithmetic is its own and the fold runs in
+ * chunk order.
  */
 uint32_t pkvi_chunk_order(uint32_t t, uint32_t C, uint32_t R)
 {
@@ -170,13 +169,14 @@ uint32_t pkvi_chunk_order(uint32_t t, uint32_t C, uint32_t R)
 
 /* Group blocks per chunk: 1 when `tasks` chunks already give every thread enough to
  * do, else enough blocks for TASKS_PER_THREAD tasks a thread (at most g). */
-static uint32_t group_blocks(const pkv_engine *e, bool parallel, uint64_t tasks)
+static uint32_t group_blocks(const pkvi_geom *geo, const pkvi_exec *x, bool parallel,
+                             uint64_t tasks)
 {
-    const uint64_t want = (uint64_t)e->cfg.n_threads * TASKS_PER_THREAD;
+    const uint64_t want = (uint64_t)x->n_threads * TASKS_PER_THREAD;
     if (!parallel || tasks >= want)
         return 1;
     const uint64_t b = (want + tasks - 1) / tasks;
-    return b > e->cfg.n_kv_heads ? e->cfg.n_kv_heads : (uint32_t)b;
+    return b > geo->cfg.n_kv_heads ? geo->cfg.n_kv_heads : (uint32_t)b;
 }
 
 /* Groups [*g0, *g0 + *ng) of block b of nb. */
@@ -200,7 +200,8 @@ typedef struct {
  * [first, min(sinks, lo)) and the window run [max(lo, first), len), lo = pos + 1 -
  * window; first is a shard's first position (0 for a whole session). */
 typedef struct {
-    const pkvi_btable *t;             /* the layer (pinned on spill engines) */
+    const void *const *data;          /* the layer's page data (btable.c's array; the
+                                         layer pinned on spill engines) */
     const pkv_layer_config *lc;       /* its variant */
     uint64_t len;                     /* positions the last query sees */
     uint64_t P;                       /* pages of the layer: ceil(len / bt) */
@@ -217,7 +218,7 @@ typedef struct {
 } qset;
 
 typedef struct {
-    const pkv_engine *e;
+    const pkvi_geom *geo;
     uint32_t n, blocks;               /* sets; group blocks per chunk */
     uint32_t regions;                 /* pkvi_chunk_order's R: threads sharing the run */
     uint64_t w0;                      /* first chunk of the wave, in every set */
@@ -247,12 +248,12 @@ static uint32_t set_of(const uint32_t *base, uint32_t task)
 static void chunk_task(void *ctx, uint32_t task)
 {
     const pipeline *j = ctx;
-    const pkv_engine *e = j->e;
+    const pkvi_geom *geo = j->geo;
     const uint32_t i = set_of(j->base, task);
     const qset *Q = &j->sets[i];
-    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, dv = e->cfg.head_dim_v;
-    const uint32_t hg = e->hg, H = Q->H;
-    const uint64_t bt = e->cfg.block_tokens, cp = e->chunk_pages;
+    const uint32_t g = geo->cfg.n_kv_heads, d = geo->cfg.head_dim, dv = geo->cfg.head_dim_v;
+    const uint32_t hg = geo->hg, H = Q->H;
+    const uint64_t bt = geo->cfg.block_tokens, cp = geo->chunk_pages;
     /* task layout inside a set: chunk-major, group-block-minor */
     const uint32_t t = task - j->base[i];
     const uint32_t slot = pkvi_chunk_order(t / j->blocks, wave_chunks(Q, j->w0), j->regions);
@@ -274,12 +275,12 @@ static void chunk_task(void *ctx, uint32_t task)
         end = r_end;
     const uint32_t row0 = first == r_first ? (uint32_t)(R->p0 % bt) : 0;
     const uint32_t last = end == r_end ? (uint32_t)(R->p1 - (r_end - 1) * bt) : (uint32_t)bt;
-    const void *const *data = pkvi_btable_data(Q->t);
+    const void *const *data = Q->data;
 
     const size_t sf = state_floats(H, dv);
     float *st = Q->st + ((size_t)(1 + slot) * g + g0) * sf;
     states_clear(st, ng, sf, H, dv);
-    pkvi_kparams kp = e->kp;
+    pkvi_kparams kp = geo->kp;
     kp.hg = H;
     kp.softcap = Q->lc->softcap;
     const pkvi_heads x = {
@@ -290,21 +291,22 @@ static void chunk_task(void *ctx, uint32_t task)
         if (row0) { /* a window starting inside its first page: that page alone, its
                      * rows from row0 on (K and V bases moved by row0 rows) */
             pkvi_kparams k1 = kp;
-            k1.v_offset = (size_t)(bt - row0) * e->row_bytes + (size_t)row0 * e->row_bytes_v;
-            const void *one = (const char *)data[first] + (size_t)row0 * e->row_bytes;
-            e->kern->attend(&k1, &one, 1, (end == first + 1 ? last : (uint32_t)bt) - row0, g0,
+            k1.v_offset =
+                (size_t)(bt - row0) * geo->row_bytes + (size_t)row0 * geo->row_bytes_v;
+            const void *one = (const char *)data[first] + (size_t)row0 * geo->row_bytes;
+            geo->kern->attend(&k1, &one, 1, (end == first + 1 ? last : (uint32_t)bt) - row0, g0,
                             ng, &x);
             first++;
         }
         if (end > first)
-            e->kern->attend(&kp, data + first, (uint32_t)(end - first), last, g0, ng, &x);
+            geo->kern->attend(&kp, data + first, (uint32_t)(end - first), last, g0, ng, &x);
         return;
     }
     /* several queries (never windowed): all but the last page for all of them at once */
     const uint64_t P = Q->P;
     const uint64_t full_end = end == P ? P - 1 : end;
     if (full_end > first)
-        e->kern->attend(&kp, data + first, (uint32_t)(full_end - first), (uint32_t)bt, g0,
+        geo->kern->attend(&kp, data + first, (uint32_t)(full_end - first), (uint32_t)bt, g0,
                         ng, &x);
     if (end == P) { /* the last page: each query up to and including its own position */
         pkvi_kparams k1 = kp;
@@ -316,7 +318,7 @@ static void chunk_task(void *ctx, uint32_t task)
                 .l = x.l + (size_t)q * hg, .acc = x.acc + (size_t)q * hg * dv,
                 .q_stride = x.q_stride, .st_stride = sf,
             };
-            e->kern->attend(&k1, data + P - 1, 1, (uint32_t)(pos - (P - 1) * bt + 1), g0,
+            geo->kern->attend(&k1, data + P - 1, 1, (uint32_t)(pos - (P - 1) * bt + 1), g0,
                             ng, &xq);
         }
     }
@@ -329,8 +331,8 @@ static void chunk_task(void *ctx, uint32_t task)
 static void merge_task(void *ctx, uint32_t task)
 {
     const pipeline *j = ctx;
-    const pkv_engine *e = j->e;
-    const uint32_t g = e->cfg.n_kv_heads, dv = e->cfg.head_dim_v, hg = e->hg;
+    const pkvi_geom *geo = j->geo;
+    const uint32_t g = geo->cfg.n_kv_heads, dv = geo->cfg.head_dim_v, hg = geo->hg;
     const uint32_t i = set_of(j->mbase, task);
     const qset *Q = &j->sets[i];
     const uint32_t t = task - j->mbase[i], q = t / g, group = t % g;
@@ -338,7 +340,7 @@ static void merge_task(void *ctx, uint32_t task)
     const size_t sf = state_floats(H, dv), cs = (size_t)g * sf;
     const float *wave = Q->st + cs + (size_t)group * sf;
     if (!Q->out) {
-        const size_t hs = (size_t)dv + 2, ps = (size_t)e->cfg.n_heads * hs;
+        const size_t hs = (size_t)dv + 2, ps = (size_t)geo->cfg.n_heads * hs;
         float *dst = Q->part + (j->w0 + Q->sigma) * ps + (size_t)group * hg * hs;
         for (uint32_t c = 0; c < nc; c++, dst += ps) {
             const float *b = wave + c * cs;
@@ -374,17 +376,17 @@ static void merge_task(void *ctx, uint32_t task)
         }
         if (j->w0 + nc == Q->C)
             finish_state(*l, o, dv,
-                         Q->out + (size_t)q * e->cfg.n_heads * dv +
+                         Q->out + (size_t)q * geo->cfg.n_heads * dv +
                              ((size_t)group * hg + (jh - q * hg)) * dv);
     }
 }
 
 /* Run n <= BATCH_MAX query sets (their layers resident and pinned) to their outputs,
  * a wave of chunks at a time. */
-static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
+static void run_sets(const pkvi_geom *geo, pkvi_exec *x, uint32_t n, const qset *sets)
 {
     pipeline j;
-    j.e = e;
+    j.geo = geo;
     j.n = n;
     j.sets = sets;
     /* work ~ K/V values x queries, counted as f16 bytes (2 a value), the unit the split
@@ -392,7 +394,7 @@ static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
      * arithmetic, which follows values, not stored bytes (Q4 has a quarter of f16's
      * bytes and more work per value). In double: only a threshold, it cannot wrap. */
     double bytes = 0;
-    const double value_bytes = 2.0 * ((double)e->cfg.head_dim + (double)PKVI_DV(&e->kp));
+    const double value_bytes = 2.0 * ((double)geo->cfg.head_dim + (double)PKVI_DV(&geo->kp));
     uint64_t waves_end = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (sets[i].C > waves_end)
@@ -400,32 +402,32 @@ static void run_sets(const pkv_engine *e, uint32_t n, const qset *sets)
         uint64_t attended = 0;
         for (uint32_t r = 0; r < sets[i].n_runs; r++)
             attended += sets[i].runs[r].p1 - sets[i].runs[r].p0;
-        bytes += (double)attended * e->cfg.n_kv_heads * value_bytes * sets[i].nq;
+        bytes += (double)attended * geo->cfg.n_kv_heads * value_bytes * sets[i].nq;
     }
-    const bool parallel = go_parallel(e, bytes);
-    pkvi_threads *pool = parallel ? e->threads : NULL;
-    j.regions = parallel ? e->cfg.n_threads : 1;
+    const bool parallel = pkvi_exec_parallel(x, bytes);
+    pkvi_threads *pool = parallel ? x->threads : NULL;
+    j.regions = parallel ? x->n_threads : 1;
     for (j.w0 = 0; j.w0 < waves_end; j.w0 += PKVI_MAX_CHUNKS) {
         uint64_t chunks = 0;
         for (uint32_t i = 0; i < n; i++)
             chunks += wave_chunks(&sets[i], j.w0);
-        j.blocks = group_blocks(e, parallel, chunks);
+        j.blocks = group_blocks(geo, x, parallel, chunks);
         j.base[0] = j.mbase[0] = 0;
         for (uint32_t i = 0; i < n; i++) {
             const uint32_t nc = wave_chunks(&sets[i], j.w0);
             j.base[i + 1] = j.base[i] + nc * j.blocks;
-            j.mbase[i + 1] = j.mbase[i] + (nc ? sets[i].nq * e->cfg.n_kv_heads : 0);
+            j.mbase[i + 1] = j.mbase[i] + (nc ? sets[i].nq * geo->cfg.n_kv_heads : 0);
         }
         pkvi_threads_run(pool, j.base[n], chunk_task, &j);
         pkvi_threads_run(pool, j.mbase[n], merge_task, &j);
     }
-    pkvi_threads_call_done(e->threads);
+    pkvi_threads_call_done(x->threads);
 }
 
 /* A run of positions [p0, p1) and the absolute chunks it meets. */
-static run make_run(const pkv_engine *e, uint64_t p0, uint64_t p1)
+static run make_run(const pkvi_geom *geo, uint64_t p0, uint64_t p1)
 {
-    const uint64_t bt = e->cfg.block_tokens, cp = e->chunk_pages;
+    const uint64_t bt = geo->cfg.block_tokens, cp = geo->chunk_pages;
     run r = {p0, p1, 0, 0};
     if (p1 > p0) {
         r.c0 = p0 / bt / cp;
@@ -437,24 +439,25 @@ static run make_run(const pkv_engine *e, uint64_t p0, uint64_t p1)
 /* The set of the last nq positions of `layer` (all in its last page; nq == 1 on a
  * windowed layer), for a query at position pos (len - 1, or later for a shard that
  * holds earlier positions: pkv_decode_partial_at). */
-static qset last_queries(const pkv_engine *e, const pkvi_btable *t, uint32_t layer,
+static qset last_queries(const pkvi_geom *geo, const pkvi_btable *t, uint32_t layer,
                          uint32_t nq, uint64_t pos, const float *qg, float *st, float *out)
 {
-    const uint64_t bt = e->cfg.block_tokens, len = t->len, P = (len + bt - 1) / bt;
-    const uint64_t first = t->first;
-    const pkv_layer_config *lc = &e->layers[layer];
-    qset Q = {.t = t, .lc = lc, .len = len, .P = P, .nq = nq, .H = nq * e->hg,
-              .sigma = lc->sink_logits && first == 0, .qg = qg, .st = st, .out = out};
+    const uint64_t bt = geo->cfg.block_tokens, len = pkvi_btable_len(t);
+    const uint64_t P = (len + bt - 1) / bt, first = pkvi_btable_first(t);
+    const pkv_layer_config *lc = &geo->layers[layer];
+    qset Q = {.data = pkvi_btable_data(t), .lc = lc, .len = len, .P = P, .nq = nq,
+              .H = nq * geo->hg, .sigma = lc->sink_logits && first == 0, .qg = qg,
+              .st = st, .out = out};
     if (lc->window) {
-        const uint64_t lo = pos + 1 > lc->window ? pos + 1 - lc->window : 0;
+        const uint64_t lo = pkvi_window_lo(lc, pos);
         const uint64_t sink_end = lc->sink_tokens < lo ? lc->sink_tokens : lo;
         const uint64_t w_lo = lo > first ? lo : first;
         if (sink_end > first)
-            Q.runs[Q.n_runs++] = make_run(e, first, sink_end);
+            Q.runs[Q.n_runs++] = make_run(geo, first, sink_end);
         if (len > w_lo)
-            Q.runs[Q.n_runs++] = make_run(e, w_lo, len);
+            Q.runs[Q.n_runs++] = make_run(geo, w_lo, len);
     } else {
-        Q.runs[Q.n_runs++] = make_run(e, first, len);
+        Q.runs[Q.n_runs++] = make_run(geo, first, len);
     }
     for (uint32_t r = 0; r < Q.n_runs; r++)
         Q.C += Q.runs[r].C;
@@ -494,29 +497,35 @@ static pkv_status distinct(pkv_session *const *ss, uint32_t n)
     return st;
 }
 
-/* Decode n queries, one per session: n sets of one query, BATCH_MAX per run. */
-static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
+/* Decode n queries, one per session: n sets of one query, BATCH_MAX per run. Every
+ * session belongs to the engine whose contexts ctx names. */
+static pkv_status decode_many(const pkvi_ctx *ctx, uint32_t layer, uint32_t n,
                               pkv_session *const *sessions, const float *q, float *out)
 {
-    if (layer >= e->cfg.n_layers)
-        return pkvi_fail(e, PKV_EINVAL, "decode: layer %u, but the engine has %u", layer,
-                         e->cfg.n_layers);
-    PKVI_BOUNDARY_CHECK(e);
+    const pkvi_geom *geo = ctx->geom;
+    if (layer >= geo->cfg.n_layers)
+        return pkvi_fail(ctx->errs, PKV_EINVAL, "decode: layer %u, but the engine has %u",
+                         layer, geo->cfg.n_layers);
+    if (pkvi_boundary_check(geo, ctx->cache, "decode") != PKV_OK)
+        return PKV_ECORRUPT;
     for (uint32_t i = 0; i < n; i++)
-        if (!sessions[i] || sessions[i]->e != e)
-            return pkvi_fail(e, PKV_EINVAL, "decode: session %u is NULL or of another engine",
-                             i);
+        if (!sessions[i] || !pkvi_session_of(sessions[i], ctx->cache))
+            return pkvi_fail(ctx->errs, PKV_EINVAL, "decode: session %u is NULL or of another "
+                             "engine", i);
     const pkv_status dup = distinct(sessions, n);
     if (dup != PKV_OK)
-        return pkvi_fail(e, dup, dup == PKV_EINVAL ? "pkv_decode_batch: a session is in the "
-                                                     "batch twice" : "out of memory");
-    for (uint32_t i = 0; i < n; i++)
-        if (sessions[i]->layers[layer].len == sessions[i]->layers[layer].first)
-            return pkvi_fail(e, PKV_ESTATE, "decode: layer %u of session %u is empty", layer,
-                             i);
+        return pkvi_fail(ctx->errs, dup, dup == PKV_EINVAL ? "pkv_decode_batch: a session is "
+                                                             "in the batch twice"
+                                                           : "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        const pkvi_btable *t = sessions[i]->layers[layer];
+        if (pkvi_btable_len(t) == pkvi_btable_first(t))
+            return pkvi_fail(ctx->errs, PKV_ESTATE, "decode: layer %u of session %u is empty",
+                             layer, i);
+    }
 
-    const size_t qd = (size_t)e->cfg.n_heads * e->cfg.head_dim;
-    const size_t od = (size_t)e->cfg.n_heads * e->cfg.head_dim_v;
+    const size_t qd = (size_t)geo->cfg.n_heads * geo->cfg.head_dim;
+    const size_t od = (size_t)geo->cfg.n_heads * geo->cfg.head_dim_v;
     qset sets[BATCH_MAX];
     for (uint32_t i0 = 0; i0 < n; i0 += BATCH_MAX) {
         const uint32_t nb = n - i0 < BATCH_MAX ? n - i0 : BATCH_MAX;
@@ -530,11 +539,11 @@ static pkv_status decode_many(pkv_engine *e, uint32_t layer, uint32_t n,
         if (st == PKV_OK) {
             for (uint32_t i = 0; i < nb; i++) {
                 pkv_session *s = sessions[i0 + i];
-                const pkvi_btable *t = &s->layers[layer];
-                sets[i] = last_queries(e, t, layer, 1, t->len - 1, q + (i0 + i) * qd,
-                                       s->partials, out + (i0 + i) * od);
+                const pkvi_btable *t = s->layers[layer];
+                sets[i] = last_queries(geo, t, layer, 1, pkvi_btable_len(t) - 1,
+                                       q + (i0 + i) * qd, s->partials, out + (i0 + i) * od);
             }
-            run_sets(e, nb, sets);
+            run_sets(geo, ctx->exec, nb, sets);
         }
         for (uint32_t k = 0; k < got; k++)
             pkvi_session_release(sessions[i0 + k], layer);
@@ -548,27 +557,26 @@ pkv_status pkv_decode(pkv_session *s, uint32_t layer, const float *q, float *out
 {
     if (!s || !q || !out)
         return PKV_EINVAL;
-    return decode_many(s->e, layer, 1, &s, q, out);
+    const pkvi_ctx ctx = {s->geom, s->cache, s->exec, s->errs};
+    return decode_many(&ctx, layer, 1, &s, q, out);
 }
 
-pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
-                            pkv_session *const *sessions, const float *q, float *out)
+pkv_status pkvi_decode_batch(const pkvi_ctx *ctx, uint32_t layer, uint32_t n,
+                             pkv_session *const *sessions, const float *q, float *out)
 {
-    if (!e || !sessions || !q || !out || n == 0)
-        return PKV_EINVAL;
-    return decode_many(e, layer, n, sessions, q, out);
+    return decode_many(ctx, layer, n, sessions, q, out);
 }
 
 /* ---- prefill --------------------------------------------------------------------------- */
 
 /* Most queries in one set: a page's positions, and no more than the kernels' head
  * limit allows; one on a windowed layer (each query's window starts elsewhere). */
-static uint32_t tile_max(const pkv_engine *e, uint32_t layer)
+static uint32_t tile_max(const pkvi_geom *geo, uint32_t layer)
 {
-    if (e->layers[layer].window)
+    if (geo->layers[layer].window)
         return 1;
-    const uint32_t by_heads = PKVI_MAX_GROUP_HEADS / e->hg;
-    return by_heads < e->cfg.block_tokens ? by_heads : e->cfg.block_tokens;
+    const uint32_t by_heads = PKVI_MAX_GROUP_HEADS / geo->hg;
+    return by_heads < geo->cfg.block_tokens ? by_heads : geo->cfg.block_tokens;
 }
 
 /*
@@ -581,25 +589,26 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
 {
     if (!s)
         return PKV_EINVAL;
-    pkv_engine *e = s->e;
-    if (!q || !k || !v || !out || n == 0 || layer >= e->cfg.n_layers)
-        return pkvi_fail(e, PKV_EINVAL, "pkv_prefill: %s",
-                         layer >= e->cfg.n_layers ? "layer out of range"
+    const pkvi_geom *geo = s->geom;
+    if (!q || !k || !v || !out || n == 0 || layer >= geo->cfg.n_layers)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_prefill: %s",
+                         layer >= geo->cfg.n_layers ? "layer out of range"
                          : n == 0 ? "n is 0" : "q, k, v or out is NULL");
-    PKVI_BOUNDARY_CHECK(e);
-    const pkvi_btable *t = &s->layers[layer];
-    const uint32_t g = e->cfg.n_kv_heads, d = e->cfg.head_dim, dv = e->cfg.head_dim_v;
-    const uint32_t hg = e->hg;
-    const uint64_t bt = e->cfg.block_tokens;
-    const size_t qd = (size_t)e->cfg.n_heads * d, kd = (size_t)g * d, vd = (size_t)g * dv;
-    const size_t od = (size_t)e->cfg.n_heads * dv;
-    const uint32_t tmax = tile_max(e, layer);
+    if (pkvi_boundary_check(geo, s->cache, __func__) != PKV_OK)
+        return PKV_ECORRUPT;
+    const pkvi_btable *t = s->layers[layer];
+    const uint32_t g = geo->cfg.n_kv_heads, d = geo->cfg.head_dim, dv = geo->cfg.head_dim_v;
+    const uint32_t hg = geo->hg;
+    const uint64_t bt = geo->cfg.block_tokens;
+    const size_t qd = (size_t)geo->cfg.n_heads * d, kd = (size_t)g * d, vd = (size_t)g * dv;
+    const size_t od = (size_t)geo->cfg.n_heads * dv;
+    const uint32_t tmax = tile_max(geo, layer);
     uint64_t end_len;
-    if (!pkvi_add(t->len, n, &end_len) || end_len > UINT64_MAX - bt)
+    if (!pkvi_add(pkvi_btable_len(t), n, &end_len) || end_len > UINT64_MAX - bt)
         return PKV_EINVAL;
 
     /* scratch: the queries by group [g][tmax * hg][d], then [C][g] state blocks */
-    const uint64_t C = pkvi_max_chunks(e, (end_len + bt - 1) / bt);
+    const uint64_t C = pkvi_max_chunks(geo, (end_len + bt - 1) / bt);
     const uint64_t H = (uint64_t)tmax * hg;
     uint64_t qfloats, floats, bytes;
     if (!pkvi_mul((uint64_t)g * H, d, &qfloats) || !pkvi_mul(C * g, H * (dv + 2ull), &floats) ||
@@ -624,7 +633,7 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     }
     /* Nothing fails from here on: tiles of queries that land in one page. */
     for (uint32_t i = 0; i < n;) {
-        const uint64_t room = bt - t->len % bt;
+        const uint64_t room = bt - pkvi_btable_len(t) % bt;
         uint32_t nq = n - i < tmax ? n - i : tmax;
         if (nq > room)
             nq = (uint32_t)room;
@@ -635,9 +644,9 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
                 memcpy(qg + ((size_t)gr * nq * hg + (size_t)j * hg) * d,
                        q + (size_t)(i + j) * qd + (size_t)gr * hg * d,
                        (size_t)hg * d * sizeof(float));
-        const qset set = last_queries(e, t, layer, nq, t->len - 1, qg, states,
+        const qset set = last_queries(geo, t, layer, nq, pkvi_btable_len(t) - 1, qg, states,
                                       out + i * od);
-        run_sets(e, 1, &set);
+        run_sets(geo, s->exec, 1, &set);
         i += nq;
     }
     pkvi_session_finish(s, &r);
@@ -646,7 +655,7 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     return PKV_OK;
 }
 
-/* ---- shards: partial states and their merge (SPEC §11) ------------------------------- */
+/* ---- shards: partial states and their merge (docs/sharding.md) ------------------------- */
 
 pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
                                  const float *q, uint32_t max_chunks, float *states,
@@ -654,35 +663,38 @@ pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
 {
     if (!s)
         return PKV_EINVAL;
-    pkv_engine *e = s->e;
-    if (!q || !states || !n_chunks || layer >= e->cfg.n_layers)
-        return pkvi_fail(e, PKV_EINVAL, "pkv_decode_partial: %s",
-                         layer >= e->cfg.n_layers ? "layer out of range"
-                                                  : "q, states or n_chunks is NULL");
-    PKVI_BOUNDARY_CHECK(e);
-    const pkvi_btable *t = &s->layers[layer];
-    if (t->len == t->first)
-        return pkvi_fail(e, PKV_ESTATE, "pkv_decode_partial: layer %u is empty", layer);
-    if (pos < t->len - 1)
-        return pkvi_fail(e, PKV_EINVAL, "pkv_decode_partial_at: position %llu is before the "
-                         "layer's last (%llu)", (unsigned long long)pos,
-                         (unsigned long long)(t->len - 1));
-    qset Q = last_queries(e, t, layer, 1, pos, q, s->partials, NULL);
+    const pkvi_geom *geo = s->geom;
+    if (!q || !states || !n_chunks || layer >= geo->cfg.n_layers)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_decode_partial: %s",
+                         layer >= geo->cfg.n_layers ? "layer out of range"
+                                                    : "q, states or n_chunks is NULL");
+    if (pkvi_boundary_check(geo, s->cache, __func__) != PKV_OK)
+        return PKV_ECORRUPT;
+    const pkvi_btable *t = s->layers[layer];
+    const uint64_t len = pkvi_btable_len(t);
+    if (len == pkvi_btable_first(t))
+        return pkvi_fail(s->errs, PKV_ESTATE, "pkv_decode_partial: layer %u is empty", layer);
+    if (pos < len - 1)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_decode_partial_at: position %llu is before "
+                         "the layer's last (%llu)", (unsigned long long)pos,
+                         (unsigned long long)(len - 1));
+    qset Q = last_queries(geo, t, layer, 1, pos, q, s->partials, NULL);
     Q.part = states;
     const uint64_t need = Q.C + Q.sigma;
     if (need > max_chunks) {
         *n_chunks = need > UINT32_MAX ? UINT32_MAX : (uint32_t)need;
-        return pkvi_fail(e, PKV_ERANGE, "pkv_decode_partial: %llu states do not fit "
+        return pkvi_fail(s->errs, PKV_ERANGE, "pkv_decode_partial: %llu states do not fit "
                          "max_chunks = %u", (unsigned long long)need, max_chunks);
     }
     const pkv_status st = pkvi_session_acquire(s, layer);
     if (st != PKV_OK)
         return st;
-    /* the pages may have been brought back: the set reads the table afresh */
-    run_sets(e, 1, &Q);
+    /* the pages may have been brought back: the set reads the table's array afresh */
+    Q.data = pkvi_btable_data(t);
+    run_sets(geo, s->exec, 1, &Q);
     pkvi_session_release(s, layer);
     if (Q.sigma) { /* the shard holding position 0 starts with the sink logits */
-        const uint32_t h = e->cfg.n_heads, dv = e->cfg.head_dim_v;
+        const uint32_t h = geo->cfg.n_heads, dv = geo->cfg.head_dim_v;
         for (uint32_t j = 0; j < h; j++) {
             float *o = states + (size_t)j * (dv + 2);
             o[0] = Q.lc->sink_logits[j];
@@ -697,35 +709,35 @@ pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
 pkv_status pkv_decode_partial(pkv_session *s, uint32_t layer, const float *q,
                               uint32_t max_chunks, float *states, uint32_t *n_chunks)
 {
-    if (!s || layer >= s->e->cfg.n_layers)
-        return s ? pkvi_fail(s->e, PKV_EINVAL, "pkv_decode_partial: layer out of range")
+    if (!s || layer >= s->geom->cfg.n_layers)
+        return s ? pkvi_fail(s->errs, PKV_EINVAL, "pkv_decode_partial: layer out of range")
                  : PKV_EINVAL;
-    const uint64_t len = s->layers[layer].len;
+    const uint64_t len = pkvi_btable_len(s->layers[layer]);
     return pkv_decode_partial_at(s, layer, len ? len - 1 : 0, q, max_chunks, states,
                                  n_chunks);
 }
 
 pkv_status pkv_partial_chunks(const pkv_session *s, uint32_t layer, uint64_t *out)
 {
-    if (!s || !out || layer >= s->e->cfg.n_layers)
+    if (!s || !out || layer >= s->geom->cfg.n_layers)
         return PKV_EINVAL;
-    const pkv_engine *e = s->e;
-    const pkvi_btable *t = &s->layers[layer];
-    if (t->len == t->first) {
+    const pkvi_btable *t = s->layers[layer];
+    const uint64_t len = pkvi_btable_len(t);
+    if (len == pkvi_btable_first(t)) {
         *out = 0;
         return PKV_OK;
     }
-    const qset Q = last_queries(e, t, layer, 1, t->len - 1, NULL, NULL, NULL);
+    const qset Q = last_queries(s->geom, t, layer, 1, len - 1, NULL, NULL, NULL);
     *out = Q.C + Q.sigma;
     return PKV_OK;
 }
 
 /* Fold head j of n states [n][h][dv + 2] in order from the empty state into (*m, *l,
  * o[dv]). */
-static void fold_head(const pkv_engine *e, uint32_t n_chunks, const float *states, uint32_t j,
-                      float *m, float *l, float *o)
+static void fold_head(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
+                      uint32_t j, float *m, float *l, float *o)
 {
-    const uint32_t h = e->cfg.n_heads, dv = e->cfg.head_dim_v;
+    const uint32_t h = geo->cfg.n_heads, dv = geo->cfg.head_dim_v;
     const size_t hs = (size_t)dv + 2, ps = (size_t)h * hs;
     *m = -INFINITY;
     *l = 0.0f;
@@ -736,33 +748,33 @@ static void fold_head(const pkv_engine *e, uint32_t n_chunks, const float *state
     }
 }
 
-pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
-                              float *out)
+pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
+                               float *out)
 {
-    if (!e || !states || !out || n_chunks == 0)
+    if (!states || !out || n_chunks == 0)
         return PKV_EINVAL;
-    const uint32_t h = e->cfg.n_heads, dv = e->cfg.head_dim_v;
+    const uint32_t h = geo->cfg.n_heads, dv = geo->cfg.head_dim_v;
     for (uint32_t j = 0; j < h; j++) {
         float m, l, *o = out + (size_t)j * dv;
-        fold_head(e, n_chunks, states, j, &m, &l, o);
+        fold_head(geo, n_chunks, states, j, &m, &l, o);
         finish_state(l, o, dv, o);
     }
     return PKV_OK;
 }
 
-pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
-                             float *state_out)
+pkv_status pkvi_fold_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
+                              float *state_out)
 {
-    if (!e || !states || !state_out || n_chunks == 0)
+    if (!states || !state_out || n_chunks == 0)
         return PKV_EINVAL;
-    const uint32_t h = e->cfg.n_heads;
-    const size_t hs = (size_t)e->cfg.head_dim_v + 2;
+    const uint32_t h = geo->cfg.n_heads;
+    const size_t hs = (size_t)geo->cfg.head_dim_v + 2;
     /* into a copy first: state_out may be one of the states */
     float *tmp = malloc((size_t)h * hs * sizeof(float));
     if (!tmp)
         return PKV_ENOMEM;
     for (uint32_t j = 0; j < h; j++)
-        fold_head(e, n_chunks, states, j, tmp + j * hs, tmp + j * hs + 1, tmp + j * hs + 2);
+        fold_head(geo, n_chunks, states, j, tmp + j * hs, tmp + j * hs + 1, tmp + j * hs + 2);
     memcpy(state_out, tmp, (size_t)h * hs * sizeof(float));
     free(tmp);
     return PKV_OK;

@@ -1,9 +1,9 @@
 /*
- * reference.c - the dense reference math of SPEC §1: causal attention (the oracle every
+ * reference.c - the dense reference math (include/pagedkv.h): causal attention (the oracle every
  * paged result is checked against), the textbook multi-head attention layer with
  * projections, and the KV-cache size formula.
  *
- * Owns: pkv_attention_reference (every variant of SPEC §8) and its special case
+ * Owns: pkv_attention_reference (every variant of docs/variants.md) and its special case
  * pkv_causal_attention, pkv_mha_forward, pkv_kv_cache_bytes.
  * Does not own: anything paged, any engine state, the kernels. Nothing here is fast
  * and nothing here is meant to be; it is written to be obviously right.
@@ -27,7 +27,9 @@
  *   - No state, no abort: every entry validates everything before it touches `out`;
  *     on any error status `out` is unchanged (allocation happens before the first
  *     store, and allocation failure is PKV_ENOMEM).
- *   - Query head i reads KV group i / (h / g) (SPEC §1), written once, in group_of().
+ *   - Query head i reads KV group i / (h / g) (include/pagedkv.h, pkv_causal_attention),
+ *     written once, in group_of().
+ *   - Which positions a windowed query attends is base/window.h's, as for the engine.
  *   - Every element count and byte size is computed with pkvi_mul and must fit size_t;
  *     an overflowing size is PKV_EINVAL (the public header's "overflowing sizes").
  *   - pkv_kv_cache_bytes checks for a zero factor *before* multiplying, so a zero
@@ -35,13 +37,14 @@
  *     overflow; only a product that truly exceeds UINT64_MAX is PKV_ERANGE.
  */
 #include "attention/reference.h"
+#include "base/window.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The GQA mapping of SPEC §1. */
+/* The GQA mapping: query head i reads KV group i / (h / g). */
 static uint32_t group_of(uint32_t head, uint32_t n_heads, uint32_t n_kv_heads)
 {
     return head / (n_heads / n_kv_heads);
@@ -65,7 +68,7 @@ static bool bytes_of(uint64_t a, uint64_t b, uint64_t c, uint64_t elem, size_t *
  * Attention on double arrays, the single implementation every public entry uses.
  * Q [T][h][dk], K [T][g][dk], V [T][g][dv], out [T][h][dv]. w is scratch for T
  * scores. sc is the softmax scale (already resolved). lc NULL is plain causal
- * attention; else SPEC §8, in this order for head i at position t:
+ * attention; else docs/variants.md, in this order for head i at position t:
  *     s_j = sc * q_i . k_j;  s_j = c * tanh(s_j / c) when softcap c > 0
  *     A   = { j <= t : j > t - window } u { j < sink_tokens }   (all j <= t if window 0)
  *     m   = max(sigma_i, max_{j in A} s_j)         (sigma_i = -inf without sink logits)
@@ -76,10 +79,10 @@ static void attend(uint32_t T, uint32_t h, uint32_t g, uint32_t dk, uint32_t dv,
                    const double *V, double *out, double *w)
 {
     const double cap = lc ? (double)lc->softcap : 0.0;
-    const uint64_t window = lc ? lc->window : 0, sinks = lc && lc->window ? lc->sink_tokens : 0;
+    const uint64_t sinks = lc && lc->window ? lc->sink_tokens : 0;
     for (uint32_t t = 0; t < T; t++) {
         /* first position of the window; positions below it are attended only as sinks */
-        const uint64_t lo = window && t + 1 > window ? t + 1 - window : 0;
+        const uint64_t lo = lc ? pkvi_window_lo(lc, t) : 0;
         for (uint32_t i = 0; i < h; i++) {
             const uint32_t grp = group_of(i, h, g);
             const double *q = Q + ((size_t)t * h + i) * dk;

@@ -1,7 +1,7 @@
 /*
  * dtype.h - conversion between f32 and the storage types of cached K/V (dtype.c).
  *
- * Round-to-nearest-even on store (SPEC §4); exact widening on load.
+ * Round-to-nearest-even on store (docs/numerics.md, section 2); exact widening on load.
  */
 #ifndef PAGEDKV_DTYPE_H
 #define PAGEDKV_DTYPE_H

@@ -1,8 +1,9 @@
 /*
- * quant.c - the block-quantized storage types PKV_Q8 and PKV_Q4 (SPEC §9): one row
- * (head_dim or head_dim_v values of one token's K or V of one group) cut into blocks
- * of 32 values, the last possibly shorter, each with its own scale. docs/numerics.md
- * ("Quantized pages") is the format's reference; this file is its definition.
+ * quant.c - the block-quantized storage types PKV_Q8 and PKV_Q4 (docs/numerics.md,
+ * section 6): one row (head_dim or head_dim_v values of one token's K or V of one
+ * group) cut into blocks of 32 values, the last possibly shorter, each with its own
+ * scale. docs/numerics.md ("Quantized pages") is the format's reference; this file is
+ * its definition.
  *
  * Block of m values (1 <= m <= 32), at byte offset 0 of its slot:
  *   Q8:  f16 scale d, then m int8 q_j in [-127, 127]            2 + m bytes

@@ -18,9 +18,9 @@
  *
  * Both hand-offs spin briefly before they sleep: a worker that finished a run polls
  * `generation` for SPIN_NS before waiting on `wake`, and the caller polls `done` for
- * as long before waiting on `idle`. A futex wake-up costs 60-90 us on the dev VM, more
- * than a whole in-cache decode's share of work, and a generator calls decode for
- * every layer back to back. The spin reads only atomics; every job field is still
+ * as long before waiting on `idle`. A futex wake-up costs more than a whole in-cache
+ * decode's share of work (docs/performance.md, decision table: SPIN_NS), and a
+ * generator calls decode for every layer back to back. The spin reads only atomics; every job field is still
  * read under `mu`.
  */
 #include "base/threads.h"
@@ -32,8 +32,8 @@
 #include <time.h>
 
 /* How long a hand-off polls before it sleeps: a worker at most this long after each
- * run. Long enough for a tight loop of decodes to find the workers awake; the figures
- * are in docs/design.md, "Decode: split-K, threads and determinism". */
+ * run. Long enough for a tight loop of decodes to find the workers awake
+ * (docs/performance.md, decision table: SPIN_NS). */
 #define SPIN_NS 200000ll
 
 struct pkvi_threads {

@@ -31,7 +31,4 @@ static inline bool pkvi_add(uint64_t a, uint64_t b, uint64_t *out)
 /* Page and scratch alignment (a cache line; AVX-512 loads). */
 #define PKVI_PAGE_ALIGN 64u
 
-/* CRC32C (Castagnoli) of buf, continuing from crc (crc32c.c). */
-PKVI_HIDDEN uint32_t pkvi_crc32c(uint32_t crc, const void *buf, size_t len);
-
 #endif /* PAGEDKV_UTIL_H */

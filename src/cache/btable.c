@@ -1,30 +1,149 @@
 /*
- * btable.c - a layer's block table: capacity, push, copy-on-write replace,
- * truncate, share (fork), residency sync, and its own consistency check.
+ * btable.c - a layer's block table (btable.h): its entries and the references they
+ * hold; growth, push, copy-on-write, truncate, a window's release, the holes of shards
+ * and loaded windows, sharing (fork, prefix cache), pins, the residency walks of the
+ * spiller, the figures of pkv_session_memory / _pages, and the checks.
  *
- * Owns the arrays of one table and the references its entries hold; the only code
- * that increments or decrements pkvi_page.refs (btable.h, B5). Runs under the engine
- * lock; knows nothing of sessions, budgets or the I/O behind a spill.
+ * Owns struct pkvi_btable, which no other file sees, and every read and write of
+ * pkvi_page.refs and .indexed: the only code that adds, drops or counts a holder (B5).
+ * Runs under the engine lock but for the owner thread's reads (btable.h); knows
+ * nothing of sessions, budgets or the I/O behind a spill.
  */
 #include "cache/btable.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+struct pkvi_btable {
+    uint64_t len;            /* cached positions (absolute: a shard's start at first) */
+    uint64_t n_pages;        /* entries in use (B1) */
+    uint64_t cap;            /* capacity of pages[] and data[] */
+    pkvi_page **pages;       /* [cap] descriptors, one reference each (NULL: the hole) */
+    const void **data;       /* [cap] pages[i]->data (B2): what decode walks */
+    uint64_t n_spilled;      /* entries whose page is in the spill file (B3) */
+    uint64_t hole_lo, hole_hi; /* released entries [hole_lo, hole_hi); empty: equal */
+    uint64_t first;          /* a shard's first position (pkv_session_set_first): its
+                                first first / bt entries are a hole; 0 otherwise */
+    uint32_t pins;           /* calls reading or writing this table's pages right now
+                                (spill engines only): the spiller leaves them alone */
+};
+
+/* ---- references ------------------------------------------------------------------------ */
+
+/* A page left to the prefix index alone became a cached page, or stopped being one. */
+static void cached_add(pkvi_pages ps, const pkvi_page *pg, int sign)
+{
+    if (sign > 0) {
+        ps.cached->pages++;
+        ps.cached->resident += pg->data != NULL;
+    } else {
+        ps.cached->pages--;
+        ps.cached->resident -= pg->data != NULL;
+    }
+}
 
 /* Drop one reference; the last one frees the page (and its slot, when spilled). A
  * page left to the prefix index alone becomes a cached page. */
 static void page_unref(pkvi_pages ps, pkvi_page *pg)
 {
     if (--pg->refs > 0) {
-        if (pg->refs == 1 && pg->indexed) {
-            ps.cached->pages++;
-            ps.cached->resident += pg->data != NULL;
-        }
+        if (pg->refs == 1 && pg->indexed)
+            cached_add(ps, pg, +1);
         return;
     }
     if (!pg->data)
         pkvi_spill_drop(ps.spill, ps.pool, pg);
     pkvi_page_destroy(ps.pool, pg);
 }
+
+/* Entry i names pg (whose reference the caller already counted). */
+static void set_entry(pkvi_btable *t, uint64_t i, pkvi_page *pg)
+{
+    t->pages[i] = pg;
+    t->data[i] = pg ? pg->data : NULL;
+    t->n_spilled += pg && pg->data == NULL;
+}
+
+/* Entry i stops naming its page (not in the hole); the reference is dropped. */
+static void drop_entry(pkvi_btable *t, pkvi_pages ps, uint64_t i)
+{
+    pkvi_page *pg = t->pages[i];
+    t->n_spilled -= pg->data == NULL;
+    t->pages[i] = NULL;
+    t->data[i] = NULL;
+    page_unref(ps, pg);
+}
+
+static bool in_hole(const pkvi_btable *t, uint64_t i)
+{
+    return i >= t->hole_lo && i < t->hole_hi;
+}
+
+/* ---- life ------------------------------------------------------------------------------ */
+
+pkvi_btable *pkvi_btable_new(void)
+{
+    return calloc(1, sizeof(pkvi_btable));
+}
+
+void pkvi_btable_free(pkvi_btable *t)
+{
+    if (!t)
+        return;
+    free(t->pages);
+    free(t->data);
+    free(t);
+}
+
+/* ---- reading --------------------------------------------------------------------------- */
+
+uint64_t pkvi_btable_len(const pkvi_btable *t)
+{
+    return t->len;
+}
+
+uint64_t pkvi_btable_n_pages(const pkvi_btable *t)
+{
+    return t->n_pages;
+}
+
+uint64_t pkvi_btable_first(const pkvi_btable *t)
+{
+    return t->first;
+}
+
+uint64_t pkvi_btable_held(const pkvi_btable *t)
+{
+    return t->n_pages - (t->hole_hi - t->hole_lo);
+}
+
+uint64_t pkvi_btable_n_spilled(const pkvi_btable *t)
+{
+    return t->n_spilled;
+}
+
+uint64_t pkvi_btable_hole_end(const pkvi_btable *t)
+{
+    return t->hole_hi > t->hole_lo ? t->hole_hi : 0;
+}
+
+pkvi_page *pkvi_btable_page(const pkvi_btable *t, uint64_t i)
+{
+    return t->pages[i];
+}
+
+const void *const *pkvi_btable_data(const pkvi_btable *t)
+{
+    return t->data;
+}
+
+uint64_t pkvi_btable_overhead(const pkvi_btable *t)
+{
+    return sizeof *t + t->cap * (sizeof(pkvi_page *) + sizeof(void *)) +
+           pkvi_btable_held(t) * sizeof(pkvi_page);
+}
+
+/* ---- writing rows ---------------------------------------------------------------------- */
 
 pkv_status pkvi_btable_reserve(pkvi_btable *t, uint64_t n)
 {
@@ -50,35 +169,48 @@ pkv_status pkvi_btable_reserve(pkvi_btable *t, uint64_t n)
     return PKV_OK;
 }
 
-void pkvi_btable_push(pkvi_btable *t, pkvi_page *pg)
+void pkvi_btable_push(pkvi_btable *t, pkvi_page *fresh)
 {
-    t->pages[t->n_pages] = pg;
-    t->data[t->n_pages] = pg->data;
-    t->n_spilled += pg->data == NULL;
-    t->n_pages++;
+    fresh->refs = 1;
+    set_entry(t, t->n_pages++, fresh);
 }
 
-void pkvi_btable_replace(pkvi_btable *t, pkvi_pages ps, uint64_t i, pkvi_page *pg)
+bool pkvi_btable_tail_shared(const pkvi_btable *t)
 {
-    pkvi_page *old = t->pages[i];
-    t->n_spilled -= old->data == NULL;
-    t->pages[i] = pg;
-    t->data[i] = pg->data;
-    t->n_spilled += pg->data == NULL;
-    page_unref(ps, old);
+    return t->n_pages && t->pages[t->n_pages - 1] && t->pages[t->n_pages - 1]->refs > 1;
 }
+
+void pkvi_btable_cow_tail(pkvi_btable *t, pkvi_pages ps, pkvi_page *fresh,
+                          uint64_t page_bytes)
+{
+    const uint64_t i = t->n_pages - 1;
+    memcpy(fresh->data, t->pages[i]->data, (size_t)page_bytes);
+    drop_entry(t, ps, i);
+    fresh->refs = 1;
+    set_entry(t, i, fresh);
+}
+
+void pkvi_btable_mark_writing(pkvi_btable *t, uint64_t from, uint64_t to, bool on)
+{
+    for (uint64_t i = from; i < to; i++)
+        atomic_store_explicit(&t->pages[i]->writing, on ? 1u : 0u, memory_order_relaxed);
+}
+
+void pkvi_btable_advance(pkvi_btable *t, uint64_t n)
+{
+    t->len += n;
+}
+
+/* ---- giving pages back ----------------------------------------------------------------- */
 
 void pkvi_btable_truncate(pkvi_btable *t, pkvi_pages ps, uint64_t bt, uint64_t n)
 {
     if (n >= t->len)
         return;
     const uint64_t keep = (n + bt - 1) / bt;
-    for (uint64_t i = keep; i < t->n_pages; i++) {
-        if (!t->pages[i])
-            continue; /* released (the hole) */
-        t->n_spilled -= t->pages[i]->data == NULL;
-        page_unref(ps, t->pages[i]);
-    }
+    for (uint64_t i = keep; i < t->n_pages; i++)
+        if (t->pages[i]) /* else released (the hole) */
+            drop_entry(t, ps, i);
     if (t->n_pages > keep)
         t->n_pages = keep;
     if (t->hole_hi > keep)
@@ -90,6 +222,33 @@ void pkvi_btable_truncate(pkvi_btable *t, pkvi_pages ps, uint64_t bt, uint64_t n
     t->len = n;
 }
 
+pkvi_cut pkvi_btable_cut_check(const pkvi_btable *t, uint64_t bt, uint32_t w, uint64_t n,
+                               uint64_t *at)
+{
+    if (n < t->first) {
+        *at = t->first;
+        return PKVI_CUT_SHARD;
+    }
+    /* a windowed layer goes back only as far as what a decode at n - 1 reads is held;
+     * the hole below a shard's first position holds other shards' positions, not
+     * released ones */
+    const uint64_t base = t->first > t->hole_lo * bt ? t->first : t->hole_lo * bt;
+    if (!w || n >= t->len || n == 0 || t->hole_hi * bt <= base)
+        return PKVI_CUT_OK;
+    const uint64_t lo = n > w ? n - w : 0;
+    if (lo < t->hole_hi * bt && n > base) {
+        *at = t->hole_hi * bt;
+        return PKVI_CUT_RELEASED;
+    }
+    return PKVI_CUT_OK;
+}
+
+bool pkvi_btable_release_due(const pkvi_btable *t, uint64_t keep_lo, uint64_t keep_hi)
+{
+    const uint64_t from = t->hole_hi > keep_lo ? t->hole_hi : keep_lo;
+    return (keep_hi < t->n_pages ? keep_hi : t->n_pages) > from;
+}
+
 void pkvi_btable_release(pkvi_btable *t, pkvi_pages ps, uint64_t keep_lo, uint64_t keep_hi)
 {
     const uint64_t from = t->hole_hi > keep_lo ? t->hole_hi : keep_lo;
@@ -97,15 +256,24 @@ void pkvi_btable_release(pkvi_btable *t, pkvi_pages ps, uint64_t keep_lo, uint64
         keep_hi = t->n_pages;
     if (keep_hi <= from)
         return;
-    for (uint64_t i = from; i < keep_hi; i++) {
-        t->n_spilled -= t->pages[i]->data == NULL;
-        page_unref(ps, t->pages[i]);
-        t->pages[i] = NULL;
-        t->data[i] = NULL;
-    }
+    for (uint64_t i = from; i < keep_hi; i++)
+        drop_entry(t, ps, i);
     if (t->hole_hi == t->hole_lo)
         t->hole_lo = from;
     t->hole_hi = keep_hi;
+}
+
+/* ---- holes a table starts with --------------------------------------------------------- */
+
+/* Entries [lo, hi) become the hole (capacity reserved, entries [0, lo) full, no hole
+ * yet) and len = hi * bt. */
+static void make_hole(pkvi_btable *t, uint64_t bt, uint64_t lo, uint64_t hi)
+{
+    for (uint64_t i = lo; i < hi; i++)
+        set_entry(t, i, NULL);
+    t->hole_lo = lo;
+    t->hole_hi = t->n_pages = hi;
+    t->len = hi * bt;
 }
 
 pkv_status pkvi_btable_set_first(pkvi_btable *t, uint64_t bt, uint64_t first)
@@ -114,15 +282,23 @@ pkv_status pkvi_btable_set_first(pkvi_btable *t, uint64_t bt, uint64_t first)
     const pkv_status st = pkvi_btable_reserve(t, n);
     if (st != PKV_OK)
         return st;
-    for (uint64_t i = 0; i < n; i++) {
-        t->pages[i] = NULL;
-        t->data[i] = NULL;
-    }
-    t->hole_lo = 0;
-    t->hole_hi = t->n_pages = n;
+    make_hole(t, bt, 0, n);
     t->len = t->first = first;
     return PKV_OK;
 }
+
+pkv_status pkvi_btable_skip_to(pkvi_btable *t, uint64_t bt, uint64_t lo, uint64_t page)
+{
+    if (t->n_pages != lo || t->len != lo * bt || page <= lo || t->hole_hi != t->hole_lo)
+        return PKV_EINVAL;
+    const pkv_status st = pkvi_btable_reserve(t, page);
+    if (st != PKV_OK)
+        return st;
+    make_hole(t, bt, lo, page);
+    return PKV_OK;
+}
+
+/* ---- sharing ----------------------------------------------------------------------------- */
 
 void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src)
 {
@@ -141,6 +317,21 @@ void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src)
     dst->first = src->first;
 }
 
+void pkvi_btable_push_shared(pkvi_btable *t, pkvi_pages ps, pkvi_page *pg)
+{
+    if (!pg) {
+        if (t->hole_hi == t->hole_lo)
+            t->hole_lo = t->hole_hi = t->n_pages;
+        t->hole_hi++;
+        set_entry(t, t->n_pages++, NULL);
+        return;
+    }
+    if (pg->refs == 1 && pg->indexed) /* a cached page is in use again */
+        cached_add(ps, pg, -1);
+    pg->refs++;
+    set_entry(t, t->n_pages++, pg);
+}
+
 void pkvi_page_index(pkvi_page *pg)
 {
     pg->refs++;
@@ -149,30 +340,77 @@ void pkvi_page_index(pkvi_page *pg)
 
 void pkvi_page_unindex(pkvi_pages ps, pkvi_page *pg)
 {
-    if (pg->refs == 1) { /* it was a cached page: it goes now */
-        ps.cached->pages--;
-        ps.cached->resident -= pg->data != NULL;
-    }
+    if (pg->refs == 1) /* it was a cached page: it goes now */
+        cached_add(ps, pg, -1);
     pg->indexed = 0;
     page_unref(ps, pg);
 }
 
-void pkvi_btable_push_shared(pkvi_btable *t, pkvi_pages ps, pkvi_page *pg)
+bool pkvi_page_indexed(const pkvi_page *pg)
 {
-    if (!pg) {
-        if (t->hole_hi == t->hole_lo)
-            t->hole_lo = t->hole_hi = t->n_pages;
-        t->hole_hi++;
-        t->pages[t->n_pages] = NULL;
-        t->data[t->n_pages++] = NULL;
-        return;
-    }
-    if (pg->refs == 1 && pg->indexed) { /* a cached page is in use again */
-        ps.cached->pages--;
-        ps.cached->resident -= pg->data != NULL;
-    }
-    pg->refs++;
-    pkvi_btable_push(t, pg);
+    return pg->indexed != 0;
+}
+
+bool pkvi_page_cached(const pkvi_page *pg)
+{
+    return pg->refs == 1 && pg->indexed;
+}
+
+bool pkvi_page_shared(const pkvi_page *pg)
+{
+    return pg->refs > 1;
+}
+
+/* ---- pins and residency ------------------------------------------------------------------ */
+
+void pkvi_btable_pin(pkvi_btable *t)
+{
+    t->pins++;
+}
+
+void pkvi_btable_unpin(pkvi_btable *t)
+{
+    t->pins--;
+}
+
+bool pkvi_btable_pinned(const pkvi_btable *t)
+{
+    return t->pins != 0;
+}
+
+bool pkvi_btable_next_resident(const pkvi_btable *t, uint64_t *i, pkvi_page **pg)
+{
+    if (t->pins || t->n_spilled == t->n_pages)
+        return false;
+    for (uint64_t k = *i; k < t->n_pages; k++)
+        if (t->pages[k] && t->pages[k]->data) {
+            *i = k;
+            *pg = t->pages[k];
+            return true;
+        }
+    return false;
+}
+
+uint64_t pkvi_btable_spilled(const pkvi_btable *t, uint64_t from, uint64_t *idx,
+                             pkvi_page **pages)
+{
+    uint64_t n = 0;
+    if (!t->n_spilled)
+        return 0;
+    for (uint64_t i = from; i < t->n_pages; i++)
+        if (t->pages[i] && t->data[i] == NULL) {
+            if (idx && pages) {
+                idx[n] = i;
+                pages[n] = t->pages[i];
+            }
+            n++;
+        }
+    return n;
+}
+
+bool pkvi_btable_names(const pkvi_btable *t, uint64_t i, const pkvi_page *pg)
+{
+    return i < t->n_pages && t->pages[i] == pg;
 }
 
 void pkvi_btable_sync(pkvi_btable *t, uint64_t i)
@@ -182,14 +420,32 @@ void pkvi_btable_sync(pkvi_btable *t, uint64_t i)
     t->n_spilled = t->n_spilled - was_out + is_out;
 }
 
-void pkvi_btable_free(pkvi_btable *t)
+/* ---- accounting ---------------------------------------------------------------------------- */
+
+uint64_t pkvi_btable_shared_resident(const pkvi_btable *t)
 {
-    free(t->pages);
-    free(t->data);
-    t->pages = NULL;
-    t->data = NULL;
-    t->cap = t->n_pages = t->len = t->n_spilled = t->hole_lo = t->hole_hi = t->first = 0;
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < t->n_pages; i++) {
+        const pkvi_page *pg = t->pages[i];
+        n += pg && pg->data && pg->refs - pg->indexed > 1; /* the index is no session */
+    }
+    return n;
 }
+
+uint64_t pkvi_btable_info(const pkvi_btable *t, uint64_t first, uint64_t n,
+                          pkv_page_info *out)
+{
+    uint64_t k = 0;
+    for (uint64_t i = first; i < t->n_pages && k < n; i++, k++) {
+        const pkvi_page *pg = t->pages[i]; /* NULL: released by a window */
+        out[k].id = (uint64_t)(uintptr_t)pg;
+        out[k].refs = pg ? pg->refs - pg->indexed : 0; /* table entries: not the index's */
+        out[k].resident = pg && pg->data != NULL;
+    }
+    return k;
+}
+
+/* ---- checks --------------------------------------------------------------------------------- */
 
 bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
 {
@@ -207,8 +463,7 @@ bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
     uint64_t out = 0;
     for (uint64_t i = 0; i < t->n_pages; i++) {
         const pkvi_page *pg = t->pages[i];
-        const bool in_hole = i >= t->hole_lo && i < t->hole_hi;
-        if (in_hole) {
+        if (in_hole(t, i)) {
             if (pg || t->data[i])
                 return false;
             continue;
@@ -222,8 +477,32 @@ bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
     return out == t->n_spilled && (!quiescent || t->pins == 0);
 }
 
-uint64_t pkvi_btable_overhead(const pkvi_btable *t)
+void pkvi_btable_tally(const pkvi_btable *t, bool reset)
 {
-    return t->cap * (sizeof(pkvi_page *) + sizeof(void *)) +
-           pkvi_btable_held(t) * sizeof(pkvi_page);
+    for (uint64_t i = 0; i < t->n_pages; i++)
+        if (t->pages[i])
+            t->pages[i]->tally = reset ? 0 : t->pages[i]->tally + 1;
+}
+
+void pkvi_page_census(pkvi_page *pg, pkvi_census *c)
+{
+    if (pg->tally == 0) /* visited already */
+        return;
+    c->ok &= pg->tally == pg->refs;
+    c->resident += pg->data != NULL;
+    c->spilled += pg->data == NULL;
+    c->indexed += pg->indexed;
+    pg->tally = 0;
+}
+
+void pkvi_btable_census(const pkvi_btable *t, pkvi_census *c)
+{
+    for (uint64_t i = 0; i < t->n_pages; i++)
+        if (t->pages[i])
+            pkvi_page_census(t->pages[i], c);
+}
+
+void pkvi_page_skew_refs(pkvi_page *pg, int delta)
+{
+    pg->refs = (uint32_t)((int64_t)pg->refs + delta);
 }

@@ -6,7 +6,10 @@
  * A lookup never trusts a hash: a candidate matches only when its parent is the
  * node already matched and its bt ids equal the wanted ones (pkvi_prefix_find), so a
  * match of depth d has compared all (d + 1) * bt ids of the prefix. The test hook
- * `collide` makes every hash 0, which puts every node into one bucket.
+ * pkvi_prefix_set_collide makes every hash 0, which puts every node into one bucket.
+ *
+ * The index's references are btable.c's to count (pkvi_page_index / _unindex): this
+ * file asks it whether a page is cached, never reads refs itself.
  */
 #include "cache/prefix.h"
 
@@ -246,7 +249,7 @@ static uint64_t drop_oldest(pkvi_prefix *p, pkvi_pages ps, bool resident_only,
             break;
         for (uint32_t l = 0; l < p->n_layers; l++) {
             pkvi_page *pg = n->pages[l];
-            if (!pg || pg->refs != 1 || (resident_only && !pg->data))
+            if (!pg || !pkvi_page_cached(pg) || (resident_only && !pg->data))
                 continue;
             freed += pg->data != NULL;
             n->pages[l] = NULL;
@@ -290,12 +293,12 @@ bool pkvi_prefix_check(pkvi_prefix *p, bool quiescent, uint64_t *node_pages)
             pkvi_page *pg = n->pages[l];
             if (!pg)
                 continue;
-            if (pg->indexed != 1 || pg->refs == 0)
+            if (!pkvi_page_indexed(pg)) /* its refs: the census (session/account.c) */
                 return false;
             pg->tally++;
             pages++;
-            cached += pg->refs == 1;
-            resident += pg->refs == 1 && pg->data != NULL;
+            cached += pkvi_page_cached(pg);
+            resident += pkvi_page_cached(pg) && pg->data != NULL;
         }
     }
     if (listed != p->n_nodes)
@@ -314,4 +317,25 @@ bool pkvi_prefix_check(pkvi_prefix *p, bool quiescent, uint64_t *node_pages)
         return false;
     *node_pages = pages;
     return true;
+}
+
+void pkvi_prefix_tally_reset(pkvi_prefix *p)
+{
+    for (const pkvi_pnode *n = p->oldest; n; n = n->newer)
+        for (uint32_t l = 0; l < p->n_layers; l++)
+            if (n->pages[l])
+                n->pages[l]->tally = 0;
+}
+
+void pkvi_prefix_census(pkvi_prefix *p, pkvi_census *c)
+{
+    for (const pkvi_pnode *n = p->oldest; n; n = n->newer)
+        for (uint32_t l = 0; l < p->n_layers; l++)
+            if (n->pages[l])
+                pkvi_page_census(n->pages[l], c);
+}
+
+void pkvi_prefix_set_collide(pkvi_prefix *p, bool collide)
+{
+    p->collide = collide;
 }

@@ -1,5 +1,5 @@
 /*
- * prefix.h - the prefix cache's index (prefix.c, SPEC §10): which full pages hold the
+ * prefix.h - the prefix cache's index (prefix.c, docs/prefix-cache.md): which full pages hold the
  * K/V of which token prefix, so that a new session can share them as a fork does.
  *
  * A layer over the block tables, not a second one: a node is one page index of one
@@ -19,8 +19,10 @@
  * not need that page (session/reuse.c decides which pages a match of m pages needs).
  *
  * Owns the nodes, the hash table, the LRU list (oldest first) and the counts of cached
- * pages. Every function runs under the engine lock. Does not own the pages' bytes or
- * the block tables (session/reuse.c shares a match into a new session).
+ * pages (kept exact by btable.c, which counts every reference). Every function runs
+ * under the engine lock (cache/cache.h). Does not own the pages' bytes, their
+ * reference counts (btable.c) or the block tables (session/reuse.c shares a match
+ * into a new session).
  *
  * Invariants (pkvi_prefix_check; session/account.c adds E3 over tables and index
  * together):
@@ -55,7 +57,7 @@ typedef struct {
     pkvi_cached cached;          /* pages only the index holds (btable.c keeps it) */
     uint64_t limit_pages;        /* prefix_cache_bytes / page_bytes */
     uint64_t lookups, hit_tokens;/* pkv_stats */
-    bool collide;                /* test hook: every hash is 0 (forced collisions) */
+    bool collide;                /* test hook: every hash is 0 (pkvi_prefix_set_collide) */
 } pkvi_prefix;
 
 PKVI_HIDDEN void pkvi_prefix_init(pkvi_prefix *p, uint32_t n_layers, uint32_t bt,
@@ -91,5 +93,12 @@ PKVI_HIDDEN uint64_t pkvi_prefix_drop(pkvi_prefix *p, pkvi_pages ps, uint64_t ne
 
 /* P1-P4; each node page's tally is incremented (session/account.c's E3 pass). */
 PKVI_HIDDEN bool pkvi_prefix_check(pkvi_prefix *p, bool quiescent, uint64_t *node_pages);
+/* The index's part of the E3 census (btable.h): reset its pages' tallies; visit each
+ * of its pages once. */
+PKVI_HIDDEN void pkvi_prefix_tally_reset(pkvi_prefix *p);
+PKVI_HIDDEN void pkvi_prefix_census(pkvi_prefix *p, pkvi_census *c);
+
+/* Test hook (set before the first node is inserted): every hash 0, one bucket. */
+PKVI_HIDDEN void pkvi_prefix_set_collide(pkvi_prefix *p, bool collide);
 
 #endif /* PAGEDKV_PREFIX_H */

@@ -1,14 +1,22 @@
 /*
  * engine.c - the engine: configuration validation, creation and destruction of
- * everything it owns (pool, kernels, threads, spill file), engine statistics, and the
- * small public helpers (status strings, version, config defaults).
+ * everything it owns, engine statistics, the small public helpers (status strings,
+ * version, config defaults), and every public call that takes an engine handle.
  *
- * Does not own sessions' contents (session*.c) or decode (decode.c).
+ * Owns struct pkv_engine, which no other file sees. An engine is its contexts - the
+ * geometry (cache/geom.h), the shared cache state under the engine lock
+ * (cache/cache.h), the decode executor (attention/exec.h), the error sink
+ * (base/error.h) - plus what they point to (the layer array, the spill directory's
+ * copy). A public call on an engine handle unpacks it here and hands the module the
+ * contexts it needs (pkvi_session_create, pkvi_decode_batch, ...); sessions carry
+ * pointers to the contexts they use. Does not own sessions' contents (session/) or
+ * decode (decode.c).
  */
 #include "engine/engine.h"
-#include "session/session.h"
+#include "attention/decode.h"
+#include "attention/exec.h"
 #include "attention/reference.h"
-#include "pkv_config.h"
+#include "persist/sfile.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -53,6 +61,22 @@ pkv_config pkv_config_default(void)
  * thousand tokens on. Independent of n_threads by design:
  * the split decides the arithmetic, so it must not depend on the thread count. */
 #define CHUNK_TOKENS 512u
+/* Default tokens per page. See docs/design.md "Choosing block_tokens". */
+#define DEFAULT_BLOCK_TOKENS 16u
+/* Largest n_kv_heads: keeps the thread pool's task counts (a batch's sessions or a
+ * prefill tile's queries, times groups: at most 256 * 65536 = 2^24) within 32 bits. */
+#define MAX_KV_HEADS 65536u
+
+struct pkv_engine {
+    pkvi_geom geom;              /* immutable after create */
+    pkvi_cache cache;            /* the shared state and its lock */
+    pkvi_exec exec;              /* worker threads, split thresholds */
+    pkvi_errs errs;              /* the last error's text, its own lock */
+    pkvi_ctx ctx;                /* pointers to the four above: what modules get */
+    pkv_layer_config *layers;    /* [n_layers], sink_logits owned; geom.layers */
+    char *spill_dir;             /* owned copy of cfg.spill_dir, or NULL */
+    bool cache_ok, exec_ok;      /* initialised (a failed create frees what is) */
+};
 
 static uint32_t online_cpus(void)
 {
@@ -93,14 +117,14 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
     if (c.head_dim > PKVI_MAX_HEAD_DIM)
         return reject(why, n, PKV_EINVAL, "head_dim %u exceeds the engine limit %u",
                       c.head_dim, PKVI_MAX_HEAD_DIM);
-    if (c.n_kv_heads > PKVI_MAX_KV_HEADS)
+    if (c.n_kv_heads > MAX_KV_HEADS)
         return reject(why, n, PKV_EINVAL, "n_kv_heads %u exceeds the engine limit %u",
-                      c.n_kv_heads, PKVI_MAX_KV_HEADS);
+                      c.n_kv_heads, MAX_KV_HEADS);
     if (pkv_row_bytes(c.kv_dtype, 1) == 0)
         return reject(why, n, PKV_EINVAL, "kv_dtype %d is not a storage type",
                       (int)c.kv_dtype);
     if (c.block_tokens == 0)
-        c.block_tokens = PKVI_DEFAULT_BLOCK_TOKENS;
+        c.block_tokens = DEFAULT_BLOCK_TOKENS;
     if (!isfinite(c.scale) || c.scale < 0)
         return reject(why, n, PKV_EINVAL, "scale %g: must be finite and >= 0 (0 = default)",
                       (double)c.scale);
@@ -150,9 +174,8 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
     }
     const char *isa = NULL;
     if (pkvi_kernels_check_force(&isa) != PKV_OK)
-        return reject(why, n, PKV_EINVAL,
-                      "PKV_FORCE_ISA=%s: this CPU (and OS) cannot run it, or it is not "
-                      "one of scalar, avx2, avx512", isa);
+        return reject(why, n, PKV_EINVAL, "PKV_FORCE_ISA=%s: %s", isa,
+                      pkvi_kernels_force_reason(isa));
     uint32_t l2;
     if (pkvi_prefetch_l2(&l2) != PKV_OK)
         return reject(why, n, PKV_EINVAL, "PKV_PREFETCH=%s: not one of l1, l2",
@@ -164,16 +187,74 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
     return PKV_OK;
 }
 
-pkv_status pkvi_config_resolve(const pkv_config *cfg, pkv_config *out)
-{
-    if (!out)
-        return PKV_EINVAL;
-    return resolve(cfg, out, NULL, 0);
-}
-
 pkv_status pkv_config_explain(const pkv_config *cfg, char *why, size_t why_size)
 {
     return resolve(cfg, NULL, why, why_size);
+}
+
+/* The geometry of resolved config c: sizes, the layer array (copied, sink logits too),
+ * the split-K chunk, the kernels. PKV_ENOMEM, PKV_EINVAL. */
+static pkv_status geom_init(pkv_engine *e, const pkv_config *c)
+{
+    pkvi_geom *geo = &e->geom;
+    geo->cfg = *c;
+    geo->hg = c->n_heads / c->n_kv_heads;
+    geo->row_bytes = pkv_row_bytes(c->kv_dtype, c->head_dim);
+    geo->row_bytes_v = pkv_row_bytes(c->kv_dtype, c->head_dim_v);
+    geo->page_bytes =
+        (uint64_t)c->n_kv_heads * c->block_tokens * (geo->row_bytes + geo->row_bytes_v);
+    geo->chunk_pages = (CHUNK_TOKENS + c->block_tokens - 1) / c->block_tokens;
+    geo->kp.head_dim = c->head_dim;
+    geo->kp.head_dim_v = c->head_dim_v;
+    geo->kp.block_tokens = c->block_tokens;
+    geo->kp.hg = geo->hg;
+    geo->kp.dtype = c->kv_dtype;
+    geo->kp.scale = c->scale;
+    geo->kp.quant_dot = c->quant_dot;
+    geo->kp.v_offset = (size_t)(c->block_tokens * geo->row_bytes);
+    geo->kp.group_stride = (size_t)(c->block_tokens * (geo->row_bytes + geo->row_bytes_v));
+
+    /* per-layer variants: a copy of the array and of every sink-logit vector */
+    e->layers = calloc(c->n_layers, sizeof *e->layers);
+    if (!e->layers)
+        return PKV_ENOMEM;
+    geo->layers = e->layers;
+    for (uint32_t l = 0; c->layer_cfg && l < c->n_layers; l++) {
+        e->layers[l] = c->layer_cfg[l];
+        if (c->layer_cfg[l].sink_logits) {
+            float *copy = malloc((size_t)c->n_heads * sizeof *copy);
+            if (!copy) {
+                e->layers[l].sink_logits = NULL;
+                return PKV_ENOMEM;
+            }
+            memcpy(copy, c->layer_cfg[l].sink_logits, (size_t)c->n_heads * sizeof *copy);
+            e->layers[l].sink_logits = copy;
+        }
+        geo->variants |= c->layer_cfg[l].window || c->layer_cfg[l].softcap > 0.0f ||
+                         c->layer_cfg[l].sink_logits;
+    }
+    geo->variants |= c->head_dim_v != c->head_dim;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const uint64_t sp = pkvi_sink_pages(geo, &e->layers[l]);
+        const uint64_t ch = (sp + geo->chunk_pages - 1) / geo->chunk_pages;
+        if (ch > PKVI_MAX_CHUNKS) /* sinks beyond 64 chunks' worth: absurd */
+            return PKV_EINVAL;
+        if (ch > geo->sink_chunks_max)
+            geo->sink_chunks_max = (uint32_t)ch;
+    }
+    geo->cfg.layer_cfg = c->layer_cfg ? e->layers : NULL;
+
+    if (c->spill_dir) {
+        e->spill_dir = strdup(c->spill_dir);
+        if (!e->spill_dir)
+            return PKV_ENOMEM;
+        geo->cfg.spill_dir = e->spill_dir;
+    }
+    pkv_status st = pkvi_kernels_select(&geo->kern);
+    if (st != PKV_OK)
+        return st;
+    geo->kern = pkvi_kernels_for_dtype(geo->kern, c->kv_dtype);
+    return pkvi_prefetch_l2(&geo->kp.pf_l2);
 }
 
 pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
@@ -181,116 +262,44 @@ pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out)
     if (!out)
         return PKV_EINVAL;
     pkv_config c;
-    pkv_status st = pkvi_config_resolve(cfg, &c);
+    pkv_status st = resolve(cfg, &c, NULL, 0);
     if (st != PKV_OK)
         return st;
 
     pkv_engine *e = calloc(1, sizeof *e);
     if (!e)
         return PKV_ENOMEM;
-    e->cfg = c;
-    e->hg = c.n_heads / c.n_kv_heads;
-    e->row_bytes = pkv_row_bytes(c.kv_dtype, c.head_dim);
-    e->row_bytes_v = pkv_row_bytes(c.kv_dtype, c.head_dim_v);
-    e->page_bytes = (uint64_t)c.n_kv_heads * c.block_tokens * (e->row_bytes + e->row_bytes_v);
-    e->chunk_pages = (CHUNK_TOKENS + c.block_tokens - 1) / c.block_tokens;
-    e->split_awake = (double)PKVI_SPLIT_AWAKE_BYTES;
-    e->split_asleep = (double)PKVI_SPLIT_ASLEEP_BYTES;
-    e->kp.head_dim = c.head_dim;
-    e->kp.head_dim_v = c.head_dim_v;
-    e->kp.block_tokens = c.block_tokens;
-    e->kp.hg = e->hg;
-    e->kp.dtype = c.kv_dtype;
-    e->kp.scale = c.scale;
-    e->kp.quant_dot = c.quant_dot;
-    e->kp.v_offset = (size_t)(c.block_tokens * e->row_bytes);
-    e->kp.group_stride = (size_t)(c.block_tokens * (e->row_bytes + e->row_bytes_v));
-    pthread_mutex_init(&e->lock, NULL);
-    pthread_mutex_init(&e->err_lock, NULL);
-
-    /* per-layer variants: a copy of the array and of every sink-logit vector */
-    e->layers = calloc(c.n_layers, sizeof *e->layers);
-    if (!e->layers) {
-        st = PKV_ENOMEM;
-        goto fail;
+    pkvi_errs_init(&e->errs);
+    e->ctx = (pkvi_ctx){&e->geom, &e->cache, &e->exec, &e->errs};
+    st = geom_init(e, &c);
+    if (st == PKV_OK) {
+        st = pkvi_cache_init(&e->cache, &e->geom.cfg, e->geom.page_bytes);
+        e->cache_ok = st == PKV_OK;
     }
-    for (uint32_t l = 0; c.layer_cfg && l < c.n_layers; l++) {
-        e->layers[l] = c.layer_cfg[l];
-        if (c.layer_cfg[l].sink_logits) {
-            float *copy = malloc((size_t)c.n_heads * sizeof *copy);
-            if (!copy) {
-                e->layers[l].sink_logits = NULL;
-                st = PKV_ENOMEM;
-                goto fail;
-            }
-            memcpy(copy, c.layer_cfg[l].sink_logits, (size_t)c.n_heads * sizeof *copy);
-            e->layers[l].sink_logits = copy;
-        }
-        e->variants |= c.layer_cfg[l].window || c.layer_cfg[l].softcap > 0.0f ||
-                       c.layer_cfg[l].sink_logits;
+    if (st == PKV_OK) {
+        st = pkvi_exec_init(&e->exec, c.n_threads);
+        e->exec_ok = st == PKV_OK;
     }
-    e->variants |= c.head_dim_v != c.head_dim;
-    for (uint32_t l = 0; l < c.n_layers; l++) {
-        const uint64_t sp = pkvi_sink_pages(e, &e->layers[l]);
-        const uint64_t ch = (sp + e->chunk_pages - 1) / e->chunk_pages;
-        if (ch > PKVI_MAX_CHUNKS) { /* sinks beyond 64 chunks' worth: absurd */
-            st = PKV_EINVAL;
-            goto fail;
-        }
-        if (ch > e->sink_chunks_max)
-            e->sink_chunks_max = (uint32_t)ch;
-    }
-    e->cfg.layer_cfg = c.layer_cfg ? e->layers : NULL;
-
-    if (c.spill_dir) {
-        e->spill_dir = strdup(c.spill_dir);
-        if (!e->spill_dir) {
-            st = PKV_ENOMEM;
-            goto fail;
-        }
-        e->cfg.spill_dir = e->spill_dir;
-    }
-    st = pkvi_kernels_select(&e->kern);
-    if (st != PKV_OK)
-        goto fail;
-    e->kern = pkvi_kernels_for_dtype(e->kern, c.kv_dtype);
-    st = pkvi_prefetch_l2(&e->kp.pf_l2);
-    if (st != PKV_OK)
-        goto fail;
-    pkvi_prefix_init(&e->prefix, c.n_layers, c.block_tokens,
-                     c.prefix_cache_bytes / e->page_bytes);
-    st = pkvi_pool_init(&e->pool, e->page_bytes, c.mem_budget);
-    if (st != PKV_OK)
-        goto fail;
-    st = pkvi_threads_create(c.n_threads, &e->threads);
-    if (st != PKV_OK)
-        goto fail;
-    if (e->spill_dir) {
-        st = pkvi_spill_open(e->spill_dir, &e->spill);
-        if (st != PKV_OK)
-            goto fail;
+    if (st != PKV_OK) {
+        pkv_engine_destroy(e);
+        return st;
     }
     *out = e;
     return PKV_OK;
-fail:
-    pkv_engine_destroy(e);
-    return st;
 }
 
 void pkv_engine_destroy(pkv_engine *e)
 {
     if (!e)
         return;
-    while (e->sessions)
-        pkv_session_destroy(e->sessions);
-    if (e->prefix.n_layers) /* zero in a create that failed before it */
-        pkvi_prefix_fini(&e->prefix, pkvi_engine_pages(e));
-    pkvi_spill_close(e->spill);
-    pkvi_threads_destroy(e->threads);
-    pkvi_pool_fini(&e->pool); /* a no-op on the zeroed pool of a failed create */
-    pthread_mutex_destroy(&e->lock);
-    pthread_mutex_destroy(&e->err_lock);
-    for (uint32_t l = 0; e->layers && l < e->cfg.n_layers; l++)
+    if (e->cache_ok) {
+        pkvi_sessions_destroy_all(&e->cache);
+        pkvi_cache_fini(&e->cache);
+    }
+    if (e->exec_ok)
+        pkvi_exec_fini(&e->exec);
+    pkvi_errs_fini(&e->errs);
+    for (uint32_t l = 0; e->layers && l < e->geom.cfg.n_layers; l++)
         free((float *)e->layers[l].sink_logits);
     free(e->layers);
     free(e->spill_dir);
@@ -304,31 +313,10 @@ pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
     pkv_engine *e = (pkv_engine *)ce; /* the lock is not part of the logical state */
     pkv_stats s;
     memset(&s, 0, sizeof s);
-    s.isa = e->kern->isa;
-    s.page_bytes = e->page_bytes;
-    s.mem_budget = e->cfg.mem_budget;
-    s.pool = e->pool.use_jemalloc ? "jemalloc" : "aligned";
-    /* The lock that appends and (with spill) decodes need is held only to copy the
-     * counters: a consistent snapshot of them. jemalloc's statistics (an epoch
-     * refresh, ~25 us) are read after it, from the arena that is this engine's for
-     * its whole life; jemalloc serialises those calls itself. Measured with a
-     * thread decoding on a spill engine and a thread polling stats, against the same
-     * poller on another engine: 0.04-0.99 of the control's decodes/s (a round at
-     * 0.00: starved) while the refresh ran under the lock, 0.88-1.02 now
-     * (docs/memory.md). */
-    pthread_mutex_lock(&e->lock);
-    s.io_backend = e->spill ? pkvi_spill_backend(e->spill) : "none"; /* may fall back to sync */
-    /* cached pages (SPEC §10) are resident pages only the prefix index holds: in
-     * pool.in_use, not in pages_in_use; spilled ones are in pages_spilled */
-    s.pages_in_use = e->pool.in_use - e->prefix.cached.resident;
-    s.pages_cached = e->prefix.cached.resident;
-    s.pages_free = e->pool.n_free;
-    s.pages_spilled = e->pool.spilled;
-    s.prefix_lookups = e->prefix.lookups;
-    s.prefix_hit_tokens = e->prefix.hit_tokens;
-    const uint64_t allocated = e->pool.allocated;
-    pthread_mutex_unlock(&e->lock);
-    s.bytes_allocator = pkvi_pool_allocator_bytes(&e->pool, allocated);
+    s.isa = e->geom.kern->isa;
+    s.page_bytes = e->geom.page_bytes;
+    s.mem_budget = e->geom.cfg.mem_budget;
+    pkvi_cache_stats(&e->cache, &s);
     *out = s;
     return PKV_OK;
 }
@@ -337,6 +325,87 @@ pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out)
 {
     if (!e || !out)
         return PKV_EINVAL;
-    *out = e->cfg;
+    *out = e->geom.cfg;
     return PKV_OK;
+}
+
+pkv_status pkv_engine_last_error(const pkv_engine *ce, char *buf, size_t size)
+{
+    if (!ce || !buf || size == 0)
+        return PKV_EINVAL;
+    pkv_engine *e = (pkv_engine *)ce; /* the lock is not part of the logical state */
+    pkvi_errs_read(&e->errs, buf, size);
+    return PKV_OK;
+}
+
+pkv_status pkv_engine_check(pkv_engine *e)
+{
+    if (!e)
+        return PKV_EINVAL;
+    return pkvi_sessions_check(&e->geom, &e->cache, true) ? PKV_OK : PKV_ECORRUPT;
+}
+
+/* ---- the public calls on an engine handle: its contexts to the module ----------------- */
+
+pkv_status pkv_session_create(pkv_engine *e, pkv_session **out)
+{
+    if (!out || !e)
+        return PKV_EINVAL;
+    return pkvi_session_create(&e->ctx, out);
+}
+
+pkv_status pkv_session_from_prefix(pkv_engine *e, uint64_t n, const int32_t *tokens,
+                                   pkv_session **out, uint64_t *n_cached)
+{
+    if (!e || !out || !n_cached)
+        return PKV_EINVAL;
+    return pkvi_session_from_prefix(&e->ctx, n, tokens, out, n_cached);
+}
+
+pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out)
+{
+    if (!e)
+        return PKV_EINVAL;
+    return pkvi_session_load(&e->ctx, path, out);
+}
+
+pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
+                            pkv_session *const *sessions, const float *q, float *out)
+{
+    if (!e || !sessions || !q || !out || n == 0)
+        return PKV_EINVAL;
+    return pkvi_decode_batch(&e->ctx, layer, n, sessions, q, out);
+}
+
+pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
+                              float *out)
+{
+    if (!e)
+        return PKV_EINVAL;
+    return pkvi_merge_partials(&e->geom, n_chunks, states, out);
+}
+
+pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
+                             float *state_out)
+{
+    if (!e)
+        return PKV_EINVAL;
+    return pkvi_fold_partials(&e->geom, n_chunks, states, state_out);
+}
+
+uint64_t pkv_shard_align(const pkv_engine *e)
+{
+    return e ? pkvi_shard_align(&e->geom) : 0;
+}
+
+/* ---- for the tests (engine/engine.h) ------------------------------------------------------ */
+
+pkvi_ctx pkvi_engine_ctx(pkv_engine *e)
+{
+    return e->ctx;
+}
+
+bool pkvi_engine_check(pkv_engine *e)
+{
+    return pkvi_sessions_check(&e->geom, &e->cache, true);
 }

@@ -8,8 +8,8 @@
  *
  * Owns: where every field sits and how it is encoded. Does not own: what is written
  *   or when (persist/save.c), what is trusted or refused (persist/load.c), the
- *   version, alignment and header limit and pkvi_sfile_info (io_backend.h, shared
- *   with the tests), the checksum (crc32c.c).
+ *   version, alignment and header limit and pkvi_sfile_info (persist/sfile.h, shared
+ *   with the tests), the checksum (store/crc32c.h).
  *
  * Layout, versions 1 to 3 (every integer little-endian; offsets in bytes):
  *   header   [0, header_bytes)       the fixed fields at PKVI_SFILE_OFF_*, layer_len[L];
@@ -23,7 +23,8 @@
 #ifndef PAGEDKV_PERSIST_FORMAT_H
 #define PAGEDKV_PERSIST_FORMAT_H
 
-#include "store/io_backend.h"
+#include "persist/sfile.h"
+#include "store/crc32c.h"
 
 #include <string.h>
 

@@ -7,8 +7,9 @@
  *   padding, the token ids), the mapping of what is wrong to a status and a reason,
  *   and building a session from a file that passed. Does not own: the layout and its
  *   codecs (persist/format.h), writing files (persist/save.c), sessions and pages
- *   (session.c: pkv_session_create; session/write.c: pkvi_session_push_page/
- *   skip_pages; session/reuse.c: pkvi_session_set_tokens),
+ *   (session.c: pkvi_session_create; session/write.c: pkvi_session_push_page/
+ *   skip_pages; session/reuse.c: pkvi_session_set_tokens), which it builds from the
+ *   engine's contexts (pkvi_ctx: the geometry it compares a file with, the error sink),
  *   the I/O backends (io.c, io_uring.c), the checksum (crc32c.c).
  *
  * Invariants:
@@ -27,13 +28,12 @@
  *     half-built session: a load either returns a whole session or nothing.
  *   - Rows past a layer's length in its last page must be zero (save writes zeros).
  *
- * Error mapping (SPEC §5): not a session file (magic), or a sound header (CRC
+ * Error mapping (docs/file-format.md): not a session file (magic), or a sound header (CRC
  *   matches) of another version / geometry / dtype / block size / scale -> EINVAL;
  *   any other damage (header or page CRC, truncation, trailing bytes, nonzero
  *   padding, inconsistent fields) -> ECORRUPT; failing system calls -> EIO.
  */
 #include "persist/format.h"
-#include "session/session.h"
 
 #include <fcntl.h>
 #include <math.h>
@@ -668,17 +668,18 @@ pkv_status pkv_session_file_check(const char *path, pkv_file_info *info,
 /* ---- loading into an engine ---------------------------------------------------------- */
 
 /* A sound header of another engine is another format for this engine: EINVAL. */
-static pkv_status match_engine(reader *r, const pkv_engine *e)
+static pkv_status match_engine(reader *r, const pkvi_geom *geo)
 {
     const pkvi_sfile_info *in = r->info;
+    const pkv_config *c = &geo->cfg;
     uint32_t code = 0;
-    if (in->n_layers != e->cfg.n_layers || in->n_heads != e->cfg.n_heads ||
-        in->n_kv_heads != e->cfg.n_kv_heads || in->head_dim != e->cfg.head_dim ||
-        in->head_dim_v != e->cfg.head_dim_v)
+    if (in->n_layers != c->n_layers || in->n_heads != c->n_heads ||
+        in->n_kv_heads != c->n_kv_heads || in->head_dim != c->head_dim ||
+        in->head_dim_v != c->head_dim_v)
         return fail(r, PKV_EINVAL, "the file's geometry differs from the engine's");
     /* every layer's variant (a version-1 file's are all plain causal) */
     for (uint32_t l = 0; l < in->n_layers; l++) {
-        const pkv_layer_config *a = &in->layer_cfg[l], *b = &e->layers[l];
+        const pkv_layer_config *a = &in->layer_cfg[l], *b = &geo->layers[l];
         bool same = a->window == b->window && a->sink_tokens == b->sink_tokens &&
                     a->rollback_tokens == b->rollback_tokens &&
                     pkvi_float_bits(a->softcap) == pkvi_float_bits(b->softcap) &&
@@ -688,21 +689,21 @@ static pkv_status match_engine(reader *r, const pkv_engine *e)
         if (!same)
             return fail(r, PKV_EINVAL, "the file's attention variants differ from the engine's");
     }
-    if (!pkvi_sfile_dtype_code(e->cfg.kv_dtype, &code) || code != in->dtype_code)
+    if (!pkvi_sfile_dtype_code(c->kv_dtype, &code) || code != in->dtype_code)
         return fail(r, PKV_EINVAL, "the file's dtype differs from the engine's");
-    if (in->block_tokens != e->cfg.block_tokens)
+    if (in->block_tokens != c->block_tokens)
         return fail(r, PKV_EINVAL, "the file's block size differs from the engine's");
-    if (in->scale_bits != pkvi_float_bits(e->cfg.scale))
+    if (in->scale_bits != pkvi_float_bits(c->scale))
         return fail(r, PKV_EINVAL, "the file's softmax scale differs from the engine's");
     return PKV_OK;
 }
 
-pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
+pkv_status pkvi_session_load_io(const pkvi_ctx *ctx, const char *path, pkvi_io *io,
                                 pkv_session **out, const char **why)
 {
     if (why != NULL)
         *why = "invalid arguments";
-    if (e == NULL || path == NULL || io == NULL || out == NULL)
+    if (ctx == NULL || path == NULL || io == NULL || out == NULL)
         return PKV_EINVAL;
     pkvi_sfile_info info;
     memset(&info, 0, sizeof info);
@@ -718,7 +719,7 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
          * geometry may claim any number of pages. */
         if (info.header_sound && (st == PKV_OK || st == PKV_ECORRUPT)) {
             const char *why0 = r.why;
-            pkv_status mst = match_engine(&r, e);
+            pkv_status mst = match_engine(&r, ctx->geom);
             if (mst != PKV_OK)
                 st = mst;
             else
@@ -735,13 +736,13 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
         st = ids ? read_ids(&r, ids) : fail(&r, PKV_ENOMEM, "out of memory");
     }
     if (st == PKV_OK) {
-        st = pkv_session_create(e, &s);
+        st = pkvi_session_create(ctx, &s);
         if (st != PKV_OK)
             r.why = "could not create the session";
     }
     if (st == PKV_OK)
         st = scan_pages(&r, s);                    /* pass 2: check again, build */
-    if (st == PKV_OK && ids) {                     /* SPEC §10: the record, indexed */
+    if (st == PKV_OK && ids) {  /* the token record (docs/prefix-cache.md), indexed */
         st = pkvi_session_set_tokens(s, info.n_token_ids, ids);
         if (st != PKV_OK)
             r.why = "could not record the token ids";
@@ -760,19 +761,20 @@ pkv_status pkvi_session_load_io(pkv_engine *e, const char *path, pkvi_io *io,
     return st;
 }
 
-pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out)
+pkv_status pkvi_session_load(const pkvi_ctx *ctx, const char *path, pkv_session **out)
 {
     /* "" is EINVAL, as pkv_session_save says: the same bad input, the same status */
-    if (e == NULL || path == NULL || *path == '\0' || out == NULL)
+    if (path == NULL || *path == '\0' || out == NULL)
         return PKV_EINVAL;
     pkvi_io *io = NULL;
     pkv_status st = pkvi_io_open(false, &io);
     if (st != PKV_OK)
         return st;
     const char *why = NULL;
-    st = pkvi_session_load_io(e, path, io, out, &why);
+    st = pkvi_session_load_io(ctx, path, io, out, &why);
     pkvi_io_close(io);
     if (st != PKV_OK)
-        return pkvi_fail(e, st, "pkv_session_load: %s: %s", path, why ? why : "failed");
+        return pkvi_fail(ctx->errs, st, "pkv_session_load: %s: %s", path,
+                         why ? why : "failed");
     return st;
 }

@@ -8,8 +8,9 @@
  *   rename, directory fsync; and the removal of temporaries that killed saves left
  *   (clean_stale). Does not own: the layout and its codecs (persist/format.h),
  *   reading or checking files (persist/load.c), sessions and pages
- *   (session/residency.c: pkvi_session_acquire/release), the I/O backends (io.c, io_uring.c), the
- *   checksum (crc32c.c).
+ *   (session/residency.c: pkvi_session_acquire/release; the tables' entries through
+ *   btable.c), the I/O backends (io.c, io_uring.c), the checksum (crc32c.c). Works
+ *   from the session's contexts (its geometry and error sink), never its engine.
  *
  * Invariants:
  *   - Save never writes memory it did not define: rows past a layer's length in its
@@ -24,7 +25,6 @@
  *   - It writes the oldest version that holds the session (1 for a plain engine).
  */
 #include "persist/format.h"
-#include "session/session.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -85,11 +85,11 @@ static pkv_status need_reqs(writer *w)
 }
 
 /* Write one page; returns its CRC through *crc. */
-static pkv_status write_page(writer *w, const pkv_engine *e, const unsigned char *data,
+static pkv_status write_page(writer *w, const pkvi_geom *geo, const unsigned char *data,
                              uint32_t tokens, uint64_t off, uint32_t *crc)
 {
-    uint64_t pb = e->page_bytes;
-    uint32_t bt = e->cfg.block_tokens;
+    uint64_t pb = geo->page_bytes;
+    uint32_t bt = geo->cfg.block_tokens;
     pkv_status st = need_reqs(w);
     if (st != PKV_OK)
         return st;
@@ -110,9 +110,10 @@ static pkv_status write_page(writer *w, const pkv_engine *e, const unsigned char
         memcpy(dst, data, (size_t)pb);
     } else {
         /* Only the valid rows of each group's K and V; the rest is zero. */
-        const uint64_t rk = e->row_bytes, rv = e->row_bytes_v, stride = (uint64_t)bt * (rk + rv);
+        const uint64_t rk = geo->row_bytes, rv = geo->row_bytes_v;
+        const uint64_t stride = (uint64_t)bt * (rk + rv);
         memset(dst, 0, (size_t)pb);
-        for (uint32_t gi = 0; gi < e->cfg.n_kv_heads; gi++) {
+        for (uint32_t gi = 0; gi < geo->cfg.n_kv_heads; gi++) {
             const uint64_t base = stride * gi;
             memcpy(dst + base, data + base, (size_t)(tokens * rk));
             memcpy(dst + base + bt * rk, data + base + bt * rk, (size_t)(tokens * rv));
@@ -310,20 +311,20 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
     if (s == NULL || path == NULL || *path == '\0' || io == NULL ||
         (flags & ~PKVI_SAVE_NAMED_TEMP) != 0)
         return PKV_EINVAL;
-    const pkv_engine *e = s->e;
-    const pkv_config *c = &e->cfg;
+    const pkvi_geom *geo = s->geom;
+    const pkv_config *c = &geo->cfg;
     uint32_t L = c->n_layers, bt = c->block_tokens, code = 0;
     /* The format's page layout is [g][K bt rows | V bt rows]; the engine's must match. */
-    if (!pkvi_sfile_dtype_code(c->kv_dtype, &code) || e->kp.v_offset != bt * e->row_bytes ||
-        e->kp.group_stride != bt * (e->row_bytes + e->row_bytes_v) ||
-        e->page_bytes != (uint64_t)c->n_kv_heads * e->kp.group_stride)
+    if (!pkvi_sfile_dtype_code(c->kv_dtype, &code) || geo->kp.v_offset != bt * geo->row_bytes ||
+        geo->kp.group_stride != bt * (geo->row_bytes + geo->row_bytes_v) ||
+        geo->page_bytes != (uint64_t)c->n_kv_heads * geo->kp.group_stride)
         return PKV_EINVAL;
     /* The oldest version that holds the session: 1 for a plain engine (so readers of
      * version 1 still read what it saves), 2 with variants or block dtypes. */
-    const uint32_t version = s->n_tokens ? 3u : e->variants || code > 2 ? 2u : 1u;
+    const uint32_t version = s->n_tokens ? 3u : geo->variants || code > 2 ? 2u : 1u;
     uint64_t n_logit_layers = 0;
     for (uint32_t l = 0; l < L; l++)
-        n_logit_layers += e->layers[l].sink_logits != NULL;
+        n_logit_layers += geo->layers[l].sink_logits != NULL;
 
     uint64_t n_pages = 0, hbytes = PKVI_SFILE_HEADER_FIXED + 8ull * L, table_end = 0, data_off;
     if (version >= 2)
@@ -334,7 +335,7 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
     if (hbytes > PKVI_SFILE_MAX_HEADER)   /* more layers than the format holds */
         return PKV_EINVAL;
     for (uint32_t l = 0; l < L; l++)
-        if (!pkvi_add(n_pages, pkvi_btable_held(&s->layers[l]), &n_pages))
+        if (!pkvi_add(n_pages, pkvi_btable_held(s->layers[l]), &n_pages))
             return PKV_ENOMEM;
     if (!pkvi_mul(n_pages, PKVI_SFILE_ENTRY_BYTES, &table_end) ||
         !pkvi_add(table_end, hbytes, &table_end) || table_end > SIZE_MAX / 2)
@@ -350,11 +351,11 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
     /* Staging for pages written as copies: a quarter of a batch, but never more than
      * the session itself (a 4 KiB session must not cost a 4 MiB buffer). */
     uint64_t need;
-    if (!pkvi_mul(n_pages ? n_pages : 1, e->page_bytes, &need))
+    if (!pkvi_mul(n_pages ? n_pages : 1, geo->page_bytes, &need))
         need = UINT64_MAX;
     w.stage_cap = need < PKVI_SFILE_BATCH_BYTES / 4 ? need : PKVI_SFILE_BATCH_BYTES / 4;
-    if (w.stage_cap < e->page_bytes)
-        w.stage_cap = e->page_bytes;
+    if (w.stage_cap < geo->page_bytes)
+        w.stage_cap = geo->page_bytes;
     w.stage = pkvi_sfile_alloc(w.stage_cap);
     char *dir = dir_of(path);
     w_why = "out of memory";
@@ -383,22 +384,23 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
 
     w_why = "write error";
     for (uint32_t l = 0; l < L; l++) {
-        const pkvi_btable *ly = &s->layers[l];
-        if (ly->n_pages == 0)
+        const pkvi_btable *ly = s->layers[l];
+        const uint64_t np = pkvi_btable_n_pages(ly), len = pkvi_btable_len(ly);
+        if (np == 0)
             continue;
         if ((st = pkvi_session_acquire(s, l)) != PKV_OK) {
             w_why = "could not bring spilled pages back";
             goto out;
         }
-        for (uint64_t i = 0; i < ly->n_pages && st == PKV_OK; i++, k++) {
-            if (ly->pages[i] == NULL) { /* released by the window: not in the file */
+        for (uint64_t i = 0; i < np && st == PKV_OK; i++, k++) {
+            const pkvi_page *pg = pkvi_btable_page(ly, i);
+            if (pg == NULL) { /* released by the window: not in the file */
                 k--;
                 continue;
             }
             uint32_t crc = 0;
-            st = write_page(&w, e, ly->pages[i]->data,
-                            pkvi_sfile_page_tokens(ly->len, ly->n_pages, i, bt),
-                            data_off + k * e->page_bytes, &crc);
+            st = write_page(&w, geo, pg->data, pkvi_sfile_page_tokens(len, np, i, bt),
+                            data_off + k * geo->page_bytes, &crc);
             unsigned char *ent = head + hbytes + k * PKVI_SFILE_ENTRY_BYTES;
             pkvi_put32(ent, l);
             pkvi_put32(ent + 4, crc);
@@ -423,28 +425,27 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
     pkvi_put32(head + PKVI_SFILE_OFF_DTYPE, code);
     pkvi_put32(head + PKVI_SFILE_OFF_BLOCK_TOKENS, bt);
     pkvi_put32(head + PKVI_SFILE_OFF_SCALE, pkvi_float_bits(c->scale));
-    pkvi_put64(head + PKVI_SFILE_OFF_PAGE_BYTES, e->page_bytes);
+    pkvi_put64(head + PKVI_SFILE_OFF_PAGE_BYTES, geo->page_bytes);
     pkvi_put64(head + PKVI_SFILE_OFF_N_PAGES, n_pages);
     pkvi_put64(head + PKVI_SFILE_OFF_TABLE_OFF, hbytes);
     pkvi_put64(head + PKVI_SFILE_OFF_DATA_OFF, data_off);
     pkvi_put32(head + PKVI_SFILE_OFF_TABLE_CRC,
                pkvi_crc32c(0, head + hbytes, (size_t)(n_pages * PKVI_SFILE_ENTRY_BYTES)));
     for (uint32_t l = 0; l < L; l++)
-        pkvi_put64(head + PKVI_SFILE_OFF_LAYER_LEN + 8ull * l, s->layers[l].len);
+        pkvi_put64(head + PKVI_SFILE_OFF_LAYER_LEN + 8ull * l, pkvi_btable_len(s->layers[l]));
     if (version >= 2) {
         unsigned char *x = head + PKVI_SFILE_HEADER_FIXED + 8ull * L - 4;
         pkvi_put32(x, c->head_dim_v);
         unsigned char *z = x + PKVI_SFILE_V2_EXTRA + (uint64_t)PKVI_SFILE_V2_LAYER * L;
         for (uint32_t l = 0; l < L; l++) {
-            const pkv_layer_config *lc = &e->layers[l];
-            const pkvi_btable *t = &s->layers[l];
+            const pkv_layer_config *lc = &geo->layers[l];
             unsigned char *y = x + PKVI_SFILE_V2_EXTRA + (uint64_t)PKVI_SFILE_V2_LAYER * l;
             pkvi_put32(y, lc->window);
             pkvi_put32(y + 4, lc->sink_tokens);
             pkvi_put32(y + 8, lc->rollback_tokens);
             pkvi_put32(y + 12, pkvi_float_bits(lc->softcap));
             pkvi_put32(y + 16, lc->sink_logits != NULL);
-            pkvi_put64(y + 24, t->hole_hi > t->hole_lo ? t->hole_hi : 0);
+            pkvi_put64(y + 24, pkvi_btable_hole_end(s->layers[l]));
             for (uint32_t i = 0; lc->sink_logits && i < c->n_heads; i++, z += 4)
                 pkvi_put32(z, pkvi_float_bits(lc->sink_logits[i]));
         }
@@ -453,8 +454,8 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
         unsigned char *t3 = head + hbytes - 4 - PKVI_SFILE_V3_EXTRA;
         uint32_t crc = 0;
         w_why = "write error";
-        st = write_ids(io, w.fd, s->tokens, s->n_tokens, data_off + n_pages * e->page_bytes,
-                       &crc);
+        st = write_ids(io, w.fd, s->tokens, s->n_tokens,
+                       data_off + n_pages * geo->page_bytes, &crc);
         if (st != PKV_OK)
             goto out;
         pkvi_put64(t3, s->n_tokens);
@@ -524,6 +525,6 @@ pkv_status pkv_session_save(pkv_session *s, const char *path)
     st = pkvi_session_save_io(s, path, io, &why);
     pkvi_io_close(io);
     if (st != PKV_OK)
-        return pkvi_fail(s->e, st, "pkv_session_save: %s: %s", path, why ? why : "failed");
+        return pkvi_fail(s->errs, st, "pkv_session_save: %s: %s", path, why ? why : "failed");
     return st;
 }

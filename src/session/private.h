@@ -7,7 +7,7 @@
  * Owns nothing at run time; it only declares. The layering it allows, and the only
  * one (each file calls only those below it; nothing calls up):
  *
- *   session/reuse.c    set_tokens, from_prefix        -> session.c
+ *   session/reuse.c     set_tokens, from_prefix        -> session.c
  *   session/write.c     reservations, append, load     -> session.c, session/residency.c
  *   session.c           lifecycle, the session object  -> (session/account.c: checks)
  *   session/residency.c LRU victims, make room, fault in, pin
@@ -20,15 +20,16 @@
 
 /* ---- session.c: the object ---------------------------------------------------------- */
 
-/* A session of e with empty tables, not yet on the engine's list; NULL when out of
- * memory. No lock needed: nothing else sees it yet. */
-PKVI_HIDDEN pkv_session *pkvi_session_alloc(pkv_engine *e);
+/* A session of the engine ctx names, with empty tables, not yet on the session list;
+ * NULL when out of memory. No lock needed: nothing else sees it yet. */
+PKVI_HIDDEN pkv_session *pkvi_session_alloc(const pkvi_ctx *ctx);
 /* Free s, off the list, whose tables hold no page any more (or never did). No lock. */
 PKVI_HIDDEN void pkvi_session_free(pkv_session *s);
-/* Put s at the head of e's session list, most recently used. Under e->lock. */
-PKVI_HIDDEN void pkvi_session_link(pkv_engine *e, pkv_session *s);
+/* Put s at the head of its cache state's session list, most recently used. Under the
+ * lock. */
+PKVI_HIDDEN void pkvi_session_link(pkv_session *s);
 /* Grow s's split-K scratch for layers of up to n_pages pages (decode.c's layout);
- * touches s alone, so with or without e->lock (fork calls it without, a reservation
+ * touches s alone, so with or without the lock (fork calls it without, a reservation
  * with). PKV_ENOMEM leaves the old scratch in place. */
 PKVI_HIDDEN pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages);
 
@@ -36,11 +37,14 @@ PKVI_HIDDEN pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_
 
 /* Bring the spilled pages of table t (layer) from entry `from` on back into memory;
  * the caller pinned t, so making room never spills them again. PKV_ENOMEM, PKV_EIO
- * (every page stays spilled). Under e->lock. */
-PKVI_HIDDEN pkv_status pkvi_session_fault_in(pkv_engine *e, pkvi_btable *t, uint32_t layer,
+ * (every page stays spilled). Under the lock. */
+PKVI_HIDDEN pkv_status pkvi_session_fault_in(const pkvi_geom *geo, pkvi_cache *cache,
+                                             pkvi_btable *t, uint32_t layer,
                                              uint64_t from);
-/* n new pages into out[0, n), all or nothing, spilling to make room. PKV_ENOMEM,
- * PKV_EIO. Under e->lock. */
-PKVI_HIDDEN pkv_status pkvi_session_take_pages(pkv_engine *e, uint64_t n, pkvi_page **out);
+/* n new pages (refs 0: a push takes them) into out[0, n), all or nothing, spilling
+ * to make room; their bytes are zeros on a spill engine. PKV_ENOMEM, PKV_EIO. Under
+ * the lock. */
+PKVI_HIDDEN pkv_status pkvi_session_take_pages(const pkvi_geom *geo, pkvi_cache *cache,
+                                               uint64_t n, pkvi_page **out);
 
 #endif /* PAGEDKV_SESSION_PRIVATE_H */

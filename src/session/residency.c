@@ -4,11 +4,12 @@
  * spilled pages back (fault in), taking new pages all or nothing, and the pins that
  * keep the spiller away from a layer in use (pkvi_session_acquire / _release).
  *
- * Owns no state of its own: it works on the engine's pool, spill file and session
- * list under e->lock. Calls down into btable.c (sync after a move), prefix.c (cached
- * pages go first), pool.c (pages) and spill.c (moving bytes); calls no other session
- * file. What a write takes from it is session/write.c's; creating, forking and
- * destroying sessions is session.c's.
+ * Owns no state of its own: it works on the cache state's pool, spill file and
+ * session list (cache/cache.h) under its lock. Calls down into btable.c (the tables'
+ * residency walks, sync after a move), prefix.c (cached pages go first), pool.c
+ * (pages, the budget) and spill.c (moving bytes); calls no other session file. What a
+ * write takes from it is session/write.c's; creating, forking and destroying sessions
+ * is session.c's.
  *
  * Spill victims: resident pages of the least recently used sessions first, whole
  * sessions at a time (a session is idle as a whole, and decode needs all of a layer's
@@ -29,30 +30,28 @@
 /* ---- holders of a page (B4) ------------------------------------------------------ */
 
 /* Whether a table holding pg (at layer, index i) is pinned. */
-static bool holder_pinned(const pkv_engine *e, uint32_t layer, uint64_t i,
+static bool holder_pinned(const pkvi_cache *cache, uint32_t layer, uint64_t i,
                           const pkvi_page *pg)
 {
-    for (const pkv_session *s = e->sessions; s; s = s->next) {
-        const pkvi_btable *t = &s->layers[layer];
-        if (t->pins && i < t->n_pages && t->pages[i] == pg)
+    for (const pkv_session *s = cache->sessions; s; s = s->next) {
+        const pkvi_btable *t = s->layers[layer];
+        if (pkvi_btable_pinned(t) && pkvi_btable_names(t, i, pg))
             return true;
     }
     return false;
 }
 
 /* pg (at layer, index i; one holder is t) moved: sync every table that holds it. */
-static void sync_holders(pkv_engine *e, pkvi_btable *t, uint32_t layer, uint64_t i,
+static void sync_holders(pkvi_cache *cache, pkvi_btable *t, uint32_t layer, uint64_t i,
                          const pkvi_page *pg)
 {
-    if (pg->refs == 1) {
+    if (!pkvi_page_shared(pg)) {
         pkvi_btable_sync(t, i);
         return;
     }
-    for (pkv_session *s = e->sessions; s; s = s->next) {
-        pkvi_btable *h = &s->layers[layer];
-        if (i < h->n_pages && h->pages[i] == pg)
-            pkvi_btable_sync(h, i);
-    }
+    for (pkv_session *s = cache->sessions; s; s = s->next)
+        if (pkvi_btable_names(s->layers[layer], i, pg))
+            pkvi_btable_sync(s->layers[layer], i);
 }
 
 /* ---- making room under the budget --------------------------------------------------- */
@@ -71,18 +70,18 @@ static int by_lru(const void *a, const void *b)
 }
 
 /* Resident cached pages (only the prefix index holds them), least recently used
- * nodes first: the first spill victims, before any live session's page (SPEC §10).
- * Marks them in tally like make_room does. */
-static uint64_t cached_victims(pkv_engine *e, located *vic, pkvi_page **pages,
-                               uint64_t want)
+ * nodes first: the first spill victims, before any live session's page
+ * (docs/prefix-cache.md). Marks them in tally like make_room does. */
+static uint64_t cached_victims(const pkvi_geom *geo, pkvi_cache *cache, located *vic,
+                               pkvi_page **pages, uint64_t want)
 {
     uint64_t nv = 0;
-    if (!e->prefix.cached.resident)
+    if (!cache->prefix.cached.resident)
         return 0;
-    for (pkvi_pnode *n = e->prefix.oldest; n && nv < want; n = n->newer)
-        for (uint32_t l = 0; l < e->cfg.n_layers && nv < want; l++) {
+    for (pkvi_pnode *n = cache->prefix.oldest; n && nv < want; n = n->newer)
+        for (uint32_t l = 0; l < geo->cfg.n_layers && nv < want; l++) {
             pkvi_page *pg = n->pages[l];
-            if (!pg || pg->refs != 1 || !pg->data || pg->tally)
+            if (!pg || !pkvi_page_cached(pg) || !pg->data || pg->tally)
                 continue;
             pg->tally = 1;
             vic[nv] = (located){pg, NULL, l, n->depth};
@@ -96,23 +95,24 @@ static uint64_t cached_victims(pkv_engine *e, located *vic, pkvi_page **pages,
  * sessions first (at least SPILL_BATCH pages when anything must go). PKV_OK when the
  * budget already has room; PKV_ENOMEM when not enough can be spilled (the rest is
  * pinned by calls in flight) or there is no spill file; PKV_EIO when the write failed
- * (every page stays resident). Under e->lock.
+ * (every page stays resident). Under the lock.
  */
-static pkv_status make_room(pkv_engine *e, uint64_t n)
+static pkv_status make_room(const pkvi_geom *geo, pkvi_cache *cache, uint64_t n)
 {
-    pkvi_pool *p = &e->pool;
-    if (!p->budget_pages || p->in_use + n <= p->budget_pages)
-        return PKV_OK;
-    if (n > p->budget_pages)
+    uint64_t need;
+    if (!pkvi_pool_room(cache->pool, n, &need))
         return PKV_ENOMEM;
-    const uint64_t need = p->in_use + n - p->budget_pages;
-    if (!e->spill) { /* cached pages (SPEC §10) are dropped before anything fails */
-        pkvi_prefix_drop(&e->prefix, pkvi_engine_pages(e), need);
-        return p->in_use + n <= p->budget_pages ? PKV_OK : PKV_ENOMEM;
+    if (need == 0)
+        return PKV_OK;
+    if (!cache->spill) { /* cached pages (docs/prefix-cache.md) are dropped before
+                            anything fails */
+        pkvi_prefix_drop(&cache->prefix, pkvi_cache_pages(cache), need);
+        return pkvi_pool_room(cache->pool, n, &need) && need == 0 ? PKV_OK : PKV_ENOMEM;
     }
     const uint64_t want = need < SPILL_BATCH ? SPILL_BATCH : need;
 
-    pkv_session **order = malloc((size_t)(e->n_sessions ? e->n_sessions : 1) * sizeof *order);
+    pkv_session **order =
+        malloc((size_t)(cache->n_sessions ? cache->n_sessions : 1) * sizeof *order);
     located *vic = malloc((size_t)want * sizeof *vic);
     pkvi_page **pages = malloc((size_t)want * sizeof *pages);
     if (!order || !vic || !pages) {
@@ -122,37 +122,35 @@ static pkv_status make_room(pkv_engine *e, uint64_t n)
         return PKV_ENOMEM;
     }
     uint64_t ns = 0;
-    for (pkv_session *s = e->sessions; s; s = s->next)
+    for (pkv_session *s = cache->sessions; s; s = s->next)
         order[ns++] = s;
     qsort(order, (size_t)ns, sizeof *order, by_lru);
 
     /* `tally` marks a descriptor already chosen (a shared page is met once per holder) */
-    uint64_t nv = cached_victims(e, vic, pages, want);
+    uint64_t nv = cached_victims(geo, cache, vic, pages, want);
     /* cached pages alone suffice: no live page is spilled just to fill the batch */
     const bool cached_enough = nv >= need;
     for (uint64_t k = 0; !cached_enough && k < ns && nv < want; k++)
-        for (uint32_t l = 0; l < e->cfg.n_layers && nv < want; l++) {
-            pkvi_btable *t = &order[k]->layers[l];
-            if (t->pins || t->n_spilled == t->n_pages)
-                continue;
-            for (uint64_t i = 0; i < t->n_pages && nv < want; i++) {
-                pkvi_page *pg = t->pages[i];
-                if (!pg || !pg->data || pg->tally ||
-                    (pg->refs > 1 && holder_pinned(e, l, i, pg)))
+        for (uint32_t l = 0; l < geo->cfg.n_layers && nv < want; l++) {
+            pkvi_btable *t = order[k]->layers[l];
+            pkvi_page *pg;
+            for (uint64_t i = 0; nv < want && pkvi_btable_next_resident(t, &i, &pg); i++) {
+                if (pg->tally || (pkvi_page_shared(pg) && holder_pinned(cache, l, i, pg)))
                     continue;
                 pg->tally = 1;
                 vic[nv] = (located){pg, t, l, i};
                 pages[nv++] = pg;
             }
         }
-    pkv_status st = nv < need ? PKV_ENOMEM : pkvi_spill_write(e->spill, p, pages, nv, need);
+    pkv_status st = nv < need ? PKV_ENOMEM
+                              : pkvi_spill_write(cache->spill, cache->pool, pages, nv, need);
     for (uint64_t v = 0; v < nv; v++) {
         vic[v].pg->tally = 0;
         if (st == PKV_OK && !vic[v].pg->data) { /* written (a retry may write fewer) */
             if (vic[v].t)
-                sync_holders(e, vic[v].t, vic[v].layer, vic[v].index, vic[v].pg);
+                sync_holders(cache, vic[v].t, vic[v].layer, vic[v].index, vic[v].pg);
             else /* a cached page: no table names it */
-                e->prefix.cached.resident--;
+                cache->prefix.cached.resident--;
         }
     }
     free(order);
@@ -162,15 +160,14 @@ static pkv_status make_room(pkv_engine *e, uint64_t n)
 }
 
 /* Bring the spilled pages of table t (layer) from entry `from` on back into memory;
- * the caller pinned t, so making room never spills them again. Under e->lock. */
-pkv_status pkvi_session_fault_in(pkv_engine *e, pkvi_btable *t, uint32_t layer, uint64_t from)
+ * the caller pinned t, so making room never spills them again. Under the lock. */
+pkv_status pkvi_session_fault_in(const pkvi_geom *geo, pkvi_cache *cache, pkvi_btable *t,
+                                 uint32_t layer, uint64_t from)
 {
-    uint64_t n = 0;
-    for (uint64_t i = from; i < t->n_pages; i++)
-        n += t->pages[i] && t->data[i] == NULL;
+    const uint64_t n = pkvi_btable_spilled(t, from, NULL, NULL);
     if (n == 0)
         return PKV_OK;
-    pkv_status st = make_room(e, n);
+    pkv_status st = make_room(geo, cache, n);
     if (st != PKV_OK)
         return st;
     uint64_t *idx = malloc((size_t)n * sizeof *idx);
@@ -180,42 +177,36 @@ pkv_status pkvi_session_fault_in(pkv_engine *e, pkvi_btable *t, uint32_t layer, 
         free(pages);
         return PKV_ENOMEM;
     }
-    uint64_t k = 0;
-    for (uint64_t i = from; i < t->n_pages; i++)
-        if (t->pages[i] && t->data[i] == NULL) {
-            idx[k] = i;
-            pages[k++] = t->pages[i];
-        }
-    st = pkvi_spill_read(e->spill, &e->pool, pages, n);
+    (void)pkvi_btable_spilled(t, from, idx, pages);
+    st = pkvi_spill_read(cache->spill, cache->pool, pages, n);
     if (st == PKV_OK)
-        for (k = 0; k < n; k++)
-            sync_holders(e, t, layer, idx[k], pages[k]);
+        for (uint64_t k = 0; k < n; k++)
+            sync_holders(cache, t, layer, idx[k], pages[k]);
     free(idx);
     free(pages);
     return st;
 }
 
-/* n new pages, all or nothing, spilling to make room. Under e->lock. */
-pkv_status pkvi_session_take_pages(pkv_engine *e, uint64_t n, pkvi_page **out)
+/* n new pages, all or nothing, spilling to make room. Under the lock. */
+pkv_status pkvi_session_take_pages(const pkvi_geom *geo, pkvi_cache *cache, uint64_t n,
+                                   pkvi_page **out)
 {
-    pkv_status st = make_room(e, n);
+    pkv_status st = make_room(geo, cache, n);
     uint64_t got = 0;
     while (st == PKV_OK && got < n)
-        if ((st = pkvi_page_create(&e->pool, &out[got])) == PKV_OK)
+        if ((st = pkvi_page_create(cache->pool, &out[got])) == PKV_OK)
             got++;
     if (st != PKV_OK) {
-        while (got-- > 0) {
-            out[got]->refs = 0;
-            pkvi_page_destroy(&e->pool, out[got]);
-        }
+        while (got-- > 0)
+            pkvi_page_destroy(cache->pool, out[got]); /* nobody holds them yet */
         return st;
     }
 #if !PKV_POISON
     /* A spilled page is written whole, unused rows included: start them defined, so
      * no stale bytes of an earlier page (another user's K/V) ever reach the disk. */
-    if (e->spill)
+    if (cache->spill)
         for (uint64_t i = 0; i < n; i++)
-            memset(out[i]->data, 0, (size_t)e->page_bytes);
+            memset(out[i]->data, 0, (size_t)geo->page_bytes);
 #endif
     return PKV_OK;
 }
@@ -224,30 +215,32 @@ pkv_status pkvi_session_take_pages(pkv_engine *e, uint64_t n, pkvi_page **out)
 
 pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer)
 {
-    pkv_engine *e = s->e;
-    if (!e->spill)
+    pkvi_cache *cache = s->cache;
+    if (!cache->spill)
         return PKV_OK;
-    pkvi_btable *t = &s->layers[layer];
-    pthread_mutex_lock(&e->lock);
-    t->pins++; /* first: making room must not spill what is being brought back */
-    const pkv_status st = t->n_spilled ? pkvi_session_fault_in(e, t, layer, 0) : PKV_OK;
+    pkvi_btable *t = s->layers[layer];
+    pthread_mutex_lock(&cache->lock);
+    pkvi_btable_pin(t); /* first: making room must not spill what is being brought back */
+    const pkv_status st =
+        pkvi_btable_n_spilled(t) ? pkvi_session_fault_in(s->geom, cache, t, layer, 0) : PKV_OK;
     if (st != PKV_OK)
-        t->pins--;
+        pkvi_btable_unpin(t);
     else
-        s->lru = ++e->clock;
-    pthread_mutex_unlock(&e->lock);
+        s->lru = ++cache->clock;
+    pthread_mutex_unlock(&cache->lock);
     if (st != PKV_OK)
-        return pkvi_fail(e, st, "layer %u: its spilled pages could not be brought back (%s)",
-                         layer, st == PKV_EIO ? "a read failed" : "the budget has no room");
+        return pkvi_fail(s->errs, st,
+                         "layer %u: its spilled pages could not be brought back (%s)", layer,
+                         st == PKV_EIO ? "a read failed" : "the budget has no room");
     return st;
 }
 
 void pkvi_session_release(pkv_session *s, uint32_t layer)
 {
-    pkv_engine *e = s->e;
-    if (!e->spill)
+    pkvi_cache *cache = s->cache;
+    if (!cache->spill)
         return;
-    pthread_mutex_lock(&e->lock);
-    s->layers[layer].pins--;
-    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_lock(&cache->lock);
+    pkvi_btable_unpin(s->layers[layer]);
+    pthread_mutex_unlock(&cache->lock);
 }

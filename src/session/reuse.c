@@ -1,5 +1,5 @@
 /*
- * session/reuse.c - sessions and the prefix cache (SPEC §10): pkv_session_set_tokens
+ * session/reuse.c - sessions and the prefix cache (docs/prefix-cache.md): pkv_session_set_tokens
  * records a session's token ids and indexes its full pages; pkv_session_from_prefix
  * creates a session that shares the longest usable match, as a fork shares its
  * source's pages.
@@ -22,12 +22,11 @@
 /* Index the record's first `full` page indices (ids in s->tokens): the nodes that
  * exist are reused (a window-released entry filled in when s still holds that page),
  * the missing ones are created from s's pages. All nodes are allocated before the
- * index changes: PKV_ENOMEM changes nothing. chain: [full]. Under e->lock. */
-static pkv_status index_record(pkv_engine *e, pkv_session *s, uint64_t full,
-                               pkvi_pnode **chain)
+ * index changes: PKV_ENOMEM changes nothing. chain: [full]. Under the lock. */
+static pkv_status index_record(pkv_session *s, uint64_t full, pkvi_pnode **chain)
 {
-    pkvi_prefix *p = &e->prefix;
-    const uint64_t bt = e->cfg.block_tokens;
+    pkvi_prefix *p = &s->cache->prefix;
+    const uint64_t bt = s->geom->cfg.block_tokens;
     pkvi_pnode *parent = NULL;
     uint64_t j = 0;
     for (; j < full; j++) {
@@ -49,9 +48,9 @@ static pkv_status index_record(pkv_engine *e, pkv_session *s, uint64_t full,
             pkvi_prefix_insert(p, nd, parent, s->tokens + i * bt, NULL);
             chain[i] = parent = nd;
         }
-        for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
-            pkvi_page *pg = s->layers[l].pages[i];
-            if (!chain[i]->pages[l] && pg && !pg->indexed)
+        for (uint32_t l = 0; l < s->geom->cfg.n_layers; l++) {
+            pkvi_page *pg = pkvi_btable_page(s->layers[l], i);
+            if (!chain[i]->pages[l] && pg && !pkvi_page_indexed(pg))
                 pkvi_prefix_fill(chain[i], l, pg);
         }
     }
@@ -61,17 +60,17 @@ static pkv_status index_record(pkv_engine *e, pkv_session *s, uint64_t full,
 
 pkv_status pkvi_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *tokens)
 {
-    pkv_engine *e = s->e;
-    const uint64_t bt = e->cfg.block_tokens;
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        if (n > s->layers[l].len)
-            return pkvi_fail(e, PKV_ERANGE, "pkv_session_set_tokens: %llu ids, but layer %u "
-                             "holds %llu positions", (unsigned long long)n, l,
-                             (unsigned long long)s->layers[l].len);
+    const pkvi_geom *geo = s->geom;
+    const uint64_t bt = geo->cfg.block_tokens;
+    for (uint32_t l = 0; l < geo->cfg.n_layers; l++)
+        if (n > pkvi_btable_len(s->layers[l]))
+            return pkvi_fail(s->errs, PKV_ERANGE, "pkv_session_set_tokens: %llu ids, but "
+                             "layer %u holds %llu positions", (unsigned long long)n, l,
+                             (unsigned long long)pkvi_btable_len(s->layers[l]));
     const uint64_t old = s->n_tokens, same = n < old ? n : old;
     if (same && memcmp(tokens, s->tokens, (size_t)same * sizeof *tokens) != 0)
-        return pkvi_fail(e, PKV_EINVAL, "pkv_session_set_tokens: the ids differ from the "
-                         "ones recorded (truncate first to change them)");
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_set_tokens: the ids differ from "
+                         "the ones recorded (truncate first to change them)");
     if (n <= old)
         return PKV_OK;
     if (n > s->tokens_cap) {
@@ -81,7 +80,7 @@ pkv_status pkvi_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *to
         int32_t *t = cap > SIZE_MAX / sizeof *t ? NULL
                                                 : realloc(s->tokens, (size_t)cap * sizeof *t);
         if (!t)
-            return pkvi_fail(e, PKV_ENOMEM, "pkv_session_set_tokens: out of memory");
+            return pkvi_fail(s->errs, PKV_ENOMEM, "pkv_session_set_tokens: out of memory");
         s->tokens = t;
         s->tokens_cap = cap;
     }
@@ -91,13 +90,13 @@ pkv_status pkvi_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *to
         pkvi_pnode **chain = malloc((size_t)full * sizeof *chain);
         pkv_status st = chain ? PKV_OK : PKV_ENOMEM;
         if (st == PKV_OK) {
-            pthread_mutex_lock(&e->lock);
-            st = index_record(e, s, full, chain);
-            pthread_mutex_unlock(&e->lock);
+            pthread_mutex_lock(&s->cache->lock);
+            st = index_record(s, full, chain);
+            pthread_mutex_unlock(&s->cache->lock);
         }
         free(chain);
         if (st != PKV_OK)
-            return pkvi_fail(e, st, "pkv_session_set_tokens: out of memory");
+            return pkvi_fail(s->errs, st, "pkv_session_set_tokens: out of memory");
         s->indexed_pages = full;
     }
     s->n_tokens = n;
@@ -109,8 +108,9 @@ pkv_status pkv_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *tok
     if (!s)
         return PKV_EINVAL;
     if (n && !tokens)
-        return pkvi_fail(s->e, PKV_EINVAL, "pkv_session_set_tokens: tokens is NULL");
-    PKVI_BOUNDARY_CHECK(s->e);
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_set_tokens: tokens is NULL");
+    if (pkvi_boundary_check(s->geom, s->cache, __func__) != PKV_OK)
+        return PKV_ECORRUPT;
     return pkvi_session_set_tokens(s, n, tokens);
 }
 
@@ -119,55 +119,56 @@ pkv_status pkv_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *tok
 /* Whether layer l of a session of m pages needs page i: every page of a full layer; a
  * windowed one its sink pages and those from pkvi_window_keep_from on (the rest is
  * its hole, as in a session that appended the same rows). */
-static bool page_needed(const pkv_engine *e, uint32_t l, uint64_t i, uint64_t m)
+static bool page_needed(const pkvi_geom *geo, uint32_t l, uint64_t i, uint64_t m)
 {
-    const pkv_layer_config *lc = &e->layers[l];
+    const pkv_layer_config *lc = &geo->layers[l];
     if (!lc->window)
         return true;
-    const uint64_t bt = e->cfg.block_tokens;
-    return i < pkvi_sink_pages(e, lc) || i >= pkvi_window_keep_from(lc, m * bt, bt);
+    const uint64_t bt = geo->cfg.block_tokens;
+    return i < pkvi_sink_pages(geo, lc) || i >= pkvi_window_keep_from(lc, m * bt, bt);
 }
 
 /* The longest m <= m_max such that chain[0..m) holds every page a session of m
  * pages needs. */
-static uint64_t usable_pages(const pkv_engine *e, pkvi_pnode *const *chain, uint64_t m_max)
+static uint64_t usable_pages(const pkvi_geom *geo, pkvi_pnode *const *chain, uint64_t m_max)
 {
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++) /* a full layer needs every page */
-        for (uint64_t i = 0; !e->layers[l].window && i < m_max; i++)
+    for (uint32_t l = 0; l < geo->cfg.n_layers; l++) /* a full layer needs every page */
+        for (uint64_t i = 0; !geo->layers[l].window && i < m_max; i++)
             if (!chain[i]->pages[l])
                 m_max = i;
     for (uint64_t m = m_max; m > 0; m--) {
         bool ok = true;
-        for (uint32_t l = 0; ok && l < e->cfg.n_layers; l++)
+        for (uint32_t l = 0; ok && l < geo->cfg.n_layers; l++)
             for (uint64_t i = 0; ok && i < m; i++)
-                ok = chain[i]->pages[l] || !page_needed(e, l, i, m);
+                ok = chain[i]->pages[l] || !page_needed(geo, l, i, m);
         if (ok)
             return m;
     }
     return 0;
 }
 
-pkv_status pkv_session_from_prefix(pkv_engine *e, uint64_t n, const int32_t *tokens,
-                                   pkv_session **out, uint64_t *n_cached)
+pkv_status pkvi_session_from_prefix(const pkvi_ctx *ctx, uint64_t n, const int32_t *tokens,
+                                    pkv_session **out, uint64_t *n_cached)
 {
-    if (!e || !out || !n_cached)
-        return PKV_EINVAL;
+    const pkvi_geom *geo = ctx->geom;
+    pkvi_cache *cache = ctx->cache;
     if (n && !tokens)
-        return pkvi_fail(e, PKV_EINVAL, "pkv_session_from_prefix: tokens is NULL");
-    PKVI_BOUNDARY_CHECK(e);
-    const uint64_t bt = e->cfg.block_tokens, L = e->cfg.n_layers;
+        return pkvi_fail(ctx->errs, PKV_EINVAL, "pkv_session_from_prefix: tokens is NULL");
+    if (pkvi_boundary_check(geo, cache, "pkv_session_from_prefix") != PKV_OK)
+        return PKV_ECORRUPT;
+    const uint64_t bt = geo->cfg.block_tokens, L = geo->cfg.n_layers;
     const uint64_t max_pages = n ? (n - 1) / bt : 0;   /* at most n - 1 positions */
-    pkv_session *s = pkvi_session_alloc(e);
+    pkv_session *s = pkvi_session_alloc(ctx);
     if (!s)
-        return pkvi_fail(e, PKV_ENOMEM, "pkv_session_from_prefix: out of memory");
+        return pkvi_fail(ctx->errs, PKV_ENOMEM, "pkv_session_from_prefix: out of memory");
     pkvi_pnode **chain = NULL;
     uint64_t chain_cap = 0, m = 0;
     pkv_status st = PKV_OK;
-    pthread_mutex_lock(&e->lock);
+    pthread_mutex_lock(&cache->lock);
     /* the longest match: each step compares the parent and bt stored ids */
     pkvi_pnode *parent = NULL;
     for (uint64_t i = 0; i < max_pages && st == PKV_OK; i++) {
-        pkvi_pnode *nd = pkvi_prefix_find(&e->prefix, parent, tokens + i * bt);
+        pkvi_pnode *nd = pkvi_prefix_find(&cache->prefix, parent, tokens + i * bt);
         if (!nd)
             break;
         if (i == chain_cap) {
@@ -185,10 +186,10 @@ pkv_status pkv_session_from_prefix(pkv_engine *e, uint64_t n, const int32_t *tok
         m = i + 1;
     }
     if (st == PKV_OK)
-        m = usable_pages(e, chain, m);
+        m = usable_pages(geo, chain, m);
     /* everything the shared part needs, before anything changes */
     for (uint32_t l = 0; st == PKV_OK && l < L; l++)
-        st = pkvi_btable_reserve(&s->layers[l], m);
+        st = pkvi_btable_reserve(s->layers[l], m);
     if (st == PKV_OK)
         st = pkvi_session_reserve_partials(s, m);
     if (st == PKV_OK && m) {
@@ -196,25 +197,26 @@ pkv_status pkv_session_from_prefix(pkv_engine *e, uint64_t n, const int32_t *tok
         st = s->tokens ? PKV_OK : PKV_ENOMEM;
     }
     if (st != PKV_OK) {
-        pthread_mutex_unlock(&e->lock);
+        pthread_mutex_unlock(&cache->lock);
         free(chain);
         pkvi_session_free(s);
-        return pkvi_fail(e, st, "pkv_session_from_prefix: out of memory");
+        return pkvi_fail(ctx->errs, st, "pkv_session_from_prefix: out of memory");
     }
     /* B5: only full, indexed pages gain a holder; none of them can be written (a
      * table holding one shares it with the index, so its owner copies it first) */
-    const pkvi_pages ps = pkvi_engine_pages(e);
+    const pkvi_pages ps = pkvi_cache_pages(cache);
     for (uint32_t l = 0; l < L; l++) {
-        pkvi_btable *t = &s->layers[l];
+        pkvi_btable *t = s->layers[l];
         for (uint64_t i = 0; i < m; i++)
-            pkvi_btable_push_shared(t, ps, page_needed(e, l, i, m) ? chain[i]->pages[l] : NULL);
-        t->len = m * bt;
+            pkvi_btable_push_shared(t, ps,
+                                    page_needed(geo, l, i, m) ? chain[i]->pages[l] : NULL);
+        pkvi_btable_advance(t, m * bt);
     }
-    pkvi_prefix_touch(&e->prefix, chain, m);
-    e->prefix.lookups++;
-    e->prefix.hit_tokens += m * bt;
-    pkvi_session_link(e, s);
-    pthread_mutex_unlock(&e->lock);
+    pkvi_prefix_touch(&cache->prefix, chain, m);
+    cache->prefix.lookups++;
+    cache->prefix.hit_tokens += m * bt;
+    pkvi_session_link(s);
+    pthread_mutex_unlock(&cache->lock);
     free(chain);
     if (m) {
         memcpy(s->tokens, tokens, (size_t)(m * bt) * sizeof *tokens);

@@ -1,14 +1,14 @@
 /*
  * session.c - a session's lifecycle: the object itself (its tables, its decode
  * scratch, its token record) and its place on the engine's session list; create,
- * fork, destroy, truncate, pkv_session_len; and the shard calls pkv_shard_align /
- * pkv_session_set_first (SPEC §11).
+ * fork, destroy, truncate, pkv_session_len; and the shard call pkv_session_set_first
+ * (docs/sharding.md).
  *
- * Owns struct pkv_session's allocation and the engine's session list (e->lock).
- * Calls down into btable.c (tables and references) and prefix.c (trim after a
- * page is let go); nothing here calls another session file but the invariant check
- * at API boundaries (session/account.c), and nothing calls decode.c, persist_*.c or
- * engine.c. What a write takes is session/write.c's, which pages are in memory
+ * Owns struct pkv_session's allocation and the links of the session list (the cache
+ * state's, under its lock). Calls down into btable.c (tables and references) and
+ * prefix.c (trim after a page is let go); nothing here calls another session file but
+ * the invariant check at API boundaries (session/account.c), and nothing calls
+ * decode.c, persist/ or engine.c. What a write takes is session/write.c's, which pages are in memory
  * session/residency.c's, the prefix cache's walk (set_tokens, from_prefix)
  * session/reuse.c's - all of them above this file.
  *
@@ -23,13 +23,22 @@
 
 /* ---- the object and the session list --------------------------------------------------- */
 
-pkv_session *pkvi_session_alloc(pkv_engine *e)
+pkv_session *pkvi_session_alloc(const pkvi_ctx *ctx)
 {
     pkv_session *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    s->e = e;
-    s->layers = calloc(e->cfg.n_layers, sizeof *s->layers);
+    s->geom = ctx->geom;
+    s->cache = ctx->cache;
+    s->exec = ctx->exec;
+    s->errs = ctx->errs;
+    const uint32_t L = s->geom->cfg.n_layers;
+    s->layers = calloc(L, sizeof *s->layers);
+    for (uint32_t l = 0; s->layers && l < L; l++)
+        if (!(s->layers[l] = pkvi_btable_new())) {
+            pkvi_session_free(s);
+            return NULL;
+        }
     if (!s->layers) {
         free(s);
         return NULL;
@@ -39,24 +48,25 @@ pkv_session *pkvi_session_alloc(pkv_engine *e)
 
 void pkvi_session_free(pkv_session *s)
 {
-    for (uint32_t l = 0; l < s->e->cfg.n_layers; l++)
-        pkvi_btable_free(&s->layers[l]);
+    for (uint32_t l = 0; s->layers && l < s->geom->cfg.n_layers; l++)
+        pkvi_btable_free(s->layers[l]);
     free(s->layers);
     free(s->partials);
     free(s->tokens);
     free(s);
 }
 
-/* Under e->lock. */
-void pkvi_session_link(pkv_engine *e, pkv_session *s)
+/* Under the lock. */
+void pkvi_session_link(pkv_session *s)
 {
+    pkvi_cache *cache = s->cache;
     s->prev = NULL;
-    s->next = e->sessions;
-    if (e->sessions)
-        e->sessions->prev = s;
-    e->sessions = s;
-    e->n_sessions++;
-    s->lru = ++e->clock;
+    s->next = cache->sessions;
+    if (cache->sessions)
+        cache->sessions->prev = s;
+    cache->sessions = s;
+    cache->n_sessions++;
+    s->lru = ++cache->clock;
 }
 
 /* ---- decode scratch ------------------------------------------------------------------ */
@@ -65,8 +75,8 @@ void pkvi_session_link(pkv_engine *e, pkv_session *s)
  * sink pages of a windowed layer add chunks of their own). */
 pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages)
 {
-    pkv_engine *e = s->e;
-    const uint64_t chunks = pkvi_max_chunks(e, n_pages);
+    const pkvi_geom *geo = s->geom;
+    const uint64_t chunks = pkvi_max_chunks(geo, n_pages);
     if (chunks <= s->partials_chunks)
         return PKV_OK;
     uint64_t want = s->partials_chunks ? s->partials_chunks * 2 : 1;
@@ -75,8 +85,8 @@ pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages)
     if (want > PKVI_MAX_CHUNKS + 1) /* the running states and one wave */
         want = PKVI_MAX_CHUNKS + 1;
     uint64_t floats, bytes;
-    if (!pkvi_mul(want, e->cfg.n_heads, &floats) ||
-        !pkvi_mul(floats, (uint64_t)e->cfg.head_dim_v + 2, &floats) ||
+    if (!pkvi_mul(want, geo->cfg.n_heads, &floats) ||
+        !pkvi_mul(floats, (uint64_t)geo->cfg.head_dim_v + 2, &floats) ||
         !pkvi_mul(floats, sizeof(float), &bytes) || bytes > SIZE_MAX - 63)
         return PKV_ENOMEM;
     float *p = aligned_alloc(PKVI_PAGE_ALIGN, (size_t)((bytes + 63) & ~63ull));
@@ -88,7 +98,7 @@ pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages)
     return PKV_OK;
 }
 
-/* ---- the token record (SPEC §10) ----------------------------------------------------- */
+/* ---- the token record (docs/prefix-cache.md) ------------------------------------------ */
 
 /* The fork's copy of src's token record. PKV_ENOMEM. */
 static pkv_status copy_record(pkv_session *s, const pkv_session *src)
@@ -110,23 +120,21 @@ static void truncate_record(pkv_session *s, uint64_t n)
     if (n >= s->n_tokens)
         return;
     s->n_tokens = n;
-    const uint64_t pages = n / s->e->cfg.block_tokens;
+    const uint64_t pages = n / s->geom->cfg.block_tokens;
     if (s->indexed_pages > pages)
         s->indexed_pages = pages;
 }
 
 /* ---- create, fork, destroy, truncate ---------------------------------------------------- */
 
-pkv_status pkv_session_create(pkv_engine *e, pkv_session **out)
+pkv_status pkvi_session_create(const pkvi_ctx *ctx, pkv_session **out)
 {
-    if (!out || !e)
-        return PKV_EINVAL;
-    pkv_session *s = pkvi_session_alloc(e);
+    pkv_session *s = pkvi_session_alloc(ctx);
     if (!s)
         return PKV_ENOMEM;
-    pthread_mutex_lock(&e->lock);
-    pkvi_session_link(e, s);
-    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_lock(&s->cache->lock);
+    pkvi_session_link(s);
+    pthread_mutex_unlock(&s->cache->lock);
     *out = s;
     return PKV_OK;
 }
@@ -135,17 +143,20 @@ pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
 {
     if (!out || !src)
         return PKV_EINVAL;
-    pkv_engine *e = src->e;
-    PKVI_BOUNDARY_CHECK(e);
-    pkv_session *s = pkvi_session_alloc(e);
+    const pkvi_geom *geo = src->geom;
+    pkvi_cache *cache = src->cache;
+    if (pkvi_boundary_check(geo, cache, __func__) != PKV_OK)
+        return PKV_ECORRUPT;
+    const pkvi_ctx ctx = {geo, cache, src->exec, src->errs};
+    pkv_session *s = pkvi_session_alloc(&ctx);
     if (!s)
         return PKV_ENOMEM;
     /* Allocate everything first, so the shared part below cannot fail. */
     uint64_t max_pages = 0;
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
-        const uint64_t n = src->layers[l].n_pages;
+    for (uint32_t l = 0; l < geo->cfg.n_layers; l++) {
+        const uint64_t n = pkvi_btable_n_pages(src->layers[l]);
         max_pages = n > max_pages ? n : max_pages;
-        if (pkvi_btable_reserve(&s->layers[l], n) != PKV_OK) {
+        if (pkvi_btable_reserve(s->layers[l], n) != PKV_OK) {
             pkvi_session_free(s);
             return PKV_ENOMEM;
         }
@@ -157,11 +168,11 @@ pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
     }
     /* B5: src's pages gain holders here; the only thread that may write one of them
      * (src's owner, for a tail page with refs == 1) is the one making this call. */
-    pthread_mutex_lock(&e->lock);
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        pkvi_btable_share(&s->layers[l], &src->layers[l]);
-    pkvi_session_link(e, s);
-    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_lock(&cache->lock);
+    for (uint32_t l = 0; l < geo->cfg.n_layers; l++)
+        pkvi_btable_share(s->layers[l], src->layers[l]);
+    pkvi_session_link(s);
+    pthread_mutex_unlock(&cache->lock);
     *out = s;
     return PKV_OK;
 }
@@ -170,85 +181,83 @@ void pkv_session_destroy(pkv_session *s)
 {
     if (!s)
         return;
-    pkv_engine *e = s->e;
-    pthread_mutex_lock(&e->lock);
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        pkvi_btable_truncate(&s->layers[l], pkvi_engine_pages(e), e->cfg.block_tokens, 0);
+    const pkvi_geom *geo = s->geom;
+    pkvi_cache *cache = s->cache;
+    const pkvi_pages ps = pkvi_cache_pages(cache);
+    pthread_mutex_lock(&cache->lock);
+    for (uint32_t l = 0; l < geo->cfg.n_layers; l++)
+        pkvi_btable_truncate(s->layers[l], ps, geo->cfg.block_tokens, 0);
     if (s->prev)
         s->prev->next = s->next;
     else
-        e->sessions = s->next;
+        cache->sessions = s->next;
     if (s->next)
         s->next->prev = s->prev;
-    e->n_sessions--;
-    pkvi_prefix_trim(&e->prefix, pkvi_engine_pages(e)); /* its indexed pages are cached now */
-    pthread_mutex_unlock(&e->lock);
+    cache->n_sessions--;
+    pkvi_prefix_trim(&cache->prefix, ps); /* its indexed pages are cached now */
+    pthread_mutex_unlock(&cache->lock);
     pkvi_session_free(s);
+}
+
+void pkvi_sessions_destroy_all(pkvi_cache *cache)
+{
+    while (cache->sessions)
+        pkv_session_destroy(cache->sessions);
 }
 
 uint64_t pkv_session_len(const pkv_session *s, uint32_t layer)
 {
-    if (!s || layer >= s->e->cfg.n_layers)
+    if (!s || layer >= s->geom->cfg.n_layers)
         return 0;
-    return s->layers[layer].len;
+    return pkvi_btable_len(s->layers[layer]);
 }
 
 pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
 {
     if (!s)
         return PKV_EINVAL;
-    pkv_engine *e = s->e;
-    PKVI_BOUNDARY_CHECK(e);
+    const pkvi_geom *geo = s->geom;
+    pkvi_cache *cache = s->cache;
+    if (pkvi_boundary_check(geo, cache, __func__) != PKV_OK)
+        return PKV_ECORRUPT;
     uint64_t max_len = 0;
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        if (s->layers[l].len > max_len)
-            max_len = s->layers[l].len;
+    for (uint32_t l = 0; l < geo->cfg.n_layers; l++)
+        if (pkvi_btable_len(s->layers[l]) > max_len)
+            max_len = pkvi_btable_len(s->layers[l]);
     if (n_tokens > max_len)
-        return pkvi_fail(e, PKV_ERANGE, "pkv_session_truncate: %llu is past every layer's "
-                         "length (the longest holds %llu)", (unsigned long long)n_tokens,
-                         (unsigned long long)max_len);
+        return pkvi_fail(s->errs, PKV_ERANGE, "pkv_session_truncate: %llu is past every "
+                         "layer's length (the longest holds %llu)",
+                         (unsigned long long)n_tokens, (unsigned long long)max_len);
     /* a windowed layer goes back only as far as what a decode at n - 1 reads is held;
-     * a shard (SPEC §11) never below its first position (the hole below it holds
-     * other shards' positions, not released ones) */
-    const uint64_t bt = e->cfg.block_tokens;
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++) {
-        const pkvi_btable *t = &s->layers[l];
-        if (n_tokens < t->first)
-            return pkvi_fail(e, PKV_ERANGE, "pkv_session_truncate: layer %u is a shard "
-                             "that starts at %llu", l, (unsigned long long)t->first);
-        const uint32_t w = e->layers[l].window;
-        const uint64_t base = t->first > t->hole_lo * bt ? t->first : t->hole_lo * bt;
-        if (!w || n_tokens >= t->len || n_tokens == 0 || t->hole_hi * bt <= base)
-            continue;
-        const uint64_t lo = n_tokens > w ? n_tokens - w : 0;
-        if (lo < t->hole_hi * bt && n_tokens > base)
-            return pkvi_fail(e, PKV_ERANGE, "pkv_session_truncate: layer %u's window released "
-                             "positions below %llu, which a decode at %llu would read",
-                             l, (unsigned long long)(t->hole_hi * bt),
+     * a shard (docs/sharding.md) never below its first position (the hole below it
+     * holds other shards' positions, not released ones) */
+    const uint64_t bt = geo->cfg.block_tokens;
+    for (uint32_t l = 0; l < geo->cfg.n_layers; l++) {
+        uint64_t at = 0;
+        switch (pkvi_btable_cut_check(s->layers[l], bt, geo->layers[l].window, n_tokens, &at)) {
+        case PKVI_CUT_OK:
+            break;
+        case PKVI_CUT_SHARD:
+            return pkvi_fail(s->errs, PKV_ERANGE, "pkv_session_truncate: layer %u is a "
+                             "shard that starts at %llu", l, (unsigned long long)at);
+        case PKVI_CUT_RELEASED:
+            return pkvi_fail(s->errs, PKV_ERANGE, "pkv_session_truncate: layer %u's window "
+                             "released positions below %llu, which a decode at %llu would "
+                             "read", l, (unsigned long long)at,
                              (unsigned long long)(n_tokens - 1));
+        }
     }
-    pthread_mutex_lock(&e->lock);
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        pkvi_btable_truncate(&s->layers[l], pkvi_engine_pages(e), e->cfg.block_tokens,
-                             n_tokens);
-    pkvi_prefix_trim(&e->prefix, pkvi_engine_pages(e));
-    pthread_mutex_unlock(&e->lock);
+    const pkvi_pages ps = pkvi_cache_pages(cache);
+    pthread_mutex_lock(&cache->lock);
+    for (uint32_t l = 0; l < geo->cfg.n_layers; l++)
+        pkvi_btable_truncate(s->layers[l], ps, bt, n_tokens);
+    pkvi_prefix_trim(&cache->prefix, ps);
+    pthread_mutex_unlock(&cache->lock);
     truncate_record(s, n_tokens);
     return PKV_OK;
 }
 
-/* ---- shards (SPEC §11) ------------------------------------------------------------------ */
-
-uint64_t pkv_shard_align(const pkv_engine *e)
-{
-    if (!e)
-        return 0;
-    uint64_t sinks = 0;
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        if (e->layers[l].window && e->layers[l].sink_tokens > sinks)
-            sinks = e->layers[l].sink_tokens;
-    return pkvi_shard_align(e, sinks);
-}
+/* ---- shards (docs/sharding.md) ---------------------------------------------------------- */
 
 /* Every layer of an empty session starts at `first`: its first first / bt entries
  * are a hole (btable.c), so positions keep their absolute indices and decode's
@@ -257,31 +266,33 @@ pkv_status pkv_session_set_first(pkv_session *s, uint64_t first)
 {
     if (!s)
         return PKV_EINVAL;
-    pkv_engine *e = s->e;
-    PKVI_BOUNDARY_CHECK(e);
-    const uint64_t align = pkv_shard_align(e), bt = e->cfg.block_tokens;
+    const pkvi_geom *geo = s->geom;
+    pkvi_cache *cache = s->cache;
+    if (pkvi_boundary_check(geo, cache, __func__) != PKV_OK)
+        return PKV_ECORRUPT;
+    const uint64_t align = pkvi_shard_align(geo), bt = geo->cfg.block_tokens;
     if (first % align || first > UINT64_MAX / 2)
-        return pkvi_fail(e, PKV_EINVAL, "pkv_session_set_first: %llu is not a multiple of "
-                         "pkv_shard_align (%llu), or too far", (unsigned long long)first,
-                         (unsigned long long)align);
-    for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-        if (s->layers[l].len || s->layers[l].n_pages)
-            return pkvi_fail(e, PKV_ESTATE, "pkv_session_set_first: layer %u is not empty",
-                             l);
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_set_first: %llu is not a "
+                         "multiple of pkv_shard_align (%llu), or too far",
+                         (unsigned long long)first, (unsigned long long)align);
+    for (uint32_t l = 0; l < geo->cfg.n_layers; l++)
+        if (pkvi_btable_len(s->layers[l]) || pkvi_btable_n_pages(s->layers[l]))
+            return pkvi_fail(s->errs, PKV_ESTATE, "pkv_session_set_first: layer %u is not "
+                             "empty", l);
     if (first == 0)
         return PKV_OK;
-    pthread_mutex_lock(&e->lock);
+    pthread_mutex_lock(&cache->lock);
     pkv_status st = PKV_OK;
     /* capacity first, so that setting the holes below cannot fail half-way */
-    for (uint32_t l = 0; l < e->cfg.n_layers && st == PKV_OK; l++)
-        st = pkvi_btable_reserve(&s->layers[l], first / bt + 1);
+    for (uint32_t l = 0; l < geo->cfg.n_layers && st == PKV_OK; l++)
+        st = pkvi_btable_reserve(s->layers[l], first / bt + 1);
     if (st == PKV_OK)
         st = pkvi_session_reserve_partials(s, first / bt + 1);
     if (st == PKV_OK)
-        for (uint32_t l = 0; l < e->cfg.n_layers; l++)
-            (void)pkvi_btable_set_first(&s->layers[l], bt, first);
-    pthread_mutex_unlock(&e->lock);
+        for (uint32_t l = 0; l < geo->cfg.n_layers; l++)
+            (void)pkvi_btable_set_first(s->layers[l], bt, first);
+    pthread_mutex_unlock(&cache->lock);
     if (st != PKV_OK)
-        return pkvi_fail(e, st, "pkv_session_set_first: out of memory");
+        return pkvi_fail(s->errs, st, "pkv_session_set_first: out of memory");
     return PKV_OK;
 }

@@ -1,18 +1,26 @@
 /*
- * session.h - sessions, as the rest of the library sees them: struct pkv_session and
- * the internal calls on it. The module is five files, one concern each, layered so
- * that each calls only those below it (session/private.h is what they share):
+ * session.h - sessions, as the rest of the library sees them: struct pkv_session, the
+ * contexts a session is made of, and the internal calls on it. The module is five
+ * files, one concern each, layered so that each calls only those below it
+ * (session/private.h is what they share):
  *
  *   session/reuse.c     set_tokens / from_prefix: sessions and the prefix cache
- *   session/write.c      the reservation every write goes through; append, load pages
- *   session.c            lifecycle: create, fork, truncate, destroy, the session list,
- *                        the decode scratch, the token record, set_first (shards)
- *   session/residency.c  the LRU order the spiller follows, making room under the
- *                        budget, fault in; pin a layer (acquire / release)
- *   session/account.c    pkv_session_memory / _pages and the engine invariants
+ *   session/write.c     the reservation every write goes through; append, load pages
+ *   session.c           lifecycle: create, fork, truncate, destroy, the session list,
+ *                       the decode scratch, the token record, set_first (shards)
+ *   session/residency.c the LRU order the spiller follows, making room under the
+ *                       budget, fault in; pin a layer (acquire / release)
+ *   session/account.c   pkv_session_memory / _pages and the engine invariants
  *
- * Owns struct pkv_session and the engine's session list. Block tables are btable.c's;
- * attention is decode.c's, which calls down into these files and never the reverse.
+ * Owns struct pkv_session and the links of the engine's session list (the list head
+ * is the cache state's, cache/cache.h). Block tables are btable.c's; attention is
+ * decode.c's, which calls down into these files and never the reverse. A session
+ * never sees its engine: it keeps pointers to the contexts it uses (pkvi_ctx), which
+ * engine.c owns and which outlive every session.
+ *
+ * Locking: the cache state's lock (cache/cache.h) guards the list links, lru and
+ * every table's structure; a session's owner thread reads its own tables, its
+ * scratch and its token record without it.
  *
  * Every write into a layer is reserve-then-commit:
  *
@@ -32,21 +40,45 @@
 #ifndef PAGEDKV_SESSION_H
 #define PAGEDKV_SESSION_H
 
-#include "engine/engine.h"
+#include "base/error.h"
+#include "cache/btable.h"
+#include "cache/cache.h"
+#include "cache/geom.h"
+
+struct pkvi_exec; /* attention/exec.h: the decode executor; sessions only carry it */
+
+/* What an engine lends each of its sessions (engine.c fills one per engine): the
+ * narrow contexts its calls use. Each pointer is valid for the engine's life. */
+typedef struct {
+    const pkvi_geom *geom;       /* immutable geometry, no lock */
+    pkvi_cache *cache;           /* shared state, under cache->lock */
+    struct pkvi_exec *exec;      /* the decode executor (decode.c's) */
+    pkvi_errs *errs;             /* where failures are recorded (its own lock) */
+} pkvi_ctx;
 
 struct pkv_session {
-    pkv_engine *e;
-    pkvi_btable *layers;     /* [n_layers] */
-    pkv_session *prev, *next;/* engine's session list; e->lock */
-    uint64_t lru;            /* engine clock at last use; e->lock */
+    const pkvi_geom *geom;   /* the contexts of pkvi_ctx, copied at creation */
+    pkvi_cache *cache;
+    struct pkvi_exec *exec;
+    pkvi_errs *errs;
+    pkvi_btable **layers;    /* [n_layers], one table each */
+    pkv_session *prev, *next;/* the cache state's session list; cache->lock */
+    uint64_t lru;            /* cache clock at last use; cache->lock */
     /* Decode scratch for split-K partial states, grown by reservations so decode
      * never allocates: per (chunk, group), chunk-major: m[hg], l[hg], acc[hg][d]. */
     float *partials;
     uint64_t partials_chunks;/* chunks partials can hold, per group */
-    /* SPEC §10: the recorded token ids of positions [0, n_tokens) (owner thread) */
+    /* the recorded token ids of positions [0, n_tokens) (docs/prefix-cache.md; owner
+     * thread) */
     int32_t *tokens;
     uint64_t n_tokens, tokens_cap;
     uint64_t indexed_pages;  /* page indices of the record the last set_tokens walked */
+    /* Test hook (pkvi_session_hook_before_write; NULL otherwise): called by a write
+     * after its pages are reserved and the lock is dropped, just before it stores the
+     * rows - where a descheduled writer once let another session's rollback share its
+     * page. */
+    void (*hook_before_write)(void *ctx);
+    void *hook_ctx;
 };
 
 /* What a reservation holds until pkvi_session_finish. */
@@ -57,7 +89,20 @@ typedef struct {
     bool pinned;             /* spill engines: the layer is pinned */
 } pkvi_reservation;
 
-/* ---- session/write.c ----------------------------------------------------------------- */
+/* ---- session.c ------------------------------------------------------------------------ */
+
+/* pkv_session_create for the engine whose contexts ctx names (engine.c unpacks the
+ * handle). PKV_ENOMEM. */
+PKVI_HIDDEN pkv_status pkvi_session_create(const pkvi_ctx *ctx, pkv_session **out);
+/* Destroy every session left on the cache state's list (pkv_engine_destroy). */
+PKVI_HIDDEN void pkvi_sessions_destroy_all(pkvi_cache *cache);
+/* Whether s belongs to the engine whose cache state is `cache`. */
+static inline bool pkvi_session_of(const pkv_session *s, const pkvi_cache *cache)
+{
+    return s->cache == cache;
+}
+
+/* ---- session/write.c ------------------------------------------------------------------ */
 
 /* Reserve room for n more positions of `layer` (see above). PKV_ENOMEM (budget or
  * system), PKV_EIO (a spilled tail could not be read back); nothing changed. */
@@ -81,41 +126,52 @@ PKVI_HIDDEN pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer,
  * `page`. Only right after the sink pages were pushed; PKV_EINVAL otherwise. */
 PKVI_HIDDEN pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer,
                                                uint64_t page);
+/* Test hook: fn(ctx) runs in every write of s between its reservation and its rows
+ * (fn NULL: none). */
+PKVI_HIDDEN void pkvi_session_hook_before_write(pkv_session *s, void (*fn)(void *ctx),
+                                                void *ctx);
 
-/* ---- session/reuse.c ---------------------------------------------------------------- */
+/* ---- session/reuse.c ------------------------------------------------------------------ */
 
 /* Record ids [0, n) of s and index its full pages (pkv_session_set_tokens without
  * the argument checks; load calls it). PKV_ERANGE, PKV_EINVAL, PKV_ENOMEM. */
 PKVI_HIDDEN pkv_status pkvi_session_set_tokens(pkv_session *s, uint64_t n,
                                                const int32_t *tokens);
+/* pkv_session_from_prefix for the engine whose contexts ctx names. */
+PKVI_HIDDEN pkv_status pkvi_session_from_prefix(const pkvi_ctx *ctx, uint64_t n,
+                                                const int32_t *tokens, pkv_session **out,
+                                                uint64_t *n_cached);
 
-/* ---- session/residency.c ------------------------------------------------------------- */
+/* ---- session/residency.c -------------------------------------------------------------- */
 
 /* Pin `layer` and bring every page of it into memory (spill engines; else a no-op):
  * O(1) for a resident layer. PKV_EIO / PKV_ENOMEM leave the session unchanged. */
 PKVI_HIDDEN pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer);
 PKVI_HIDDEN void pkvi_session_release(pkv_session *s, uint32_t layer);
 
-/* ---- session/account.c --------------------------------------------------------------- */
+/* ---- session/account.c ---------------------------------------------------------------- */
 
-/* Engine invariants E1-E4 and B1-B5 of every table (takes the lock). quiescent: also
- * B1 and no pins, which hold only while no call is in flight. */
-PKVI_HIDDEN bool pkvi_sessions_check(pkv_engine *e, bool quiescent);
-/* The same, as tests call it: quiescent, and live (at API boundaries). */
-PKVI_HIDDEN bool pkvi_engine_check(pkv_engine *e);
-PKVI_HIDDEN bool pkvi_engine_check_live(pkv_engine *e);
+/* Engine invariants E1-E4 (cache/cache.h) and B1-B5 of every table, P1-P4 of the
+ * index (takes the lock). quiescent: also B1 and no pins, which hold only while no
+ * call is in flight. */
+PKVI_HIDDEN bool pkvi_sessions_check(const pkvi_geom *geo, pkvi_cache *cache,
+                                     bool quiescent);
 
 /* Debug builds (-Dpoison=true): check the invariants at API boundaries and fail the
- * call loudly (stderr + PKV_ECORRUPT) when they are broken. Nothing otherwise. */
+ * call loudly (stderr + PKV_ECORRUPT) when they are broken. PKV_OK otherwise, and
+ * always in other builds. */
 #if PKV_POISON
-#define PKVI_BOUNDARY_CHECK(e)                                                          \
-    do {                                                                                \
-        if (!pkvi_sessions_check((e), false))                                           \
-            return pkvi_report_broken(__func__);                                        \
-    } while (0)
-PKVI_HIDDEN pkv_status pkvi_report_broken(const char *where);
+PKVI_HIDDEN pkv_status pkvi_boundary_check(const pkvi_geom *geo, pkvi_cache *cache,
+                                           const char *where);
 #else
-#define PKVI_BOUNDARY_CHECK(e) ((void)0)
+static inline pkv_status pkvi_boundary_check(const pkvi_geom *geo, pkvi_cache *cache,
+                                             const char *where)
+{
+    (void)geo;
+    (void)cache;
+    (void)where;
+    return PKV_OK;
+}
 #endif
 
 #endif /* PAGEDKV_SESSION_H */

@@ -10,8 +10,9 @@
  * up before everything the call needs is held, so a failed write changes nothing and
  * never needs an undo. Takes its pages from session/residency.c (which spills to make
  * room) and grows the decode scratch through session.c; pkv_prefill (decode.c) writes
- * through the same reservation. Does not create, fork or truncate sessions
- * (session.c).
+ * through the same reservation. Every change to a table is a call of btable.c (push,
+ * copy-on-write, the writing marks, advance, release). Does not create, fork or
+ * truncate sessions (session.c).
  */
 #include "session/private.h"
 
@@ -23,14 +24,15 @@
 pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
                                 pkvi_reservation *r)
 {
-    pkv_engine *e = s->e;
-    pkvi_btable *t = &s->layers[layer];
-    const uint64_t bt = e->cfg.block_tokens, start = t->len;
+    const pkvi_geom *geo = s->geom;
+    pkvi_cache *cache = s->cache;
+    pkvi_btable *t = s->layers[layer];
+    const uint64_t bt = geo->cfg.block_tokens, start = pkvi_btable_len(t);
     uint64_t end_len;
     if (n == 0 || !pkvi_add(start, n, &end_len) || end_len > UINT64_MAX - bt)
         return PKV_EINVAL;
     const uint64_t end_page = (end_len + bt - 1) / bt;
-    const uint64_t n_new = end_page - t->n_pages;
+    const uint64_t n_new = end_page - pkvi_btable_n_pages(t);
     const bool partial = start % bt != 0;
 
     /* The page list: on the stack for an append (at most 2 pages), else allocated. */
@@ -41,56 +43,56 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
             !(fresh = malloc((size_t)bytes)))
             return PKV_ENOMEM;
     }
-    pthread_mutex_lock(&e->lock);
-    if (e->spill)
-        t->pins++;
-    pkv_status st = partial ? pkvi_session_fault_in(e, t, layer, t->n_pages - 1) : PKV_OK;
-    const bool cow = partial && st == PKV_OK && t->pages[t->n_pages - 1]->refs > 1;
+    pthread_mutex_lock(&cache->lock);
+    if (cache->spill)
+        pkvi_btable_pin(t);
+    pkv_status st = partial ? pkvi_session_fault_in(geo, cache, t, layer,
+                                                    pkvi_btable_n_pages(t) - 1)
+                            : PKV_OK;
+    const bool cow = partial && st == PKV_OK && pkvi_btable_tail_shared(t);
     if (st == PKV_OK)
-        st = pkvi_session_take_pages(e, n_new + cow, fresh);
+        st = pkvi_session_take_pages(geo, cache, n_new + cow, fresh);
     if (st == PKV_OK) {
         st = pkvi_btable_reserve(t, end_page);
         if (st == PKV_OK)
             st = pkvi_session_reserve_partials(s, end_page);
         if (st != PKV_OK)
-            for (uint64_t i = 0; i < n_new + cow; i++) {
-                fresh[i]->refs = 0;
-                pkvi_page_destroy(&e->pool, fresh[i]);
-            }
+            for (uint64_t i = 0; i < n_new + cow; i++)
+                pkvi_page_destroy(cache->pool, fresh[i]); /* nobody holds them yet */
     }
     if (st != PKV_OK) {
-        if (e->spill)
-            t->pins--;
-        const uint64_t budget = e->pool.budget_pages;
-        pthread_mutex_unlock(&e->lock);
+        if (cache->spill)
+            pkvi_btable_unpin(t);
+        const uint64_t budget = pkvi_pool_count(cache->pool).budget_pages;
+        pthread_mutex_unlock(&cache->lock);
         if (fresh != small)
             free(fresh);
         if (st == PKV_EIO)
-            return pkvi_fail(e, st, "layer %u: a spilled page could not be read back", layer);
+            return pkvi_fail(s->errs, st, "layer %u: a spilled page could not be read back",
+                             layer);
         if (budget)
-            return pkvi_fail(e, st, "layer %u: %llu more page(s) do not fit the budget of %llu "
-                             "pages%s", layer, (unsigned long long)(n_new + cow),
+            return pkvi_fail(s->errs, st, "layer %u: %llu more page(s) do not fit the budget "
+                             "of %llu pages%s", layer, (unsigned long long)(n_new + cow),
                              (unsigned long long)budget,
-                             e->spill ? " (nothing more could be spilled)" : " (no spill_dir)");
-        return pkvi_fail(e, st, "layer %u: out of memory", layer);
+                             cache->spill ? " (nothing more could be spilled)"
+                                          : " (no spill_dir)");
+        return pkvi_fail(s->errs, st, "layer %u: out of memory", layer);
     }
     /* Nothing fails from here on. */
+    const pkvi_pages ps = pkvi_cache_pages(cache);
     if (cow) { /* copy-on-write: the only copy a fork ever causes */
-        pkvi_page *copy = fresh[n_new];
-        memcpy(copy->data, t->pages[t->n_pages - 1]->data, (size_t)e->page_bytes);
-        pkvi_btable_replace(t, pkvi_engine_pages(e), t->n_pages - 1, copy);
-        pkvi_prefix_trim(&e->prefix, pkvi_engine_pages(e)); /* the original may be cached now */
+        pkvi_btable_cow_tail(t, ps, fresh[n_new], geo->page_bytes);
+        pkvi_prefix_trim(&cache->prefix, ps); /* the original may be cached now */
     }
     for (uint64_t i = 0; i < n_new; i++)
         pkvi_btable_push(t, fresh[i]);
     r->layer = layer;
     r->first_page = start / bt;
     r->end_page = end_page;
-    r->pinned = e->spill != NULL;
-    for (uint64_t i = r->first_page; i < end_page; i++)
-        atomic_store_explicit(&t->pages[i]->writing, 1, memory_order_relaxed);
-    s->lru = ++e->clock;
-    pthread_mutex_unlock(&e->lock);
+    r->pinned = cache->spill != NULL;
+    pkvi_btable_mark_writing(t, r->first_page, end_page, true);
+    s->lru = ++cache->clock;
+    pthread_mutex_unlock(&cache->lock);
     if (fresh != small)
         free(fresh);
     return PKV_OK;
@@ -99,58 +101,63 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
 void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
                         const float *k, const float *v)
 {
-    pkv_engine *e = s->e;
-    pkvi_btable *t = &s->layers[r->layer];
-    const uint32_t d = e->cfg.head_dim, dv = e->cfg.head_dim_v, g = e->cfg.n_kv_heads;
-    const uint64_t bt = e->cfg.block_tokens;
-    if (e->hook_before_write)
-        e->hook_before_write(e->hook_ctx);
-    for (uint64_t j = 0; j < n; j++, k += (size_t)g * d, v += (size_t)g * dv) {
-        char *page = t->pages[t->len / bt]->data;
-        const uint64_t row = t->len % bt;
+    const pkvi_geom *geo = s->geom;
+    pkvi_btable *t = s->layers[r->layer];
+    const uint32_t d = geo->cfg.head_dim, dv = geo->cfg.head_dim_v, g = geo->cfg.n_kv_heads;
+    const uint64_t bt = geo->cfg.block_tokens;
+    const pkvi_kparams *kp = &geo->kp;
+    if (s->hook_before_write)
+        s->hook_before_write(s->hook_ctx);
+    uint64_t pos = pkvi_btable_len(t);
+    for (uint64_t j = 0; j < n; j++, pos++, k += (size_t)g * d, v += (size_t)g * dv) {
+        char *page = pkvi_btable_page(t, pos / bt)->data;
+        const uint64_t row = pos % bt;
         for (uint32_t gi = 0; gi < g; gi++) {
-            char *gb = page + gi * e->kp.group_stride;
-            e->kern->store_row(e->cfg.kv_dtype, gb + row * e->row_bytes, k + (size_t)gi * d, d);
-            e->kern->store_row(e->cfg.kv_dtype, gb + e->kp.v_offset + row * e->row_bytes_v,
-                               v + (size_t)gi * dv, dv);
+            char *gb = page + gi * kp->group_stride;
+            geo->kern->store_row(geo->cfg.kv_dtype, gb + row * geo->row_bytes,
+                                 k + (size_t)gi * d, d);
+            geo->kern->store_row(geo->cfg.kv_dtype, gb + kp->v_offset + row * geo->row_bytes_v,
+                                 v + (size_t)gi * dv, dv);
         }
-        t->len++;
     }
+    pkvi_btable_advance(t, n);
 }
 
 void pkvi_session_write_pages(pkv_session *s, const pkvi_reservation *r, const void *bytes,
                               uint64_t tokens)
 {
-    pkv_engine *e = s->e;
-    pkvi_btable *t = &s->layers[r->layer];
-    const uint64_t bt = e->cfg.block_tokens;
+    const pkvi_geom *geo = s->geom;
+    pkvi_btable *t = s->layers[r->layer];
+    const uint64_t bt = geo->cfg.block_tokens;
     for (uint64_t done = 0; done < tokens; done += bt) {
-        memcpy(t->pages[t->len / bt]->data,
-               (const char *)bytes + done / bt * e->page_bytes, (size_t)e->page_bytes);
-        t->len += tokens - done < bt ? tokens - done : bt;
+        memcpy(pkvi_btable_page(t, pkvi_btable_len(t) / bt)->data,
+               (const char *)bytes + done / bt * geo->page_bytes, (size_t)geo->page_bytes);
+        pkvi_btable_advance(t, tokens - done < bt ? tokens - done : bt);
     }
 }
 
 void pkvi_session_finish(pkv_session *s, pkvi_reservation *r)
 {
-    pkv_engine *e = s->e;
-    pkvi_btable *t = &s->layers[r->layer];
-    const pkv_layer_config *lc = &e->layers[r->layer];
-    for (uint64_t i = r->first_page; i < r->end_page; i++)
-        atomic_store_explicit(&t->pages[i]->writing, 0, memory_order_relaxed);
+    const pkvi_geom *geo = s->geom;
+    pkvi_cache *cache = s->cache;
+    pkvi_btable *t = s->layers[r->layer];
+    const pkv_layer_config *lc = &geo->layers[r->layer];
+    pkvi_btable_mark_writing(t, r->first_page, r->end_page, false);
     /* a windowed layer gives back what nothing reads again: at most once a page */
-    const uint64_t sinks = pkvi_sink_pages(e, lc);
-    const uint64_t keep = lc->window ? pkvi_window_keep_from(lc, t->len, e->cfg.block_tokens) : 0;
-    const bool trim = keep > (t->hole_hi > sinks ? t->hole_hi : sinks);
+    const uint64_t sinks = pkvi_sink_pages(geo, lc);
+    const uint64_t keep =
+        lc->window ? pkvi_window_keep_from(lc, pkvi_btable_len(t), geo->cfg.block_tokens) : 0;
+    const bool trim = pkvi_btable_release_due(t, sinks, keep);
     if (r->pinned || trim) {
-        pthread_mutex_lock(&e->lock);
+        const pkvi_pages ps = pkvi_cache_pages(cache);
+        pthread_mutex_lock(&cache->lock);
         if (trim) {
-            pkvi_btable_release(t, pkvi_engine_pages(e), sinks, keep);
-            pkvi_prefix_trim(&e->prefix, pkvi_engine_pages(e));
+            pkvi_btable_release(t, ps, sinks, keep);
+            pkvi_prefix_trim(&cache->prefix, ps);
         }
         if (r->pinned)
-            t->pins--;
-        pthread_mutex_unlock(&e->lock);
+            pkvi_btable_unpin(t);
+        pthread_mutex_unlock(&cache->lock);
     }
 }
 
@@ -160,12 +167,13 @@ pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k, const floa
 {
     if (!s)
         return PKV_EINVAL;
-    if (layer >= s->e->cfg.n_layers)
-        return pkvi_fail(s->e, PKV_EINVAL, "pkv_append: layer %u, but the engine has %u",
-                         layer, s->e->cfg.n_layers);
+    if (layer >= s->geom->cfg.n_layers)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_append: layer %u, but the engine has %u",
+                         layer, s->geom->cfg.n_layers);
     if (!k || !v)
-        return pkvi_fail(s->e, PKV_EINVAL, "pkv_append: k or v is NULL");
-    PKVI_BOUNDARY_CHECK(s->e);
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_append: k or v is NULL");
+    if (pkvi_boundary_check(s->geom, s->cache, __func__) != PKV_OK)
+        return PKV_ECORRUPT;
     pkvi_reservation r;
     const pkv_status st = pkvi_session_reserve(s, layer, 1, &r);
     if (st != PKV_OK)
@@ -178,9 +186,8 @@ pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k, const floa
 pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer, const void *bytes,
                                   uint32_t tokens)
 {
-    pkv_engine *e = s->e;
-    if (tokens == 0 || tokens > e->cfg.block_tokens ||
-        s->layers[layer].len % e->cfg.block_tokens)
+    const uint64_t bt = s->geom->cfg.block_tokens;
+    if (tokens == 0 || tokens > bt || pkvi_btable_len(s->layers[layer]) % bt)
         return PKV_EINVAL;
     pkvi_reservation r;
     const pkv_status st = pkvi_session_reserve(s, layer, tokens, &r);
@@ -193,24 +200,20 @@ pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer, const void *by
 
 pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer, uint64_t page)
 {
-    pkv_engine *e = s->e;
-    pkvi_btable *t = &s->layers[layer];
-    const uint64_t bt = e->cfg.block_tokens;
-    const uint64_t sinks = pkvi_sink_pages(e, &e->layers[layer]);
-    if (!e->layers[layer].window || t->n_pages != sinks || t->len != sinks * bt ||
-        page <= sinks || t->hole_hi != t->hole_lo)
+    const pkvi_geom *geo = s->geom;
+    pkvi_cache *cache = s->cache;
+    const pkv_layer_config *lc = &geo->layers[layer];
+    if (!lc->window)
         return PKV_EINVAL;
-    pthread_mutex_lock(&e->lock);
-    pkv_status st = pkvi_btable_reserve(t, page);
-    if (st == PKV_OK) {
-        for (uint64_t i = sinks; i < page; i++) {
-            t->pages[i] = NULL;
-            t->data[i] = NULL;
-        }
-        t->hole_lo = sinks;
-        t->hole_hi = t->n_pages = page;
-        t->len = page * bt;
-    }
-    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_lock(&cache->lock);
+    const pkv_status st = pkvi_btable_skip_to(s->layers[layer], geo->cfg.block_tokens,
+                                              pkvi_sink_pages(geo, lc), page);
+    pthread_mutex_unlock(&cache->lock);
     return st;
+}
+
+void pkvi_session_hook_before_write(pkv_session *s, void (*fn)(void *ctx), void *ctx)
+{
+    s->hook_before_write = fn;
+    s->hook_ctx = ctx;
 }

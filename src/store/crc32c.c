@@ -5,7 +5,7 @@
  * Owns: pkvi_crc32c and its two implementations: slicing-by-8 over constant tables
  * (any CPU) and the SSE4.2 crc32 instruction (x86-64, chosen at run time with cpuid
  * through __builtin_cpu_supports; no state of ours is kept).
- * Does not own: what is checksummed, or where the checksum is stored (persist_*.c).
+ * Does not own: what is checksummed, or where the checksum is stored (persist/).
  *
  * Convention: pkvi_crc32c(0, buf, n) is the CRC-32C of buf (init and final XOR with
  * 0xFFFFFFFF are inside), and it chains: crc(crc(0, a), b) == crc(0, a || b).
@@ -14,12 +14,11 @@
  * The tables are computed from the polynomial at build time (src/store/gen_crc32c.c, run by
  * meson: table 0 is the bytewise CRC of each byte value; table k[i] =
  * (k-1)[i] >> 8 ^ 0[(k-1)[i] & 0xff]), never pasted in.
- * Speed measured on this project's 2-core VM (256 MiB buffer, gcc -O2): the crc32
- * instruction path 7.9 GB/s (one dependent chain, 8 bytes per instruction),
- * slicing-by-8 1.7 GB/s. Both are above the disk and page-cache rates persistence
- * runs at, so there is no 3-way interleaved variant.
+ * Speed: the crc32 instruction path and slicing-by-8 are both above the disk and
+ * page-cache rates persistence runs at (docs/performance.md, decision table: crc32c),
+ * so there is no 3-way interleaved variant.
  */
-#include "store/io_backend.h"
+#include "store/crc32c.h"
 
 #include <string.h>
 

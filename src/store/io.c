@@ -6,7 +6,7 @@
  *   the synchronous backend; the per-object fault counters.
  * Does not own: the io_uring backend (io_uring.c, reached through io_backend.h), the
  *   file descriptors (callers open and close them), locking (one io object is used
- *   by one thread at a time; the spill code holds e->lock around it).
+ *   by one thread at a time; the spill code holds the engine lock around it).
  *
  * Invariants:
  *   - pkvi_io_submit returns only when no request of the call is still in flight, so

@@ -3,7 +3,9 @@
  * io_uring, or on pread/pwrite where io_uring is refused (io.c, io_uring.c).
  *
  * Owns a ring (or none) per io object; no global state. Short transfers are resumed;
- * a request either completes whole or the batch reports PKV_EIO.
+ * a request either completes whole or the batch reports PKV_EIO. One io object is used
+ * by one thread at a time (the spill file's under the engine lock); no lock of its own.
+ * The backends behind it share store/io_backend.h, and nothing else does.
  */
 #ifndef PAGEDKV_IO_H
 #define PAGEDKV_IO_H
@@ -37,8 +39,21 @@ PKVI_HIDDEN const char *pkvi_io_backend(const pkvi_io *io);   /* "io_uring" | "s
 /* Perform all n requests (batched); PKV_EIO if any failed (others may have completed). */
 PKVI_HIDDEN pkv_status pkvi_io_submit(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n);
 PKVI_HIDDEN pkv_status pkvi_io_fsync(pkvi_io *io, int fd);
-/* Test hook: make the nth (1-based) future operation of `kind` fail with EIO
- * (0 disarms). Per io object, never global. */
+
+/* Requests in flight at once on one ring (its SQ and CQ size); callers that gather
+ * batches (save) size them by it, so one batch is one submission. See io_uring.c for
+ * why this depth. */
+#define PKVI_URING_DEPTH 64u
+
+/* ---- test hooks (per io object, never global) ------------------------------------ */
+
+/* Make the nth (1-based) future operation of `kind` fail with EIO (0 disarms). */
 PKVI_HIDDEN void pkvi_io_inject_fault(pkvi_io *io, pkvi_fault_kind kind, uint64_t nth);
+/* Cap every single transfer (pread/pwrite call or SQE) of io at max_bytes (0: the
+ * default), so tests drive the short-transfer path. */
+PKVI_HIDDEN void pkvi_io_limit_transfer(pkvi_io *io, uint64_t max_bytes);
+/* Whether this process can set up io_uring: 0, or the negative errno that says why
+ * not (-ENOSYS: built without liburing). Ignores PKV_NO_URING. */
+PKVI_HIDDEN int pkvi_uring_probe(void);
 
 #endif /* PAGEDKV_IO_H */

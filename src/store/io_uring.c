@@ -24,15 +24,11 @@
  *   (io_uring_enter error other than EINTR/EAGAIN/EBUSY) is marked broken: what the
  *   kernel holds is drained, and io.c drops the ring for pread/pwrite.
  *
- * Registered buffers and fixed files are not used. Measured on this project's 2-core
- * VM (kernel 6.18, 256 MiB page-cache-hot file, medians of 5 runs, QD 64): reads of
- * 4 KiB plain 12.8 / fixed file 13.7 / registered buffers 13.3 GB/s; 64 KiB reads
- * 20.3 / 20.6 / 19.2 GB/s; 1 MiB writes (QD 16) 13.1 / 5.7 / 7.1 GB/s, with run-to-run
- * spreads as large as the differences. No consistent gain, while the callers' buffers
- * (pool pages, save staging) change on every call, so registering them would add a
- * pin/unpin per call. PKVI_URING_DEPTH 64: 64 KiB reads at QD 8/16/64 gave 20.5 /
- * 14.8 / 24.8 GB/s, writes 4.3 GB/s at every depth; 64 was never worse and keeps a
- * whole spill batch in few system calls.
+ * Registered buffers and fixed files are not used: no consistent gain, while the
+ * callers' buffers (pool pages, save staging) change on every call, so registering
+ * them would add a pin/unpin per call. PKVI_URING_DEPTH 64 was never worse than
+ * smaller depths and keeps a whole spill batch in few system calls
+ * (docs/performance.md, decision table: PKVI_URING_DEPTH).
  */
 #include "store/io_backend.h"
 #include "pkv_config.h"
@@ -148,9 +144,10 @@ static void drain(pkvi_uring *u, uint32_t in_flight)
     }
 }
 
-/* A transient -EAGAIN with nothing in flight to reap: retry this many times, 1 ms
- * apart, before declaring the ring unusable. */
+/* A transient -EAGAIN with nothing in flight to reap: retry this many times,
+ * AGAIN_WAIT_NS apart, before declaring the ring unusable. */
 #define AGAIN_RETRIES 100
+#define AGAIN_WAIT_NS 1000000
 
 pkv_status pkvi_uring_submit(pkvi_uring *u, const pkvi_io_req *reqs, uint32_t n,
                              uint64_t max_chunk)
@@ -195,8 +192,8 @@ pkv_status pkvi_uring_submit(pkvi_uring *u, const pkvi_io_req *reqs, uint32_t n,
             if (in_flight == io_uring_sq_ready(&u->ring)) {
                 if (++again > AGAIN_RETRIES)
                     goto broken;
-                struct timespec ms = {0, 1000000};
-                nanosleep(&ms, NULL);
+                struct timespec ts = {0, AGAIN_WAIT_NS};
+                nanosleep(&ts, NULL);
                 continue;
             }
         } else if (rc < 0) {

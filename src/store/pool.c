@@ -5,15 +5,16 @@
  * memory budget. Arenas of destroyed engines are purged
  * and reused by later engines (see "idle arenas" below).
  *
- * Owns page *buffers* and their counts. It does not own page descriptors, reference
- * counts or spilling (session/residency.c, spill.c). Every function runs under
- * e->lock, but init and fini (no other thread knows the engine yet, or any more) and
- * pkvi_pool_allocator_bytes, which reads only fields fixed from init to fini
- * (use_jemalloc, arena, page_bytes) so that stats need not hold e->lock while
- * jemalloc refreshes its statistics. The idle arenas have their own lock,
- * idle_lock, taken only by init and fini.
+ * Owns page *buffers*, their counts and struct pkvi_pool, which no other file sees
+ * (pool.h: counters are read through functions). It does not own reference counts
+ * (btable.c) or spilling (session/residency.c, spill.c). Every function runs under
+ * the engine lock, but create and destroy (no other thread knows the engine yet, or
+ * any more) and pkvi_pool_allocator_bytes, which reads only fields fixed from create
+ * to destroy (use_jemalloc, arena, page_bytes) so that stats need not hold the engine
+ * lock while jemalloc refreshes its statistics. The idle arenas have their own lock,
+ * idle_lock, taken only by create and destroy.
  *
- * Invariants:
+ * Invariants (pkvi_pool_check):
  *   allocated == in_use + n_free          (every buffer is held or cached)
  *   budget_pages == 0 || in_use + n_free <= budget_pages
  *   n_free <= free_slots <= free_cap   (16 MiB worth, or the whole budget when one is
@@ -42,6 +43,26 @@
 /* ...and at most this many buffers, whatever their size: the cache's own array must
  * stay small for engines with tiny pages (a 1x1x1 f16 geometry has 4-byte pages). */
 #define FREE_CACHE_PAGES 1024u
+
+struct pkvi_pool {
+    bool use_jemalloc;     /* false: aligned_alloc (-Djemalloc=disabled, or no jemalloc
+                              found at run time: "jemalloc, found at run time" below) */
+    unsigned arena;        /* jemalloc arena index (when use_jemalloc) */
+    uint64_t page_bytes;
+    uint64_t budget_pages; /* 0 = unlimited */
+    uint64_t in_use;       /* resident pages held by descriptors */
+    uint64_t spilled;      /* descriptors whose bytes are in the spill file */
+    void **free_list;      /* cached free page buffers, [free_slots], grown on demand */
+    uint64_t n_free, free_slots, free_cap;
+    uint64_t allocated;    /* page buffers obtained from the allocator and not returned */
+    uint64_t fault[3];     /* test hook: countdown per pkvi_pool_fault, 0 = disarmed */
+};
+
+/* Whether the next allocation of kind k is to fail (the test hook). */
+static bool inject(pkvi_pool *p, pkvi_pool_fault k)
+{
+    return p->fault[k] && --p->fault[k] == 0;
+}
 
 #if PKV_HAVE_JEMALLOC
 /*
@@ -151,6 +172,8 @@ static size_t buf_align(const pkvi_pool *p)
 
 static void *buf_alloc(pkvi_pool *p)
 {
+    if (inject(p, PKVI_POOL_FAULT_BUFFER))
+        return NULL;
     const size_t align = buf_align(p);
 #if PKV_HAVE_JEMALLOC
     if (p->use_jemalloc)
@@ -183,10 +206,9 @@ static void buf_free(pkvi_pool *p, void *buf)
  * Why not arena.<i>.destroy: jemalloc 5.3 reuses a destroyed arena's index, but not
  * its address space. The arena's base mappings are only purged (with retain, the
  * default on Linux), so every new arena maps fresh memory, and the global radix tree
- * that maps addresses to extents grows leaves for it that are never freed. Measured
- * (10,000 cycles of arenas.create, 8 x 64 KiB mallocx, dallocx, arena.<i>.destroy):
- * RSS +40 MiB, stats.metadata 2.8 -> 42.5 MB, VmSize +20 GB. Purging an arena and
- * handing it to the next engine instead: RSS +180 KiB over the same 10,000 cycles.
+ * that maps addresses to extents grows leaves for it that are never freed; purging an
+ * arena and handing it to the next engine instead keeps RSS flat (docs/performance.md,
+ * decision table: arena-reuse).
  *
  * An idle arena holds no allocation and no dirty page (purged), only jemalloc's
  * metadata for it: there are at most as many arenas as engines were ever alive at
@@ -232,9 +254,11 @@ static void arena_give(unsigned arena)
 }
 #endif
 
-pkv_status pkvi_pool_init(pkvi_pool *p, uint64_t page_bytes, uint64_t budget_bytes)
+pkv_status pkvi_pool_create(uint64_t page_bytes, uint64_t budget_bytes, pkvi_pool **out)
 {
-    memset(p, 0, sizeof *p);
+    pkvi_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return PKV_ENOMEM;
     p->page_bytes = page_bytes;
     p->budget_pages = budget_bytes / page_bytes; /* callers checked budget >= 1 page */
     p->free_cap = FREE_CACHE_BYTES / page_bytes;
@@ -245,8 +269,9 @@ pkv_status pkvi_pool_init(pkvi_pool *p, uint64_t page_bytes, uint64_t budget_byt
     if (p->budget_pages) {
         /* A budgeted pool may hold its whole budget anyway, so it keeps every freed
          * buffer up to it: spill and restore then reuse buffers instead of faulting
-         * in fresh memory for each page read back (first touch ran at ~0.25 GB/s on
-         * the dev VM and made restore 30x slower than the disk). The slot array is
+         * in fresh memory for each page read back (first touch made restore many times
+         * slower than the disk: docs/performance.md, decision table: FREE_CACHE_BYTES).
+         * The slot array is
          * kept under 1/512 of the budget for tiny pages. It is allocated as buffers
          * come back, never up front: a budget is a ceiling, and a huge one (even
          * UINT64_MAX) must not reserve memory for slots it may never fill. */
@@ -258,17 +283,22 @@ pkv_status pkvi_pool_init(pkvi_pool *p, uint64_t page_bytes, uint64_t budget_byt
     pthread_once(&je_once, je_resolve);
     if (je.mallocx) {
         unsigned arena = 0;
-        if (!arena_take(&arena))
+        if (!arena_take(&arena)) {
+            free(p);
             return PKV_ENOMEM;
+        }
         p->use_jemalloc = true;
         p->arena = arena;
     }
 #endif
+    *out = p;
     return PKV_OK;
 }
 
-void pkvi_pool_fini(pkvi_pool *p)
+void pkvi_pool_destroy(pkvi_pool *p)
 {
+    if (!p)
+        return;
     for (uint64_t i = 0; i < p->n_free; i++)
         buf_free(p, p->free_list[i]);
     p->allocated -= p->n_free;
@@ -281,13 +311,8 @@ void pkvi_pool_fini(pkvi_pool *p)
      * start from zero there); one that still holds buffers is left as it is. */
     if (p->use_jemalloc && p->allocated == 0)
         arena_give(p->arena);
-    p->use_jemalloc = false;
 #endif
-}
-
-bool pkvi_pool_can_get(const pkvi_pool *p)
-{
-    return p->budget_pages == 0 || p->n_free > 0 || p->in_use + 1 <= p->budget_pages;
+    free(p);
 }
 
 pkv_status pkvi_pool_get(pkvi_pool *p, void **out)
@@ -322,7 +347,7 @@ static bool free_slot(pkvi_pool *p)
     uint64_t n = p->free_slots ? p->free_slots * 2 : 16;
     if (n > p->free_cap)
         n = p->free_cap;
-    if (n > SIZE_MAX / sizeof(void *))
+    if (n > SIZE_MAX / sizeof(void *) || inject(p, PKVI_POOL_FAULT_SLOTS))
         return false;
     void **list = realloc(p->free_list, (size_t)n * sizeof *list);
     if (!list)
@@ -344,6 +369,57 @@ void pkvi_pool_put(pkvi_pool *p, void *buf)
     }
     buf_free(p, buf);
     p->allocated--;
+}
+
+void pkvi_pool_put_spilled(pkvi_pool *p, void *buf)
+{
+    pkvi_pool_put(p, buf);
+    p->spilled++;
+}
+
+void pkvi_pool_unspilled(pkvi_pool *p)
+{
+    p->spilled--;
+}
+
+bool pkvi_pool_room(const pkvi_pool *p, uint64_t n, uint64_t *need)
+{
+    *need = 0;
+    if (!p->budget_pages || p->in_use + n <= p->budget_pages)
+        return true;
+    if (n > p->budget_pages)
+        return false;
+    *need = p->in_use + n - p->budget_pages;
+    return true;
+}
+
+uint64_t pkvi_pool_page_bytes(const pkvi_pool *p)
+{
+    return p->page_bytes;
+}
+
+pkvi_pool_counts pkvi_pool_count(const pkvi_pool *p)
+{
+    return (pkvi_pool_counts){.in_use = p->in_use, .n_free = p->n_free,
+                              .spilled = p->spilled, .allocated = p->allocated,
+                              .budget_pages = p->budget_pages};
+}
+
+const char *pkvi_pool_kind(const pkvi_pool *p)
+{
+    return p->use_jemalloc ? "jemalloc" : "aligned";
+}
+
+bool pkvi_pool_check(const pkvi_pool *p)
+{
+    return p->allocated == p->in_use + p->n_free && p->n_free <= p->free_slots &&
+           p->free_slots <= p->free_cap &&
+           (!p->budget_pages || p->in_use + p->n_free <= p->budget_pages);
+}
+
+void pkvi_pool_inject_fault(pkvi_pool *p, pkvi_pool_fault kind, uint64_t nth)
+{
+    p->fault[kind] = nth;
 }
 
 uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p, uint64_t allocated)
@@ -372,7 +448,7 @@ uint64_t pkvi_pool_allocator_bytes(const pkvi_pool *p, uint64_t allocated)
 
 pkv_status pkvi_page_create(pkvi_pool *p, pkvi_page **out)
 {
-    pkvi_page *pg = calloc(1, sizeof *pg);
+    pkvi_page *pg = inject(p, PKVI_POOL_FAULT_DESCRIPTOR) ? NULL : calloc(1, sizeof *pg);
     if (!pg)
         return PKV_ENOMEM;
     const pkv_status st = pkvi_pool_get(p, &pg->data);
@@ -380,7 +456,6 @@ pkv_status pkvi_page_create(pkvi_pool *p, pkvi_page **out)
         free(pg);
         return st;
     }
-    pg->refs = 1;
     atomic_init(&pg->writing, 0);
     *out = pg;
     return PKV_OK;

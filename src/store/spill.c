@@ -5,7 +5,8 @@
  * Owns the file (one per engine, slots of page_bytes) and its free slots. The bytes
  * move through the I/O interface (io.c: io_uring or pread/pwrite), batched, one
  * vectored request per run of adjacent slots. Which pages go is session/residency.c's
- * choice; this file never looks at a block table. Every function runs under e->lock.
+ * choice; this file never looks at a block table. Every function runs under the engine
+ * lock (cache/cache.h).
  *
  * A failed write keeps every page resident; a failed read keeps every page spilled;
  * nothing is lost either way.
@@ -15,8 +16,9 @@
  * retried into the free slots alone: a full disk stops only the spills that do not fit
  * the room the file already has.
  *
- * Privacy (SPEC §5): the file is O_TMPFILE (no name at all) where the file system has
- * it, else created 0600 with O_EXCL under a fixed name pattern and unlinked at once.
+ * Privacy (docs/design.md, "Memory budget and spill"): the file is O_TMPFILE (no name
+ * at all) where the file system has it, else created 0600 with O_EXCL under a fixed
+ * name pattern and unlinked at once.
  */
 #include "store/spill.h"
 
@@ -192,7 +194,7 @@ pkv_status pkvi_spill_write(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *page
     if (order && reqs && iov && bufs) {
         memcpy(order, pages, (size_t)n * sizeof *order);
         const uint64_t reusable = sp->n_free;
-        st = write_batch(sp, p->page_bytes, order, n, bufs, iov, reqs);
+        st = write_batch(sp, pkvi_pool_page_bytes(p), order, n, bufs, iov, reqs);
         if (st != PKV_OK && n > reusable && reusable >= need) {
             /* The batch grew the file and failed: perhaps the disk is full, or the
              * file reached a size limit. The free slots lie inside the file and can
@@ -202,12 +204,11 @@ pkv_status pkvi_spill_write(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *page
             for (uint64_t v = 0; v < n; v++)
                 if (order[v]->slot < sp->next_slot)
                     order[m++] = order[v];
-            st = write_batch(sp, p->page_bytes, order, m, bufs, iov, reqs);
+            st = write_batch(sp, pkvi_pool_page_bytes(p), order, m, bufs, iov, reqs);
         }
         for (uint64_t v = 0; st == PKV_OK && v < m; v++) {
-            pkvi_pool_put(p, order[v]->data);
+            pkvi_pool_put_spilled(p, order[v]->data);
             order[v]->data = NULL;
-            p->spilled++;
         }
     }
     free(order);
@@ -246,7 +247,7 @@ pkv_status pkvi_spill_read(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *pages
     }
     if (st == PKV_OK)
         st = pkvi_io_submit(sp->io, reqs, slot_runs(sp, false, order, bufs, (uint32_t)n,
-                                                    p->page_bytes, iov, reqs));
+                                                    pkvi_pool_page_bytes(p), iov, reqs));
     if (st != PKV_OK) {
         for (uint64_t k = 0; k < got; k++)
             pkvi_pool_put(p, bufs[k]);
@@ -254,7 +255,7 @@ pkv_status pkvi_spill_read(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *pages
         for (uint64_t k = 0; k < n; k++) {
             slot_give(sp, order[k]->slot);
             order[k]->data = bufs[k];
-            p->spilled--;
+            pkvi_pool_unspilled(p);
         }
     }
     free(order);
@@ -267,5 +268,5 @@ pkv_status pkvi_spill_read(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *pages
 void pkvi_spill_drop(pkvi_spill *sp, pkvi_pool *p, pkvi_page *pg)
 {
     slot_give(sp, pg->slot);
-    p->spilled--;
+    pkvi_pool_unspilled(p);
 }

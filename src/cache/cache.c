@@ -1,0 +1,60 @@
+/*
+ * cache.c - the state an engine's sessions share (cache.h): creating and freeing the
+ * pool, the spill file and the prefix index behind the engine lock, and the
+ * statistics read from them.
+ *
+ * Owns their lifetime, not their contents: pages are the pool's and btable.c's,
+ * sessions session.c's. Knows nothing of the geometry beyond the page size.
+ */
+#include "cache/cache.h"
+
+#include <string.h>
+
+pkv_status pkvi_cache_init(pkvi_cache *c, const pkv_config *cfg, uint64_t page_bytes)
+{
+    memset(c, 0, sizeof *c);
+    pkvi_prefix_init(&c->prefix, cfg->n_layers, cfg->block_tokens,
+                     cfg->prefix_cache_bytes / page_bytes);
+    pkv_status st = pkvi_pool_create(page_bytes, cfg->mem_budget, &c->pool);
+    if (st == PKV_OK && cfg->spill_dir)
+        st = pkvi_spill_open(cfg->spill_dir, &c->spill);
+    if (st != PKV_OK) {
+        pkvi_pool_destroy(c->pool);
+        c->pool = NULL;
+        return st;
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    return PKV_OK;
+}
+
+void pkvi_cache_fini(pkvi_cache *c)
+{
+    pkvi_prefix_fini(&c->prefix, pkvi_cache_pages(c));
+    pkvi_spill_close(c->spill);
+    pkvi_pool_destroy(c->pool);
+    pthread_mutex_destroy(&c->lock);
+}
+
+void pkvi_cache_stats(pkvi_cache *c, pkv_stats *out)
+{
+    /* The lock that appends and (with spill) decodes need is held only to copy the
+     * counters: a consistent snapshot of them. jemalloc's statistics (an epoch
+     * refresh) are read after it, from the arena that is this engine's for its whole
+     * life; jemalloc serialises those calls itself. Under the lock the refresh starved
+     * a decoding thread (docs/performance.md, decision table: stats-lock). */
+    pthread_mutex_lock(&c->lock);
+    out->io_backend = c->spill ? pkvi_spill_backend(c->spill) : "none"; /* may fall back */
+    const pkvi_pool_counts n = pkvi_pool_count(c->pool);
+    /* cached pages (docs/prefix-cache.md) are resident pages only the prefix index
+     * holds: in the pool's in_use, not in pages_in_use; spilled ones are in
+     * pages_spilled */
+    out->pages_in_use = n.in_use - c->prefix.cached.resident;
+    out->pages_cached = c->prefix.cached.resident;
+    out->pages_free = n.n_free;
+    out->pages_spilled = n.spilled;
+    out->prefix_lookups = c->prefix.lookups;
+    out->prefix_hit_tokens = c->prefix.hit_tokens;
+    pthread_mutex_unlock(&c->lock);
+    out->pool = pkvi_pool_kind(c->pool);
+    out->bytes_allocator = pkvi_pool_allocator_bytes(c->pool, n.allocated);
+}

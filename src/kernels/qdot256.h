@@ -78,9 +78,9 @@ PKVI_INLINE uint32_t kblock_scale_bits(const char *blk)
  * over finite values (a NaN or an infinity makes the block's scale NaN), dq = a / 127,
  * qi = clamp(rint(x / dq), -127, 127) by the same correctly rounded division and
  * round-to-nearest-even, so the same bits; past n, and in a block whose scale is not
- * positive, qi is 0. The kernel quantizes each call's heads (walk.h prep_head): as a
- * scalar loop this was 15 us per call of a llama3-8b layer (32 heads), a call per
- * split-K chunk of 512 tokens. */
+ * positive, qi is 0. The kernel quantizes each call's heads (walk.h prep_head), once
+ * per split-K chunk: in vector code, since a scalar loop was a visible part of every
+ * chunk's time. */
 PKVI_INLINE void qd_quant_query(uint32_t n, const float *x, int8_t *qi, float *qs)
 {
     const __m256 absm = QB_ABSM, fmax = QB_FMAX;

@@ -26,8 +26,8 @@
  * pkv_session_file_check and loads into a session that decodes bitwise like the
  * original; a save that fails left the old file.
  *
- * PKV_TEST_QUICK=1 (sanitizer runs) does fewer operations; PKV_TEST_SEED picks the
- * walk.
+ * PKV_TEST_QUICK=1 (sanitizer runs) does fewer operations, PKV_TEST_LONG=1 (the slow
+ * suite's run, crossings-long) many more; PKV_TEST_SEED picks the walk.
  */
 #include "testutil.h"
 
@@ -836,7 +836,11 @@ static void walk(world *w, int ops)
 
 START_TEST(crossings_hold)
 {
-    const int engines = pkvt_quick() ? 6 : 16, ops = pkvt_quick() ? 120 : 250;
+    /* the slow suite's run (PKV_TEST_LONG=1) walks four times the engines, longer */
+    const char *lg = getenv("PKV_TEST_LONG");
+    const bool long_run = lg && strcmp(lg, "1") == 0;
+    const int engines = pkvt_quick() ? 6 : long_run ? 64 : 16;
+    const int ops = pkvt_quick() ? 120 : long_run ? 600 : 250;
     world *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
     pkvt_scratch_dir(w->dir, sizeof w->dir, "crossings");

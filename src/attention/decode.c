@@ -22,19 +22,18 @@
  * construction, not by a second implementation kept in step.
  *
  * Determinism (include/pagedkv.h; docs/sharding.md): the chunks are absolute. Chunk c
- * holds the pages
- * [c * chunk_pages, (c + 1) * chunk_pages) of the layer - by position alone, never by
- * the length, the thread count, the batch or where a shard starts. What a query
- * attends is one or two runs of positions (a window's sinks and its window); a run's
- * chunks are the absolute chunks it meets, clipped to the run. The states of a head
- * are folded one by one in position order into a running state (m, l, acc) that
- * starts empty - or at (sigma, 1, 0), the learned sink logit, which is the fold of
- * that state into the empty one - by one thread, and out = acc / l at the end. The
- * kernels are page-local and head-local (kernels.h), so how a chunk's groups are cut
- * into tasks, how many heads share a kernel call and where calls split the pages do
- * not change a bit. So results are bitwise identical for any n_threads; and since a
- * shard boundary (pkv_shard_align) is a chunk boundary, the chunk states of several
- * shards, folded in position order, are the chunk states of the whole.
+ * holds the pages [c * chunk_pages, (c + 1) * chunk_pages) of the layer - by position
+ * alone, never by the length, the thread count, the batch or where a shard starts. What
+ * a query attends is one or two runs of positions (a window's sinks and its window); a
+ * run's chunks are the absolute chunks it meets, clipped to the run. The states of a
+ * head are folded one by one in position order into a running state (m, l, acc) that
+ * starts empty - or at (sigma, 1, 0), the learned sink logit, which is the fold of that
+ * state into the empty one - by one thread, and out = acc / l at the end. The kernels
+ * are page-local and head-local (kernels.h), so how a chunk's groups are cut into
+ * tasks, how many heads share a kernel call and where calls split the pages do not
+ * change a bit. So results are bitwise identical for any n_threads; and since a shard
+ * boundary (pkv_shard_align) is a chunk boundary, the chunk states of several shards,
+ * folded in position order, are the chunk states of the whole.
  *
  * Waves: a decode of any length needs only PKVI_MAX_CHUNKS chunk states of scratch.
  * The chunks are computed PKVI_MAX_CHUNKS at a time (a wave, in parallel), then each
@@ -674,6 +673,8 @@ static pkv_status partial_at(pkv_session *s, const char *call, uint32_t layer, b
                              uint64_t pos, const float *q, uint32_t max_chunks, float *states,
                              uint32_t *n_chunks)
 {
+    if (!s)
+        return PKV_EINVAL;
     const pkvi_geom *geo = s->geom;
     if (layer >= geo->cfg.n_layers)
         return pkvi_fail(s->errs, PKV_EINVAL, "%s: layer %u, but the engine has %u", call,
@@ -686,15 +687,13 @@ static pkv_status partial_at(pkv_session *s, const char *call, uint32_t layer, b
     const uint64_t len = pkvi_btable_len(t);
     if (len == pkvi_btable_first(t))
         return pkvi_fail(s->errs, PKV_ESTATE, "%s: layer %u is empty", call, layer);
-    if (at_last)
-        pos = len - 1;
+    pos = at_last ? len - 1 : pos;
     /* before any arithmetic on pos: a query is at or after the layer's last position,
      * and below UINT64_MAX (no layer reaches it: a length is a uint64) */
     if (pos < len - 1 || pos == UINT64_MAX)
         return pkvi_fail(s->errs, PKV_EINVAL, "%s: position %llu is %s", call,
-                         (unsigned long long)pos,
-                         pos == UINT64_MAX ? "UINT64_MAX, which no layer reaches"
-                                           : "before the layer's last");
+                         (unsigned long long)pos, pos == UINT64_MAX ? "UINT64_MAX, which no "
+                         "layer reaches" : "before the layer's last");
     qset Q = last_queries(geo, t, layer, 1, pos, q, s->partials, NULL);
     Q.part = states;
     const uint64_t need = Q.C + Q.sigma;
@@ -727,8 +726,6 @@ pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
                                  const float *q, uint32_t max_chunks, float *states,
                                  uint32_t *n_chunks)
 {
-    if (!s)
-        return PKV_EINVAL;
     return partial_at(s, "pkv_decode_partial_at", layer, false, pos, q, max_chunks, states,
                       n_chunks);
 }
@@ -736,8 +733,6 @@ pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
 pkv_status pkv_decode_partial(pkv_session *s, uint32_t layer, const float *q,
                               uint32_t max_chunks, float *states, uint32_t *n_chunks)
 {
-    if (!s)
-        return PKV_EINVAL;
     return partial_at(s, "pkv_decode_partial", layer, true, 0, q, max_chunks, states,
                       n_chunks);
 }
@@ -751,7 +746,7 @@ pkv_status pkv_partial_chunks(const pkv_session *s, uint32_t layer, uint64_t *ou
                          !out ? "out is NULL" : "layer out of range");
     const pkvi_btable *t = s->layers[layer];
     const uint64_t len = pkvi_btable_len(t);
-    if (len == pkvi_btable_first(t)) {
+    if (len == pkvi_btable_first(t)) { /* empty: nothing to decode */
         *out = 0;
         return PKV_OK;
     }
@@ -779,8 +774,6 @@ static void fold_head(const pkvi_geom *geo, uint32_t n_chunks, const float *stat
 pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
                                float *out)
 {
-    if (!states || !out || n_chunks == 0)
-        return PKV_EINVAL;
     const uint32_t h = geo->cfg.n_heads, dv = geo->cfg.head_dim_v;
     for (uint32_t j = 0; j < h; j++) {
         float m, l, *o = out + (size_t)j * dv;
@@ -793,8 +786,6 @@ pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks, const fl
 pkv_status pkvi_fold_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
                               float *state_out)
 {
-    if (!states || !state_out || n_chunks == 0)
-        return PKV_EINVAL;
     const uint32_t h = geo->cfg.n_heads;
     const size_t hs = (size_t)geo->cfg.head_dim_v + 2;
     /* into a copy first: state_out may be one of the states */

@@ -36,6 +36,8 @@ struct pkvi_spill {
     uint64_t next_slot;          /* slots [0, next_slot) exist in the file */
     uint64_t *free_slots;        /* reusable slots, [n_free] of [cap_free] */
     uint64_t n_free, cap_free;
+    void (*hook)(void *ctx, bool write, uint64_t n); /* test hook (NULL: none) */
+    void *hook_ctx;
 };
 
 static int open_private(const char *dir)
@@ -185,6 +187,8 @@ pkv_status pkvi_spill_write(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *page
         return need ? PKV_ENOMEM : PKV_OK;
     if (n > UINT32_MAX)
         return PKV_ENOMEM;
+    if (sp->hook)
+        sp->hook(sp->hook_ctx, true, n);
     pkvi_page **order = malloc((size_t)n * sizeof *order);
     pkvi_io_req *reqs = malloc((size_t)n * sizeof *reqs);
     struct iovec *iov = malloc((size_t)n * sizeof *iov);
@@ -225,6 +229,8 @@ pkv_status pkvi_spill_read(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *pages
         return PKV_OK;
     if (n > UINT32_MAX)
         return PKV_ENOMEM;
+    if (sp->hook)
+        sp->hook(sp->hook_ctx, false, n);
     pkvi_page **order = malloc((size_t)n * sizeof *order);
     void **bufs = malloc((size_t)n * sizeof *bufs);
     pkvi_io_req *reqs = malloc((size_t)n * sizeof *reqs);
@@ -269,4 +275,11 @@ void pkvi_spill_drop(pkvi_spill *sp, pkvi_pool *p, pkvi_page *pg)
 {
     slot_give(sp, pg->slot);
     pkvi_pool_unspilled(p);
+}
+
+void pkvi_spill_hook_transfer(pkvi_spill *sp, void (*fn)(void *ctx, bool write, uint64_t n),
+                              void *ctx)
+{
+    sp->hook = fn;
+    sp->hook_ctx = ctx;
 }

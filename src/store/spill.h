@@ -39,4 +39,11 @@ PKVI_HIDDEN pkv_status pkvi_spill_read(pkvi_spill *sp, pkvi_pool *p,
 /* A spilled page is being freed: its slot becomes free. */
 PKVI_HIDDEN void pkvi_spill_drop(pkvi_spill *sp, pkvi_pool *p, pkvi_page *pg);
 
+/* Test hook: fn(ctx, write, n) runs at the start of every pkvi_spill_write (write) and
+ * pkvi_spill_read of sp, for n pages (fn NULL: none). Set it while no transfer is in
+ * flight. */
+PKVI_HIDDEN void pkvi_spill_hook_transfer(pkvi_spill *sp,
+                                          void (*fn)(void *ctx, bool write, uint64_t n),
+                                          void *ctx);
+
 #endif /* PAGEDKV_SPILL_H */

@@ -9,12 +9,14 @@
  * Two engines per build (one measured, one the control): one layer, h 8, g 2, d 128,
  * block_tokens 16, f16 (16 KiB pages), one thread, a spill file in $BENCH_FAULT_DIR
  * (default $TMPDIR or /tmp). K = 4 resident sessions of 256 tokens (64 pages) are
- * decoded in turn on one thread; M = 3 faulting sessions of 1024 tokens (64 pages
- * each) are decoded in turn on a second thread. The budget (64 + 96 pages) holds the
- * residents and one and a half faulting sessions, so each faulting decode reads its
- * session back from the spill file and spills the one decoded before it (the least
- * recently used: the residents are used far more often, so they stay). Each round
- * times, for each build, `seconds` of:
+ * decoded in turn on one thread; M = 6 faulting sessions of 1024 tokens (64 pages
+ * each) are decoded in turn on a second thread. The budget (64 + 5 x 64 pages) holds
+ * the residents and all faulting sessions but one, so each faulting decode reads its
+ * session back from the spill file and spills the least recently used one, the next
+ * in turn. A resident is spilled only when its thread did not decode it for five
+ * fault-ins (a host so loaded that it starves that thread): the run then prints how
+ * many resident pages it found spilled. Each round times, for each build, `seconds`
+ * of:
  *   alone    the resident decodes alone
  *   fault    beside the faulting thread
  *   poll     beside the faulting thread and a third calling pkv_engine_stats in a loop
@@ -24,13 +26,23 @@
  * and prints the medians over rounds (and the worst round) of the resident rate, of
  * fault / alone, fault / control and poll / alone, and the faulting thread's fault-ins
  * per second with and without the poller (the spill-heavy decoder of issue 49).
+ *
+ * The rates move with whatever else the host runs. What the engine lock does to the
+ * residents shows apart from that in their thread's blocked time: wall time less the
+ * time on a CPU and the time runnable but waiting for one (Linux's
+ * /proc/thread-self/schedstat). The residents do no I/O, so they sleep only on the
+ * engine lock; printed as a share of wall time for each kind of run ("n/a" where the
+ * kernel keeps no schedstat).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, mkdtemp */
 #include "pagedkv.h"
 
 #include <dlfcn.h>
+#include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,14 +58,15 @@ typedef struct {
     void (*session_destroy)(pkv_session *);
     pkv_status (*append)(pkv_session *, uint32_t, const float *, const float *);
     pkv_status (*decode)(pkv_session *, uint32_t, const float *, float *);
+    pkv_status (*session_memory)(const pkv_session *, pkv_memory *);
 } api;
 
 enum {
-    H = 8, G = 2, D = 128, BT = 16, K = 4, RES_TOKENS = 256, M = 3, FAULT_TOKENS = 1024,
+    H = 8, G = 2, D = 128, BT = 16, K = 4, RES_TOKENS = 256, M = 6, FAULT_TOKENS = 1024,
     MAX_ROUNDS = 101
 };
 #define PAGE_BYTES (2ull * G * BT * D * 2)
-#define BUDGET_PAGES (K * RES_TOKENS / BT + 3 * FAULT_TOKENS / BT / 2)
+#define BUDGET_PAGES (K * RES_TOKENS / BT + (M - 1) * FAULT_TOKENS / BT)
 
 static int load(const char *path, api *a)
 {
@@ -81,6 +94,7 @@ static int load(const char *path, api *a)
     SYM(session_destroy, "pkv_session_destroy");
     SYM(append, "pkv_append");
     SYM(decode, "pkv_decode");
+    SYM(session_memory, "pkv_session_memory");
 #undef SYM
     return 0;
 }
@@ -180,6 +194,7 @@ static void world_free(world *w)
 typedef struct {
     world *w;
     atomic_int *stop;
+    double blocked;    /* the share of the run this thread slept (NAN: unknown) */
     uint64_t n;        /* decodes (or polls) done */
     uint64_t failed;   /* calls that did not return PKV_OK */
     pkv_status last;   /* the last such status */
@@ -195,14 +210,36 @@ static void note(worker *t, pkv_status st)
 
 static float q[H * D];
 
+/* This thread's time on a CPU and time runnable but off one, in ns; false when the
+ * kernel does not say. */
+static bool sched_times(double *run_ns, double *wait_ns)
+{
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f)
+        return false;
+    uint64_t run, wait;
+    const bool ok = fscanf(f, "%" SCNu64 " %" SCNu64, &run, &wait) == 2;
+    fclose(f);
+    *run_ns = (double)run;
+    *wait_ns = (double)wait;
+    return ok;
+}
+
 static void *resident_loop(void *p)
 {
     worker *t = p;
     float out[H * D];
+    double run0, wait0, run1, wait1;
+    const bool known = sched_times(&run0, &wait0);
+    const double t0 = now();
     for (uint64_t i = 0; !atomic_load(t->stop); i++) {
         note(t, t->w->a->decode(t->w->res[i % K], 0, q, out));
         t->n++;
     }
+    const double wall = (now() - t0) * 1e9;
+    t->blocked = NAN;
+    if (known && sched_times(&run1, &wait1) && wall > 0)
+        t->blocked = (wall - (run1 - run0) - (wait1 - wait0)) / wall;
     return NULL;
 }
 
@@ -230,9 +267,10 @@ static void *poll_loop(void *p)
 
 /* `seconds` of the residents of w decoding, beside a faulting thread on fw (NULL:
  * none) and a poller on w (or not). Returns the residents' decodes a second; the
- * faulting thread's fault-ins a second into *fault_rate. */
+ * faulting thread's fault-ins a second into *fault_rate, the residents' blocked share
+ * into *blocked (NAN: unknown). */
 static double run(world *w, world *fw, int poll, double seconds, double *fault_rate,
-                  int *failed)
+                  double *blocked, int *failed)
 {
     atomic_int stop;
     atomic_init(&stop, 0);
@@ -256,6 +294,7 @@ static double run(world *w, world *fw, int poll, double seconds, double *fault_r
     if (poll)
         pthread_join(tp, NULL);
     *fault_rate = (double)f.n / dt;
+    *blocked = r.blocked;
     const worker *ws[3] = {&r, &f, &pl};
     static const char *const who[3] = {"resident", "faulting", "stats"};
     for (int i = 0; i < 3; i++)
@@ -270,6 +309,8 @@ static double run(world *w, world *fw, int poll, double seconds, double *fault_r
 typedef struct {
     double alone[MAX_ROUNDS], fault[MAX_ROUNDS], control[MAX_ROUNDS], poll[MAX_ROUNDS];
     double f_rate[MAX_ROUNDS], f_rate_poll[MAX_ROUNDS];
+    double blocked[4][MAX_ROUNDS]; /* alone, fault, poll, control */
+    uint64_t res_spilled;          /* resident pages found spilled after a run */
 } figures;
 
 static double median(double *x, int n)
@@ -301,6 +342,33 @@ static void report(const char *name, figures *f, int rounds)
     printf("  fault-ins/s, no poller       %10.0f\n", median(f->f_rate, rounds));
     printf("  fault-ins/s with poller / without %5.3f   (worst round %.3f)\n", m_fpoll,
            ratio_fpoll[0]);
+    static const char *const kind[4] = {"alone", "fault", "poll", "control"};
+    printf("  residents blocked (share of wall time), median (worst round):\n   ");
+    for (int k = 0; k < 4; k++) {
+        if (isnan(f->blocked[k][0])) {
+            printf(" %s n/a", kind[k]);
+            continue;
+        }
+        const double m = median(f->blocked[k], rounds);
+        printf(" %s %.3f (%.3f)", kind[k], m, f->blocked[k][rounds - 1]);
+    }
+    printf("\n");
+    if (f->res_spilled)
+        printf("  resident pages found spilled after runs: %llu (the host starved the "
+               "residents' thread: their rate includes their own fault-ins)\n",
+               (unsigned long long)f->res_spilled);
+}
+
+/* Resident pages of w in the spill file now. */
+static uint64_t resident_spilled(const world *w)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < K; i++) {
+        pkv_memory m;
+        if (w->a->session_memory(w->res[i], &m) == PKV_OK)
+            n += m.bytes_spilled / PAGE_BYTES;
+    }
+    return n;
 }
 
 int main(int argc, char **argv)
@@ -344,10 +412,15 @@ int main(int argc, char **argv)
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < nlib; i++) {
             double fr = 0, fr_poll = 0, unused = 0;
-            fig[i].alone[r] = run(&w[i], NULL, 0, seconds, &unused, &failed);
-            fig[i].fault[r] = run(&w[i], &w[i], 0, seconds, &fr, &failed);
-            fig[i].poll[r] = run(&w[i], &w[i], 1, seconds, &fr_poll, &failed);
-            fig[i].control[r] = run(&w[i], &ctl[i], 0, seconds, &unused, &failed);
+            double *b[4];
+            for (int k = 0; k < 4; k++)
+                b[k] = &fig[i].blocked[k][r];
+            fig[i].alone[r] = run(&w[i], NULL, 0, seconds, &unused, b[0], &failed);
+            fig[i].fault[r] = run(&w[i], &w[i], 0, seconds, &fr, b[1], &failed);
+            fig[i].res_spilled += resident_spilled(&w[i]);
+            fig[i].poll[r] = run(&w[i], &w[i], 1, seconds, &fr_poll, b[2], &failed);
+            fig[i].res_spilled += resident_spilled(&w[i]);
+            fig[i].control[r] = run(&w[i], &ctl[i], 0, seconds, &unused, b[3], &failed);
             fig[i].f_rate[r] = fr;
             fig[i].f_rate_poll[r] = fr_poll;
         }

@@ -569,12 +569,69 @@ static void all_wanted(void)
     pkv_engine_destroy(twin);
 }
 
+/*
+ * Room that only a transfer in flight can make: v's 16 pages are being written out
+ * for w's next page, and a (whose only pages are in the layer it appends to) needs a
+ * page too. Nothing else can be spilled - v's pages are in transit, a's and w's
+ * layers pinned by their own calls - so a's append waits for the write to end (it
+ * does not fail with PKV_ENOMEM) and then finds the room the write made.
+ */
+static void room_waits(void)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 6);
+    pkv_engine *e = engine(24, 1), *twin = engine(0, 1);
+    stall hold;
+    stall_init(&hold);
+    pkvi_spill_hook_transfer(spill_of(e), stall_hook, &hold);
+    pkv_session *v = pkvt_session(e), *a = pkvt_session(e), *w = pkvt_session(e);
+    pkv_session *tv = pkvt_session(twin), *ta = pkvt_session(twin), *tw = pkvt_session(twin);
+    grow(v, tv, &r, 8 * BT);
+    grow_layer(a, ta, &r, 0, 4 * BT);
+    grow_layer(w, tw, &r, 0, 4 * BT);
+    pkv_stats st;
+    ck_assert_int_eq(pkv_engine_stats(e, &st), PKV_OK);
+    ck_assert_uint_eq(st.pages_in_use, 24);
+    stall_arm(&hold, true);
+    call grower = {.s = w, .twin = tw, .layer = 0, .seed = 5};
+    job jg;
+    job_start(&jg, do_append, &grower);
+    ck_assert_msg(stall_wait(&hold, 30), "no spill write started");
+    call other = {.s = a, .twin = ta, .layer = 0, .seed = 6};
+    job ja;
+    job_start(&ja, do_append, &other);
+    ck_assert_msg(inside_within(e, a, 0, &ja, 30), "the append to a did not start");
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    const bool waited = !atomic_load(&ja.done);
+    ck_assert(pkvi_sessions_check(pkvi_engine_ctx(e).geom, pkvi_engine_ctx(e).cache, false));
+    stall_release(&hold);
+    job_join(&jg);
+    job_join(&ja);
+    ck_assert_msg(waited, "an append with no room but what a transfer in flight frees "
+                  "returned %s before the transfer ended", pkv_status_str(other.st));
+    ck_assert_int_eq(grower.st, PKV_OK);
+    ck_assert_int_eq(other.st, PKV_OK);
+    ck_assert(pkvi_engine_check(e));
+    pkv_session *s2[2] = {a, w}, *t2[2] = {ta, tw};
+    for (int k = 0; k < 2; k++) {
+        call dec = {.s = s2[k], .twin = t2[k], .layer = 0, .seed = 40 + (uint64_t)k};
+        do_decode(&dec);
+        ck_assert_int_eq(dec.st, PKV_OK);
+        ck_assert(dec.same);
+    }
+    pkvi_spill_hook_transfer(spill_of(e), NULL, NULL);
+    pkv_engine_destroy(e);
+    pkv_engine_destroy(twin);
+}
+
 START_TEST(waiters)
 {
     pkvt_scratch_dir(dir, sizeof dir, "transit");
     waiters_wait();
     writer_waits();
     all_wanted();
+    room_waits();
     pkvt_remove_dir(dir);
 }
 END_TEST

@@ -874,6 +874,12 @@ static void *ct_main(void *arg)
             if (w->id == 0 && !pkvi_engine_check(w->e))
                 CT_FAIL(w, "the engine's invariants are broken at a quiescent point "
                         "(op %llu)", (unsigned long long)k);
+            /* and the next read of the spill file fails, whatever the random steps
+             * arm (a write that fails may be retried into free slots) */
+            if (w->id == 0) {
+                pkvi_io_inject_fault(pkvi_spill_io(spill_of(w->e)), PKVI_FAULT_READ, 1);
+                w->faults++;
+            }
             pthread_barrier_wait(w->barrier);
         }
         ct_step(w, &r);
@@ -933,6 +939,12 @@ static void threads_run(void)
         w[i].s[0] = pkvt_session(e);
         w[i].t[0] = pkvt_session(w[i].twin);
         w[i].n = 1;
+        /* half full from the start (24 of the budget's 28 pages over the threads), so
+         * the spill file is busy - and the armed faults fire - from the first calls,
+         * also at quick counts */
+        pkvt_rng r;
+        pkvt_rng_init(&r, w[i].seed + 1);
+        grow(w[i].s[0], w[i].t[0], &r, CT_MAX_TOKENS / 2);
     }
     ct_checker c = {.e = e, .stop = &stop};
     ck_assert_int_eq(pthread_create(&tc, NULL, ct_check, &c), 0);

@@ -7,7 +7,8 @@
 #                             (PKV_TEST_QUICK=1) with 4x timeouts, then the kernel suites
 #                             at full counts
 #   tools/check.sh tsan       ThreadSanitizer build (build-tsan): the suites that drive
-#                             the engine's worker threads, at quick counts
+#                             the engine's worker threads, and the spill transfers that
+#                             run beside other calls (transit), at quick counts
 #   tools/check.sh valgrind   memcheck (build-vg): the suites that write to disk (io:
 #                             io, persist, spill, robust), at quick counts (meson's
 #                             valgrind setup)
@@ -80,7 +81,8 @@ tsan)
     run ninja -C build-tsan
     run env PKV_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1:allocator_may_return_null=1 \
         meson test -C build-tsan --print-errorlogs --num-processes 2 --suite session \
-        --suite kernels --suite sharing --suite variants --suite prefix --suite shard
+        --suite kernels --suite sharing --suite variants --suite prefix --suite shard \
+        --suite transit
     ;;
 valgrind)
     command -v valgrind >/dev/null 2>&1 || apt_install valgrind

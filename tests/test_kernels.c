@@ -528,7 +528,7 @@ END_TEST
  * (which the limbs cannot hold: those heads are scored from f32 q), subnormal q (held
  * exactly), huge q, zero blocks, one value per block; and a NaN or an infinity in one
  * head, which makes that head NaN, as on the f32 path, and no other. test_quant's
- * adversarial search holds the same path to SPEC §9 against double precision. */
+ * adversarial search holds the same path to docs/numerics.md's bound against double precision. */
 START_TEST(limb_queries)
 {
     static const uint32_t ds[] = {32, 96, 128};
@@ -791,7 +791,7 @@ START_TEST(groups_and_stacked_heads)
 }
 END_TEST
 
-/* ---- against the double reference: the SPEC §4 bound -------------------------------- */
+/* ---- against the double reference: the numerics bound ---------------------------------- */
 
 START_TEST(vs_double_reference)
 {
@@ -944,7 +944,7 @@ static double ulp_of(double x)
     return ldexp(1.0, e - 1 - 23);
 }
 
-/* Soft-capped scores (SPEC §8): with K rows 0 and 1 and V rows 0 and 1, a query q <= 0
+/* Soft-capped scores (docs/variants.md): with K rows 0 and 1 and V rows 0 and 1, a query q <= 0
  * scores s = c * tanh(q / c) <= 0 on row 1 and 0 on row 0, so the state's max stays 0 and
  * acc = exp(s). The score the kernel used, log(acc), is held to c * tanh(q / c) in
  * double: within 4 ulp of the score plus what exp's 2 ulp add (2^-22), for caps of 2.5 to

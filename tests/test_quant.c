@@ -1,5 +1,5 @@
 /*
- * test_quant.c - the block-quantized pages PKV_Q8 and PKV_Q4 (SPEC §9): the row
+ * test_quant.c - the block-quantized pages PKV_Q8 and PKV_Q4 (docs/numerics.md): the row
  * format's sizes and its error bound, held against the format's definition computed
  * here from public pieces (f16 rounding of the scale); the edge cases (zero, huge,
  * tiny, NaN, every tail length); and decode on quantized pages against the double
@@ -440,7 +440,7 @@ static double score_shift(uint32_t h, uint32_t g, uint32_t d, float scale, uint3
 }
 
 /* ---- adversarial query blocks --------------------------------------------------------
- * The exact path must hold SPEC §9's bound for every q. A block of q whose largest
+ * The exact path must hold the bound of docs/numerics.md for every q. A block of q whose largest
  * value is R times the rest, on a K channel that is 0 in every row, puts the whole
  * score in the small values; a table that holds q per block to some fraction of its
  * largest value (avx512vnni's limbs: 2^-30 of it) rounds the small ones coarsely, and

@@ -37,7 +37,7 @@ _Static_assert(QL_LIMBS == 4, "tile_scores_limbs joins limbs 3 and 2, then 1 and
  * join of their sums, bounded per head and tile from q and the tile's K block scales
  * (ql_prep_head, tile_scores_limbs); a head and tile that could go past it are scored
  * from f32 q instead (limb_fallback). It moves the output by at most (e^(2 LIMB_BUDGET)
- * - 1) max|V| = 4.8e-7 max|V|, a twentieth of SPEC §9's 1e-5 (docs/numerics.md section 4;
+ * - 1) max|V| = 4.8e-7 max|V|, a twentieth of the 1e-5 bound (docs/numerics.md section 4;
  * docs/performance.md, decision table: LIMB_BUDGET). */
 #define LIMB_BUDGET 0x1p-22
 
@@ -218,7 +218,7 @@ PKVI_INLINE unsigned tile_scores_limbs(pkv_dtype dt, const char *krow, size_t ro
  * Block b of a head's q is held as Q_j 2^e: e = max(ilogb(a) - 29, -149), a the
  * block's largest |q_j|, Q_j = rint(q_j 2^-e), so |Q_j| <= 2^30 and |q_j - Q_j 2^e| <=
  * 2^(e-1), at most 2^-30 a (below a = 2^-120, 2^-150); values of at least a / 64 are
- * held exactly. (Three limbs, 2^-22 a, missed SPEC §9's 1e-5 where a block's largest
+ * held exactly. (Three limbs, 2^-22 a, missed the 1e-5 bound where a block's largest
  * value sits on a K channel of zeros: docs/numerics.md section 3.) Q_j = H 2^24 + N 2^16
  * + M 2^8 + L with L, M, N in [0, 255] and H in [-64, 64], stored as H + 128 (the byte
  * xor tile_scores_limbs needs for its unsigned operand): four vpdpbusd per 4 values and

@@ -262,6 +262,10 @@ const char *const pkvt_built_isas[] = {
     "avx512",
     "avx512vnni",
 #endif
+#if PKV_HAVE_ARM_KERNELS
+    "neon",
+    "neon_dotprod",
+#endif
     NULL,
 };
 
@@ -878,8 +882,8 @@ static int check_requirements(void)
 {
     const char *isa = getenv("PKV_FORCE_ISA");
     if (isa && *isa) {
-        static const char *const known[] = {"scalar", "avx2", "avx2vnni", "avx512",
-                                            "avx512vnni"};
+        static const char *const known[] = {"scalar",     "avx2", "avx2vnni",    "avx512",
+                                            "avx512vnni", "neon", "neon_dotprod"};
         bool ok = false;
         for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
             ok = ok || strcmp(isa, known[i]) == 0;

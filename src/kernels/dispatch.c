@@ -25,28 +25,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* cpuid is asked only in an x86-64 build (32-bit x86 is refused at configure time); a
- * table is referenced only where meson compiled its file. Testing the compiler's
- * macros instead would name tables a build does not contain. */
+/* cpuid is asked only in an x86-64 build (32-bit x86 is refused at configure time),
+ * getauxval only in an aarch64 one; a table is referenced only where meson compiled its
+ * file. Testing the compiler's macros instead would name tables a build does not
+ * contain. */
 #if PKV_HAVE_X86_KERNELS
 #if !defined(__x86_64__)
 #error "PKV_HAVE_X86_KERNELS is set for a target that is not x86-64"
 #endif
 #include <cpuid.h>
-#define PKVI_X86 1
-#else
-#define PKVI_X86 0
 #endif
-/* getauxval is asked only in an aarch64 build. */
 #if PKV_HAVE_ARM_KERNELS
 #if !defined(__aarch64__)
 #error "PKV_HAVE_ARM_KERNELS is set for a target that is not aarch64"
 #endif
 #include <sys/auxv.h>
-#define PKVI_ARM 1
-#else
-#define PKVI_ARM 0
 #endif
+
+#define PKVI_X86 PKV_HAVE_X86_KERNELS
+#define PKVI_ARM PKV_HAVE_ARM_KERNELS
 
 #if PKVI_X86
 /* XCR0 (which register states the OS saves). Only valid when cpuid says OSXSAVE. */

@@ -11,8 +11,10 @@
 #   tools/check.sh valgrind   memcheck (build-vg): the unit, kernel and I/O suites, all
 #                             but shard, at quick counts (meson's valgrind setup)
 #   tools/check.sh aarch64    the cross build of cross/aarch64-linux-gnu.ini as it
-#                             documents it (release), its unit and kernel suites under
-#                             qemu-user
+#                             documents it (release) under qemu-user: the kernel and
+#                             quant suites on every table (scalar, neon, neon_dotprod),
+#                             the unit suites on neon (scalar's are x86's same C code),
+#                             and dispatch on a CPU without asimddp (QEMU_CPU)
 #
 # A build directory that exists is reused (its options are not changed). What a mode
 # needs and the machine lacks (valgrind; the aarch64 cross toolchain and arm64
@@ -119,7 +121,16 @@ aarch64)
             -Dpkg_config_path="$xpc"
     fi
     run ninja -C build-aarch64
+    # the kernel and unit suites, but not the unit suite's scalar runs: those are the C
+    # code x86's CI runs natively
+    xtests=$(meson test -C build-aarch64 --list --suite unit --suite kernels 2>/dev/null |
+        grep -v '^pagedkv:unit.* / .*-scalar$' | sed -n 's|^pagedkv:[^ ]* / ||p')
+    # shellcheck disable=SC2086
     run env PKV_TEST_QUICK=1 meson test -C build-aarch64 --print-errorlogs --num-processes 2 \
-        --timeout-multiplier 4 --suite unit --suite kernels
+        --timeout-multiplier 4 $xtests
+    # qemu's default CPU (max) has asimddp; a Cortex-A53 has not: neon_dotprod SKIPs and
+    # the dispatcher picks neon
+    run env QEMU_CPU=cortex-a53 meson test -C build-aarch64 --print-errorlogs \
+        kernels-dispatch kernels-neon_dotprod
     ;;
 esac

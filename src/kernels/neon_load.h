@@ -47,7 +47,7 @@ PKVI_INLINE void ld8(const pkv_dtype dt, const char *row, uint32_t c, float32x4_
     } else if (dt == PKV_F16) {
         const uint16x8_t h = vld1q_u16((const uint16_t *)(const void *)row + c);
         v[0] = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
-        v[1] = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(h)));
+        v[1] = vcvt_high_f32_f16(vreinterpretq_f16_u16(h)); /* FCVTL2: no lane move */
     } else if (dt == PKV_BF16) {
         const uint16x8_t h = vld1q_u16((const uint16_t *)(const void *)row + c);
         v[0] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));

@@ -234,6 +234,13 @@ const char *pkvi_kernels_force_reason(const char *isa)
     if (!known)
         return "not a kernel table (scalar, avx2, avx2vnni, avx512, avx512vnni, neon, "
                "neon_dotprod)";
+    const bool arm_table = strncmp(isa, "neon", 4) == 0;
+    if (!pkvi_kernels_named(isa) && arm_table && !PKVI_ARM)
+        return "this build does not contain that table (it was not built: an aarch64 "
+               "table, and this is not an aarch64 build)";
+    if (!pkvi_kernels_named(isa) && !arm_table && strcmp(isa, "scalar") != 0 && !PKVI_X86)
+        return "this build does not contain that table (it was not built: an x86-64 "
+               "table, and this is not an x86-64 build)";
     if (!pkvi_kernels_named(isa))
         return "this build does not contain that table (it was not built: meson -Dkernels)";
     return "this CPU (and OS) cannot run it";

@@ -89,9 +89,10 @@
  *   The library reads three variables, each when an engine (or a first session-file
  *   call of an engine) needs it; pkv_config_explain reads the first two as create
  *   does. It never writes the environment.
- *     PKV_FORCE_ISA  scalar, avx2, avx2vnni, avx512 or avx512vnni: the kernels an
- *                    engine uses (read by pkv_engine_create; a name this CPU and OS
- *                    cannot run, or an unknown one, is PKV_EINVAL). Unset or empty:
+ *     PKV_FORCE_ISA  scalar, avx2, avx2vnni, avx512, avx512vnni, neon or
+ *                    neon_dotprod: the kernels an engine uses (read by
+ *                    pkv_engine_create; a name this CPU and OS cannot run, a table this
+ *                    build lacks, or an unknown name, is PKV_EINVAL). Unset or empty:
  *                    the best the host runs. Tables may differ in the last bits,
  *                    within the bound of docs/numerics.md.
  *     PKV_PREFETCH   l1 or l2: where the kernels' software prefetches go (read by
@@ -238,7 +239,7 @@ PKV_API pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out);
 
 typedef struct {
     const char *isa;           /* kernels in use: "scalar", "avx2", "avx2vnni", "avx512",
-                                  "avx512vnni" */
+                                  "avx512vnni", "neon", "neon_dotprod" */
     const char *io_backend;    /* "io_uring", "sync", or "none" without spill_dir */
     uint64_t pages_in_use, pages_free, pages_spilled;
     uint64_t page_bytes;       /* bytes of one page (the formula in the glossary) */

@@ -8,11 +8,13 @@
  * Does not own: the io_uring backend (io_uring.c, reached through io_backend.h), the
  *   file descriptors (callers open and close them).
  *
- * Locking: io->lock serializes the submissions on one object (its ring, fault
- *   counters and backend choice), so several threads may share it - the engine's
- *   saves and loads of different sessions do. A submission completes every request
- *   before it returns, so the lock is held only while that object's I/O runs; fsync
- *   takes no lock (it touches no ring).
+ * Locking: io->lock serializes the submissions on one object (its ring and backend
+ *   choice), so several threads may share it - the engine's saves and loads of
+ *   different sessions do; the spill file also holds its own `io` lock around its
+ *   object, never the engine lock. A submission completes every request before it
+ *   returns, so the lock is held only while that object's I/O runs; fsync takes no
+ *   lock (it touches no ring). The fault counters are atomic (tests arm them from
+ *   any thread).
  *
  * Invariants:
  *   - pkvi_io_submit returns only when no request of the call is still in flight, so
@@ -31,6 +33,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -39,8 +42,10 @@ struct pkvi_io {
     pthread_mutex_t lock;    /* guards every field below during a submission */
     pkvi_uring *uring;       /* NULL: the pread/pwrite backend */
     uint64_t max_chunk;      /* bytes per transfer (tests lower it) */
-    uint64_t fault[3];       /* countdown per pkvi_fault_kind, 0 = disarmed; fsync's
-                                entry is read without the lock (one thread: tests) */
+    _Atomic uint64_t fault[3]; /* countdown per pkvi_fault_kind, 0 = disarmed; atomic, so
+                                  a test may arm it from any thread while another one
+                                  transfers (the spill file's transfers run outside
+                                  the engine lock) */
 };
 
 static bool env_no_uring(void)
@@ -62,6 +67,8 @@ pkv_status pkvi_io_open(bool force_sync, pkvi_io **out)
         return PKV_ENOMEM;
     }
     io->max_chunk = PKVI_IO_MAX_CHUNK;
+    for (int k = 0; k < 3; k++)
+        atomic_init(&io->fault[k], 0);
     if (!force_sync && !env_no_uring()) {
         /* Any failure to set up a ring (ENOSYS, EPERM under seccomp, ENOMEM for
          * locked memory) means the synchronous backend, not an error. */
@@ -109,15 +116,16 @@ void pkvi_io_inject_fault(pkvi_io *io, pkvi_fault_kind kind, uint64_t nth)
 {
     if (io == NULL || (unsigned)kind > PKVI_FAULT_FSYNC)
         return;
-    io->fault[kind] = nth;
+    atomic_store(&io->fault[kind], nth);
 }
 
 /* Count one operation of `kind`; true when it is the one that must fail. */
 static bool fault_fires(pkvi_io *io, pkvi_fault_kind kind)
 {
-    if (io->fault[kind] == 0)
-        return false;
-    return --io->fault[kind] == 0;
+    uint64_t n = atomic_load(&io->fault[kind]);
+    while (n != 0 && !atomic_compare_exchange_weak(&io->fault[kind], &n, n - 1)) {
+    }
+    return n == 1;
 }
 
 /* ---- the pread/pwrite backend ------------------------------------------------------ */

@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 #define PKV_VERSION_MAJOR 0
-#define PKV_VERSION_MINOR 3
+#define PKV_VERSION_MINOR 4
 #define PKV_VERSION_PATCH 0
 
 /* Status of every fallible call. */
@@ -234,6 +234,16 @@ typedef struct {
     /* the page pool's allocator: "jemalloc" (a private arena of the jemalloc found at
        run time, see pkv_engine_destroy) or "aligned" (aligned_alloc) */
     const char *pool;
+    /* SPEC §13 (appended in soname 3): pages read by the attention calls (decode,
+       batch, prefill, the shard calls, verify) since the engine was created, a page
+       counted once per read however many groups, heads or threads it served */
+    uint64_t pages_read_shared;  /* reads that served several queries of one call at
+                                    once: the sessions of one pkv_decode_batch that hold
+                                    the page (forks, prefix-cache sessions), the drafts
+                                    of one pkv_verify, a pkv_prefill tile's queries */
+    uint64_t pages_read_private; /* reads that served one query */
+    uint64_t page_reads_saved;   /* reads that sharing spared: a page read once for k
+                                    queries counts k - 1 (what separate calls add) */
 } pkv_stats;
 /* The reason of the most recent failed call on e or on one of its sessions, as one
  * English line (e.g. "pkv_decode: layer 3 is empty"), into buf (size bytes,
@@ -451,6 +461,74 @@ PKV_API pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks,
  * PKV_ENOMEM. */
 PKV_API pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks,
                                      const float *states, float *state_out);
+
+/* ---- Speculative verify and commit (SPEC §13) ---------------------------------------
+ * A speculative decoder proposes several tokens at once - a chain, or a tree of
+ * candidate continuations sharing their prefixes (EAGLE, Medusa, SpecInfer) - runs the
+ * model over all of them in one step, and keeps the longest run the model agrees
+ * with. pkv_verify is that step's attention on one layer; pkv_session_commit keeps
+ * the accepted path on every layer. Recipe and guarantees: docs/speculative.md.
+ *
+ * Bitwise: for any root-to-node path, the outputs pkv_verify gave its drafts, and
+ * every decode after pkv_session_commit keeps that path, are to the bit what
+ * pkv_append + pkv_decode of the same rows, token by token, give (any n_threads, every
+ * dtype and quant_dot path, every SPEC §8 variant, shards). For a chain (parent[i] =
+ * i - 1) that holds for every draft: verify of a chain is a prefill that can be taken
+ * back.
+ *
+ * Pending drafts. A verified layer holds its drafts' rows (in pages of the layer,
+ * counted in pkv_session_memory's blocks, bytes_resident and bytes_ideal, and in the
+ * budget; not in tokens) until pkv_session_commit; pkv_session_len does not move.
+ * While a layer has pending drafts:
+ *   pkv_verify of it               replaces its drafts (all of them);
+ *   pkv_append, pkv_prefill of it  PKV_ESTATE, nothing changed (other layers: as ever);
+ *   pkv_decode, pkv_decode_batch,
+ *   pkv_decode_partial(_at)        attend its cached positions only, as its length says;
+ *   pkv_session_fork, pkv_session_truncate, pkv_session_save
+ *                                  PKV_ESTATE (for any pending layer), nothing changed;
+ *   pkv_session_set_tokens         records ids of cached positions, as ever;
+ *   pkv_session_destroy            releases the drafts with the rest.
+ * Threads: as every session call - one thread at a time per session. */
+
+/* Most drafts of one pkv_verify. */
+#define PKV_VERIFY_MAX_DRAFTS 1024u
+
+/* Verify n draft tokens of `layer` as a tree: parent[i] < i is draft i's parent, or -1
+ * for a child of the last cached position; draft i sits at position len + depth(i)
+ * (depth 0 for parent -1; len = pkv_session_len(s, layer)) and attends to the cached
+ * positions and its ancestors, itself included, with every variant of the layer (a
+ * window counted from its own position, sinks, sink logits, soft-cap, head_dim_v).
+ * Shapes: parent [n]; q [n][n_heads][head_dim]; k [n][n_kv_heads][head_dim]; v
+ * [n][n_kv_heads][head_dim_v]; out [n][n_heads][head_dim_v] (draft i's attention
+ * output; no two arrays may overlap out). All are read during the call only (the tree
+ * is copied for pkv_session_commit). The drafts stay pending: pkv_session_len does not
+ * move until pkv_session_commit; a second verify of the same layer replaces its
+ * pending drafts. A verify of an empty layer (len 0, or a shard's first position) is
+ * allowed: its drafts attend each other only.
+ * Cost: the cached pages are read once per tile of min(n, 256 / (n_heads/n_kv_heads))
+ * drafts (once per draft on a windowed layer); each draft off the chain prefix (index
+ * != depth) takes one page of scratch for the page of its position.
+ * Everything is taken before anything is written (scratch, the layer's spilled pages
+ * back, every page the drafts need and the copy of a shared last page), so a failed
+ * call changes nothing: PKV_EINVAL (s, parent, q, k, v or out NULL; bad layer; n == 0
+ * or > PKV_VERIFY_MAX_DRAFTS; a parent[i] < -1 or >= i), PKV_ENOMEM (scratch, budget),
+ * PKV_EIO (spilled pages could not be read back); out is untouched then. */
+PKV_API pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n,
+                              const int32_t *parent, const float *q, const float *k,
+                              const float *v, float *out);
+/* Keep drafts path[0..n_keep) (a root-to-node path of the pending tree: path[0] has
+ * parent -1, path[j + 1]'s parent is path[j]) on every layer that has pending drafts;
+ * they become positions len .. len + n_keep - 1 of each (rows moved within the pages
+ * where the tree put them elsewhere) and every other pending draft is released.
+ * n_keep == 0 drops them all (path may then be NULL). Layers without pending drafts
+ * are untouched; the prefix cache's token record is not extended (record the accepted
+ * tokens with pkv_session_set_tokens). path is read during the call only.
+ * PKV_ESTATE: no drafts are pending, or the pending layers were verified with
+ * different trees (n or parent); PKV_EINVAL: s NULL, n_keep > n, path NULL with
+ * n_keep > 0, an entry >= n or not the child of the one before it (so no repeats);
+ * PKV_EIO / PKV_ENOMEM: spilled draft pages could not be brought back. Nothing changes
+ * on failure (the drafts stay pending). */
+PKV_API pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uint32_t *path);
 
 /* ---- Introspection (what `pagedkv inspect` and `pagedkv soak` are built on) ------- */
 

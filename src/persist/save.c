@@ -517,6 +517,9 @@ pkv_status pkv_session_save(pkv_session *s, const char *path)
 {
     if (s == NULL || path == NULL)
         return PKV_EINVAL;
+    if (pkvi_session_pending(s)) /* drafts are no positions yet: no file holds them */
+        return pkvi_fail(s->errs, PKV_ESTATE, "pkv_session_save: drafts are pending "
+                         "(pkv_session_commit first)");
     pkvi_io *io = NULL;
     pkv_status st = pkvi_io_open(false, &io);
     if (st != PKV_OK)

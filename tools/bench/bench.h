@@ -142,6 +142,10 @@ typedef struct {
     uint32_t path;
 } bench_variant;
 
+/* `pagedkv bench --verify K | --shared N | --prefill-after C` (bench/many.c): its own
+ * options and rows. */
+int bench_many(int argc, char **argv);
+
 /* Logical CPUs online, at most BENCH_MAX_THREADS. */
 uint32_t bench_online_cpus(void);
 /* The results as one JSON object on stdout / as the table on stdout. */

@@ -249,7 +249,10 @@ static pkv_status read_header(reader *r)
         const pkv_layer_config *lc = &in->layer_cfg[l];
         const uint64_t np = layer_pages(in->layer_len[l], bt), sp = pkvi_window_sink_pages(lc, bt);
         const uint64_t hole = in->hole_hi[l] ? in->hole_hi[l] - sp : 0;
-        const uint64_t keep = pkvi_window_keep_from(lc, in->layer_len[l], bt);
+        /* the hole holds no position a decode at len - 1 reads: a truncate within the
+         * rollback leaves one past the keep of the shorter length */
+        const uint64_t len = in->layer_len[l];
+        const uint64_t keep = len ? pkvi_window_lo(lc, len - 1) / bt : 0;
         ok = (lc->window || (!lc->sink_tokens && !lc->rollback_tokens && !in->hole_hi[l])) &&
              (!in->hole_hi[l] || (in->hole_hi[l] > sp && in->hole_hi[l] <= keep &&
                                   in->hole_hi[l] < np)) &&

@@ -789,7 +789,12 @@ START_TEST(walk_mixes_verify_with_everything)
             } else if (op == 8) { /* save and load */
                 ck_assert_int_eq(pkv_session_save(s, file), PKV_OK);
                 pkv_session *f = NULL;
-                ck_assert_int_eq(pkv_session_load(e, file, &f), PKV_OK);
+                const pkv_status ls = pkv_session_load(e, file, &f);
+                char why[256] = "";
+                if (ls != PKV_OK)
+                    pkv_engine_last_error(e, why, sizeof why);
+                ck_assert_msg(ls == PKV_OK, "seed %llu: load: %s", (unsigned long long)seed,
+                              why);
                 pkv_session_destroy(s);
                 s = f;
             }

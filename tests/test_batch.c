@@ -1,6 +1,6 @@
 /*
  * test_batch.c - pkv_decode_batch reads a page once for all the sessions of the batch
- * that hold it (SPEC §13): forks, prefix-cache sessions, shards and spilled sessions
+ * that hold it (docs/speculative.md): forks, prefix-cache sessions, shards and spilled sessions
  * in random batches give, to the bit, what separate pkv_decode calls give, for every
  * dtype, variant and thread count; the stats count the pages read shared and private
  * exactly; a batch that cannot get the executor's scratch decodes each session alone,

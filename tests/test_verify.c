@@ -1,5 +1,5 @@
 /*
- * test_verify.c - pkv_verify and pkv_session_commit (SPEC §13): a tree of drafts
+ * test_verify.c - pkv_verify and pkv_session_commit (docs/speculative.md): a tree of drafts
  * verified in one call gives every draft, to the bit, the output token-by-token append
  * + decode along its path gives, and a commit of any path leaves the session as if that
  * path had been appended (every later decode the same bits); bad trees, bad paths and

@@ -1,6 +1,6 @@
 /*
  * bench/many.c - `pagedkv bench --verify K`, `--shared N` and `--prefill-after C`: the
- * calls where one page read serves many queries (SPEC §13, docs/speculative.md), each
+ * calls where one page read serves many queries (docs/speculative.md), each
  * against the calls it replaces and against its roofline, measured in the same run.
  *
  *   verify    pkv_verify of a chain of K drafts over ctx cached tokens, against K
@@ -433,7 +433,7 @@ int bench_many(int argc, char **argv)
                     o.k = shared;
                     r->what = "shared";
                     st = row_shared(&o, o.threads[ti], o.ctx[ci], pool, pool_n, r);
-                } else if (kind == 2 && (after || !verify && !shared)) {
+                } else if (kind == 2 && (after || (!verify && !shared))) {
                     r->what = "prefill";
                     st = row_prefill(&o, o.threads[ti], after ? after : o.ctx[ci], pool,
                                      pool_n, r);

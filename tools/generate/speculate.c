@@ -1,6 +1,6 @@
 /*
- * generate/speculate.c - `pagedkv generate --speculate K [--tree]` (SPEC §13,
- * docs/speculative.md): speculative decoding with a drafter that needs no second
+ * generate/speculate.c - `pagedkv generate --speculate K [--tree]`
+ * (docs/speculative.md): speculative decoding with a drafter that needs no second
  * model. Prompt lookup proposes the continuation of the longest earlier n-gram match
  * of the text's last tokens (--tree: several matches' continuations, merged into a
  * tree by their common prefixes); one forward runs the newest token and every draft

@@ -10,7 +10,7 @@ Where it is looked for, first found wins:
      writes pkg-config's libdir of pagedkv when it knows one), then the lib
      directories of the interpreter's prefix (sys.prefix: a virtual environment or
      the prefix pagedkv was installed into beside this Python).
-  3. The dynamic loader's path: dlopen("libpagedkv.so.2") (LD_LIBRARY_PATH,
+  3. The dynamic loader's path: dlopen("libpagedkv.so.3") (LD_LIBRARY_PATH,
      the ldconfig cache, /lib and /usr/lib).
 When none has it, ImportError names every place tried and why each failed.
 """
@@ -29,7 +29,7 @@ from . import _errors
 # The soname the declarations below are written for. meson.build's soversion moves
 # when a public struct gains a field; tests/python/test_install.py holds this equal
 # to the built library's DT_SONAME, so the two cannot drift apart unnoticed.
-ABI_SONAME = "libpagedkv.so.2"
+ABI_SONAME = "libpagedkv.so.3"
 
 try:
     from . import _install          # written at install time (meson or pip)

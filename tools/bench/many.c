@@ -251,11 +251,12 @@ static void bounds(many_row *r, double bw, double peak, double peak_int8)
 }
 
 static void print_rows(const many_opts *o, const many_row *rows, uint32_t n, double bw,
-                       const double *peak)
+                       const double *peak, const char *isa)
 {
     if (o->json) {
         json_writer w = {stdout, true, true}, *W = &w;
         json_open(W, NULL, '{');
+        cli_json_envelope(W, "bench", isa);
         json_fmt(W, "dram_read_gbs", "%.2f", bw);
         json_open(W, "rows", '[');
         for (uint32_t i = 0; i < n; i++) {
@@ -449,6 +450,6 @@ int bench_many(int argc, char **argv)
     free(pool);
     if (st != PKV_OK)
         return cli_fail(CMD, "%s", pkv_status_str(st));
-    print_rows(&o, rows, n, bw_gbs, peaks);
+    print_rows(&o, rows, n, bw_gbs, peaks, isa);
     return CLI_OK;
 }

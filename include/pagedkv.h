@@ -520,14 +520,16 @@ PKV_API pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n,
  * parent -1, path[j + 1]'s parent is path[j]) on every layer that has pending drafts;
  * they become positions len .. len + n_keep - 1 of each (rows moved within the pages
  * where the tree put them elsewhere) and every other pending draft is released.
- * n_keep == 0 drops them all (path may then be NULL). Layers without pending drafts
- * are untouched; the prefix cache's token record is not extended (record the accepted
- * tokens with pkv_session_set_tokens). path is read during the call only.
+ * n_keep == 0 drops them all (path may then be NULL) and reads no spilled page, so it
+ * fails only with PKV_ESTATE: a tree can always be abandoned. Layers without pending
+ * drafts are untouched; the prefix cache's token record is not extended (record the
+ * accepted tokens with pkv_session_set_tokens). path is read during the call only.
  * PKV_ESTATE: no drafts are pending, or the pending layers were verified with
  * different trees (n or parent); PKV_EINVAL: s NULL, n_keep > n, path NULL with
  * n_keep > 0, an entry >= n or not the child of the one before it (so no repeats);
- * PKV_EIO / PKV_ENOMEM: spilled draft pages could not be brought back. Nothing changes
- * on failure (the drafts stay pending). */
+ * PKV_EIO / PKV_ENOMEM (n_keep > 0): the pending layers' spilled pages could not be
+ * brought back. Nothing changes on failure (the drafts stay pending). Layers that hold
+ * different trees are made one again by verifying them with the same tree. */
 PKV_API pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uint32_t *path);
 
 /* ---- Introspection (what `pagedkv inspect` and `pagedkv soak` are built on) ------- */

@@ -672,6 +672,51 @@ START_TEST(pending_drafts_spill_and_come_back)
 }
 END_TEST
 
+/* A commit that cannot bring the drafts' spilled pages back (a read fault) is PKV_EIO
+ * and changes nothing; dropping the drafts (n_keep == 0) reads no page, so it still
+ * succeeds, and the session is its base again. */
+START_TEST(drop_needs_no_read)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed());
+    char dir[256];
+    pkvt_scratch_dir(dir, sizeof dir, "verify-drop");
+    pkv_config c = pkvt_config(1, 4, 2, 8, 4, PKV_F32);
+    const uint64_t page = 2ull * 2 * 4 * 8 * 4;
+    c.mem_budget = 6 * page;
+    c.spill_dir = dir;
+    pkv_engine *e = pkvt_engine_cfg(&c);
+    pkv_session *s = pkvt_session(e), *ref = NULL;
+    pkvt_append_random(s, &r, 0, 6, 1.5f, 2.0f);
+    ck_assert_int_eq(pkv_session_fork(s, &ref), PKV_OK);
+    rows x = random_rows(&r, &c, 9);
+    const int32_t tree[9] = {-1, 0, 1, 2, 3, 4, 5, 6, 7};
+    float out[9 * 32];
+    ck_assert_int_eq(pkv_verify(s, 0, 9, tree, x.q, x.k, x.v, out), PKV_OK);
+    pkv_session *big = pkvt_session(e); /* pushes s out */
+    pkvt_append_random(big, &r, 0, 20, 1.5f, 2.0f);
+    pkv_memory m;
+    ck_assert_int_eq(pkv_session_memory(s, &m), PKV_OK);
+    ck_assert_uint_gt(m.bytes_spilled, 0);
+    pkvi_io_inject_fault(pkvi_spill_io(pkvi_engine_ctx(e).cache->spill), PKVI_FAULT_READ, 1);
+    const uint32_t path[3] = {0, 1, 2};
+    ck_assert_int_eq(pkv_session_commit(s, 3, path), PKV_EIO);
+    ck_assert_uint_eq(pkv_session_len(s, 0), 6);
+    pkvi_io_inject_fault(pkvi_spill_io(pkvi_engine_ctx(e).cache->spill), PKVI_FAULT_READ, 1);
+    ck_assert_int_eq(pkv_session_commit(s, 0, NULL), PKV_OK);
+    pkvi_io_inject_fault(pkvi_spill_io(pkvi_engine_ctx(e).cache->spill), PKVI_FAULT_READ, 0);
+    ck_assert_int_eq(pkv_session_commit(s, 0, NULL), PKV_ESTATE);
+    pkv_session_destroy(big);
+    same_decodes(s, ref, &c, &r, "after a dropped tree", pkvt_seed());
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    rows_free(&x);
+    pkv_session_destroy(s);
+    pkv_session_destroy(ref);
+    pkv_engine_destroy(e);
+    pkvt_remove_dir(dir);
+}
+END_TEST
+
 /* ---- a model-based walk ----------------------------------------------------------------- */
 
 /* The accepted rows of every layer (all layers the same length) and a token id per
@@ -825,6 +870,7 @@ int main(void)
     tcase_add_test(tc, bad_input_changes_nothing);
     tcase_add_test(tc, budget_exhaustion_changes_nothing);
     tcase_add_test(tc, pending_drafts_spill_and_come_back);
+    tcase_add_test(tc, drop_needs_no_read);
     tcase_add_test(tc, walk_mixes_verify_with_everything);
     suite_add_tcase(s, tc);
     return pkvt_run(s);

@@ -91,17 +91,22 @@ pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uint32_t *p
                              path[j] >= n ? "a pending draft"
                              : j ? "a child of the entry before it" : "a root (parent -1)");
     }
-    /* every pending layer pinned with its pages in memory, or nothing changes */
+    /* Rows move only when a path is kept: then every pending layer is pinned with its
+     * pages in memory, or nothing changes. Dropping every draft moves no row, so it
+     * reads no spilled page back and, as a truncate, cannot fail: a caller can always
+     * abandon a tree. */
+    const bool move = n_keep > 0;
     uint32_t l = l0;
     pkv_status st = PKV_OK;
-    for (; l < L; l++)
+    for (; move && l < L; l++)
         if (pkvi_btable_pending(s->layers[l]) && (st = pkvi_session_acquire(s, l)) != PKV_OK)
             break;
     if (st != PKV_OK) {
         for (uint32_t k = l0; k < l; k++)
             if (pkvi_btable_pending(s->layers[k]))
                 pkvi_session_release(s, k);
-        return st;
+        return pkvi_fail(s->errs, st, "pkv_session_commit: layer %u's drafts could not be "
+                         "brought back (nothing changed; n_keep 0 drops them)", l);
     }
     /* nothing fails from here on */
     for (l = l0; l < L; l++) {
@@ -109,7 +114,8 @@ pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uint32_t *p
             continue;
         pkvi_session_keep_drafts(s, l, n_keep, path);
         pkvi_drafts_set(s, l, NULL);
-        pkvi_session_release(s, l);
+        if (move)
+            pkvi_session_release(s, l);
     }
     return PKV_OK;
 }

@@ -148,7 +148,8 @@ PKVI_HIDDEN pkv_status pkvi_session_reserve_drafts(pkv_session *s, uint32_t laye
  * unchanged: the layer's pending drafts. Within the reservation. */
 PKVI_HIDDEN void pkvi_session_write_drafts(pkv_session *s, const pkvi_reservation *r,
                                            uint64_t n, const float *k, const float *v);
-/* A commit of `layer` (acquired by the caller): pending drafts path[0..n_keep) become
+/* A commit of `layer` (acquired by the caller when n_keep > 0; n_keep == 0 moves no
+ * row and drops the drafts' pages as a truncate does): pending drafts path[0..n_keep) become
  * positions len .. len + n_keep - 1 (rows moved where the tree put them elsewhere), the
  * rest are released. Cannot fail. */
 PKVI_HIDDEN void pkvi_session_keep_drafts(pkv_session *s, uint32_t layer, uint32_t n_keep,

@@ -215,7 +215,7 @@ PKV_API pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out);
 
 typedef struct {
     const char *isa;           /* kernels in use: "scalar", "avx2", "avx2vnni", "avx512",
-                                  "avx512vnni" */
+                                  "avx512vnni", "neon", "neon_dotprod" */
     const char *io_backend;    /* "io_uring", "sync", or "none" without spill_dir */
     uint64_t pages_in_use, pages_free, pages_spilled;
     uint64_t page_bytes;       /* bytes of one page */

@@ -86,7 +86,7 @@ tsan)
     run env PKV_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1:allocator_may_return_null=1 \
         meson test -C build-tsan --print-errorlogs --num-processes 2 --suite session \
         --suite kernels --suite sharing --suite variants --suite prefix --suite shard \
-        --suite transit
+        --suite transit --suite persist --suite io
     ;;
 valgrind)
     command -v valgrind >/dev/null 2>&1 || apt_install valgrind

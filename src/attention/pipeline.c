@@ -556,8 +556,6 @@ static void fold_head(const pkvi_geom *geo, uint32_t n_chunks, const float *stat
 pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
                                float *out)
 {
-    if (!states || !out || n_chunks == 0)
-        return PKV_EINVAL;
     const uint32_t h = geo->cfg.n_heads, dv = geo->cfg.head_dim_v;
     for (uint32_t j = 0; j < h; j++) {
         float m, l, *o = out + (size_t)j * dv;
@@ -570,8 +568,6 @@ pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks, const fl
 pkv_status pkvi_fold_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
                               float *state_out)
 {
-    if (!states || !state_out || n_chunks == 0)
-        return PKV_EINVAL;
     const uint32_t h = geo->cfg.n_heads;
     const size_t hs = (size_t)geo->cfg.head_dim_v + 2;
     /* into a copy first: state_out may be one of the states */

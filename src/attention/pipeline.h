@@ -102,7 +102,8 @@ PKVI_HIDDEN void pkvi_run_sets(const pkvi_geom *geo, pkvi_exec *x, uint32_t n,
  * (1 + wave) * g * H * (dv + 2) <= floats, clipped to 1..PKVI_MAX_CHUNKS. */
 PKVI_HIDDEN uint32_t pkvi_wave_for(const pkvi_geom *geo, uint64_t H, uint64_t floats);
 
-/* pkv_merge_partials and pkv_fold_partials of an engine of geometry geo. */
+/* pkv_merge_partials and pkv_fold_partials of an engine of geometry geo (states and out
+ * checked non-NULL, n_chunks > 0). */
 PKVI_HIDDEN pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks,
                                            const float *states, float *out);
 PKVI_HIDDEN pkv_status pkvi_fold_partials(const pkvi_geom *geo, uint32_t n_chunks,

@@ -193,13 +193,14 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
     if (!s)
         return PKV_EINVAL;
     const pkvi_geom *geo = s->geom;
-    if (layer >= geo->cfg.n_layers || !parent || !q || !k || !v || !out || n == 0 ||
-        n > PKV_VERIFY_MAX_DRAFTS)
-        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_verify: %s",
-                         layer >= geo->cfg.n_layers ? "layer out of range"
-                         : n == 0 ? "n is 0"
-                         : n > PKV_VERIFY_MAX_DRAFTS ? "n exceeds PKV_VERIFY_MAX_DRAFTS"
-                                                     : "parent, q, k, v or out is NULL");
+    if (layer >= geo->cfg.n_layers)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_verify: layer %u, but the engine has %u",
+                         layer, geo->cfg.n_layers);
+    if (n == 0 || n > PKV_VERIFY_MAX_DRAFTS)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_verify: n is %u; it must be 1 to "
+                         "PKV_VERIFY_MAX_DRAFTS (%u)", n, PKV_VERIFY_MAX_DRAFTS);
+    if (!parent || !q || !k || !v || !out)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_verify: parent, q, k, v or out is NULL");
     if (pkvi_boundary_check(geo, s->cache, __func__) != PKV_OK)
         return PKV_ECORRUPT;
     const pkvi_btable *t = s->layers[layer];
@@ -207,12 +208,13 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
               .len = pkvi_btable_len(t), .first = pkvi_btable_first(t),
               .bt = geo->cfg.block_tokens};
     if (p.len > UINT64_MAX / 2) /* then len + n + bt cannot wrap below */
-        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_verify: the layer is too long");
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_verify: layer %u holds %llu positions, "
+                         "2^63 or more", layer, (unsigned long long)p.len);
 
     /* the tree: shape, images, pointer pool */
     uint32_t *meta = malloc((size_t)n * (4 * sizeof(uint32_t) + sizeof(uint64_t)));
     if (!meta)
-        return PKV_ENOMEM;
+        return pkvi_fail(s->errs, PKV_ENOMEM, "pkv_verify: out of memory for %u drafts", n);
     p.depth = meta;
     p.chain = meta + n;
     p.image = meta + 2 * (size_t)n;
@@ -270,7 +272,7 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
 
     /* the layer in memory and pinned, then every page the n rows need */
     pkvi_reservation r;
-    st = pkvi_session_acquire(s, layer);
+    st = pkvi_session_acquire(s, layer, "pkv_verify");
     if (st == PKV_OK) {
         st = pkvi_session_reserve_drafts(s, layer, n, &r);
         if (st != PKV_OK)

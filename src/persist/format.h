@@ -2,19 +2,21 @@
  * persist/format.h - the byte layout of a session file (docs/file-format.md) and the
  * helpers its writer (persist/save.c) and its reader (persist/load.c) share: field
  * offsets, the magic, little-endian field codecs, the file's dtype codes, and one
- * bounded transfer (persist/format.c). Only those three files include it; this
- * header, the two modules and docs/file-format.md change together (a layout change
- * bumps PKVI_SFILE_VERSION).
+ * bounded transfer (persist/format.c), and the checks of a sound file that both use
+ * (persist/header.c). Only the persist/ files include it; they and
+ * docs/file-format.md change together (a layout change bumps PKVI_SFILE_VERSION).
  *
  * Owns: where every field sits and how it is encoded. Does not own: what is written
- *   or when (persist/save.c), what is trusted or refused (persist/load.c), the
- *   version, alignment and header limit and pkvi_sfile_info (persist/sfile.h, shared
- *   with the tests), the checksum (store/crc32c.h).
+ *   or when (persist/save.c), what a sound file is (persist/header.c, for the reader
+ *   and the writer alike), reading and loading (persist/load.c), the version,
+ *   alignment and header limit and pkvi_sfile_info (persist/sfile.h, shared with the
+ *   tests), the checksum (store/crc32c.h).
  *
- * Layout, versions 1 to 3 (every integer little-endian; offsets in bytes):
+ * Layout, versions 1 to 4 (every integer little-endian; offsets in bytes):
  *   header   [0, header_bytes)       the fixed fields at PKVI_SFILE_OFF_*, layer_len[L];
  *                                    v2: the extension, per-layer records, sink
- *                                    logits; v3: the token record; then its CRC-32C
+ *                                    logits; v3: the token record; v4: the shard's
+ *                                    first position; then its CRC-32C
  *   table    [header_bytes, + 16 n)  n_pages entries: layer u32, crc u32, index u64
  *   gap      zeros up to data_off = align_up(header_bytes + 16 n, PKVI_SFILE_ALIGN)
  *   pages    [data_off, + n page_bytes)
@@ -48,6 +50,8 @@ enum {
     PKVI_SFILE_V3_EXTRA = 16,     /* v3, after the v2 fields: n_token_ids u64,
                                      tokens_crc u32, reserved u32; the ids follow the
                                      last page */
+    PKVI_SFILE_V4_EXTRA = 16,     /* v4, after the v3 fields: first u64 (a shard's first
+                                     position), reserved u64 */
     PKVI_SFILE_PREFIX_BYTES = 16, /* magic, version, header_bytes: the same in every
                                      version */
     PKVI_SFILE_ENTRY_BYTES = 16,  /* page-table entry: layer u32, crc u32, index u64 */
@@ -97,6 +101,43 @@ static inline uint64_t pkvi_align_up(uint64_t x, uint64_t a)
 {
     return (x + a - 1) / a * a;
 }
+
+/* ---- persist/header.c: what a sound file is (the reader's and the writer's check) --- */
+
+/* Parse the hbytes header bytes h (its CRC, version, every field and their
+ * consistency with each other and with in->file_bytes, which the caller sets) into
+ * `in`; filled as far as it got (header_sound once the CRC and version matched).
+ * PKV_OK, PKV_EINVAL (another version, an unknown dtype code), PKV_ECORRUPT,
+ * PKV_ENOMEM; *why a static reason. Release `in` with pkvi_sfile_info_free. */
+PKVI_HIDDEN pkv_status pkvi_sfile_parse_header(const unsigned char *h, uint32_t hbytes,
+                                               pkvi_sfile_info *in, const char **why);
+/* A sound header of another engine (geometry geo) is another format for this
+ * engine: PKV_EINVAL. */
+PKVI_HIDDEN pkv_status pkvi_sfile_match_engine(const pkvi_sfile_info *in,
+                                               const pkvi_geom *geo, const char **why);
+/* Pages of a layer of len positions: ceil(len / bt). */
+PKVI_HIDDEN uint64_t pkvi_sfile_layer_pages(uint64_t len, uint32_t bt);
+/* Where layer l's hole starts (its sink pages; 0 for a shard); the hole is
+ * [lo, hole_hi[l]) when hole_hi[l] != 0. */
+PKVI_HIDDEN uint64_t pkvi_sfile_hole_lo(const pkvi_sfile_info *in, uint32_t l);
+
+/* Walks the page table in file order, entry by entry, whatever chunks it is read in:
+ * the (layer, index) every entry must hold, and the CRC of the entries so far. */
+typedef struct {
+    uint32_t layer;
+    uint64_t index;          /* within `layer` */
+    uint32_t crc;            /* CRC-32C of the entries walked */
+} pkvi_sfile_walk;
+PKVI_HIDDEN pkvi_sfile_walk pkvi_sfile_walk_start(const pkvi_sfile_info *in);
+/* Check entries [0, n) of buf (the next n of the table) against their expected
+ * (layer, index), folding them into the CRC. False at the first one out of order. */
+PKVI_HIDDEN bool pkvi_sfile_walk_entries(const pkvi_sfile_info *in, pkvi_sfile_walk *w,
+                                         const unsigned char *buf, uint64_t n);
+/* Move w to the next layer that has pages to hold, when its current one is done. */
+PKVI_HIDDEN void pkvi_sfile_walk_settle(const pkvi_sfile_info *in, pkvi_sfile_walk *w);
+/* The index after idx of layer l that the file holds (the hole skipped). */
+PKVI_HIDDEN uint64_t pkvi_sfile_next_index(const pkvi_sfile_info *in, uint32_t l,
+                                           uint64_t idx);
 
 /* Positions held by page i of a layer of len positions that has np pages. */
 static inline uint32_t pkvi_sfile_page_tokens(uint64_t len, uint64_t np, uint64_t i,

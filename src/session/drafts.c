@@ -99,7 +99,7 @@ pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uint32_t *p
     uint32_t l = l0;
     pkv_status st = PKV_OK;
     for (; move && l < L; l++)
-        if (pkvi_btable_pending(s->layers[l]) && (st = pkvi_session_acquire(s, l)) != PKV_OK)
+        if (pkvi_btable_pending(s->layers[l]) && (st = pkvi_session_acquire(s, l, "pkv_session_commit")) != PKV_OK)
             break;
     if (st != PKV_OK) {
         for (uint32_t k = l0; k < l; k++)

@@ -48,6 +48,11 @@ pkv_status llama_kv_attn(void *ctx, uint32_t layer, uint32_t n, const float *q,
     const size_t kv_dim = kv->kv_dim;
     pkv_status st;
 
+    /* drafts: n tokens of one session as a tree, pending until the caller commits */
+    if (kv->tree) {
+        st = pkv_verify(kv->rows[0], layer, n, kv->tree, q, k, v, out);
+        return st == PKV_OK ? st : failed(kv, "pkv_verify", layer, st);
+    }
     /* a prompt: n positions of one session, attended causally in one call */
     if (kv->prefill) {
         st = pkv_prefill(kv->rows[0], layer, n, q, k, v, out);

@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 #define PKV_VERSION_MAJOR 0
-#define PKV_VERSION_MINOR 3
+#define PKV_VERSION_MINOR 4
 #define PKV_VERSION_PATCH 0
 
 /* Status of every fallible call. */
@@ -88,7 +88,23 @@ typedef struct {
     float    softcap;         /* 0: none; else every score s becomes softcap*tanh(s/softcap) */
     const float *sink_logits; /* NULL, or [n_heads]: one learned logit per query head that
                                  joins that head's softmax denominator (gpt-oss); copied */
+    /* SPEC §14 (appended in soname 3): RoPE in the engine, see "Positions" below. All
+       four 0: the caller rotates q and k itself, as before. */
+    uint32_t rope;            /* 0 none, PKV_ROPE_NORM (adjacent pairs (2i, 2i+1): llama2.c,
+                                 GPT-J) or PKV_ROPE_NEOX (pairs (i, i + rope_dims/2): Llama
+                                 3, Qwen, Mistral) */
+    uint32_t rope_dims;       /* leading values of each head that rotate: even, at most
+                                 head_dim (0 = head_dim); the rest pass unchanged */
+    float    rope_theta;      /* base, e.g. 10000 (Llama 2) or 500000 (Llama 3); finite,
+                                 > 0 (0 = 10000) */
+    float    rope_freq_scale; /* linear position scale: the angle of pair i at position p
+                                 is p * rope_freq_scale * rope_theta^(-2i / rope_dims);
+                                 finite, > 0 (0 = 1, none) */
 } pkv_layer_config;
+
+/* Values of pkv_layer_config.rope (SPEC §14). */
+#define PKV_ROPE_NORM 1u
+#define PKV_ROPE_NEOX 2u
 
 typedef struct {
     uint32_t n_layers, n_heads, n_kv_heads, head_dim;
@@ -136,7 +152,10 @@ typedef struct pkv_session pkv_session;
  *   head_dim or head_dim_v > 4096, n_threads > 1024); a budget smaller than one page;
  *   spill_dir not an existing directory; a layer_cfg entry with sink_tokens or
  *   rollback_tokens but no window, a negative or non-finite softcap, or a non-finite
- *   sink logit; PKV_FORCE_ISA naming kernels this host cannot run; PKV_PREFETCH set
+ *   sink logit; a layer_cfg entry with bad rope fields (rope not 0, PKV_ROPE_NORM or
+ *   PKV_ROPE_NEOX; rope_dims odd or above head_dim, or 0 with an odd head_dim;
+ *   rope_theta or rope_freq_scale negative or not finite; any of them set without
+ *   rope); PKV_FORCE_ISA naming kernels this host cannot run; PKV_PREFETCH set
  *   to anything but l1 or l2. pkv_config_explain says which.
  * PKV_ENOMEM: the allocator failed. PKV_EIO: the spill file could not be created. */
 PKV_API pkv_status pkv_engine_create(const pkv_config *cfg, pkv_engine **out);
@@ -268,13 +287,14 @@ PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
 /* Write the session to `path` atomically (temporary file, fsync, rename, directory
  * fsync), mode 0600. Format: docs/file-format.md (version 1 for a plain engine, 2 with
  * attention variants or Q8/Q4 pages, 3 when token ids are recorded:
- * pkv_session_set_tokens). PKV_EINVAL, PKV_EIO, PKV_ENOMEM. */
+ * pkv_session_set_tokens, 4 with the engine's RoPE or after pkv_session_discard).
+ * PKV_EINVAL, PKV_EIO, PKV_ENOMEM. */
 PKV_API pkv_status pkv_session_save(pkv_session *s, const char *path);
-/* Read a session file (format versions 1 to 3, docs/file-format.md) into a new
+/* Read a session file (format versions 1 to 4, docs/file-format.md) into a new
  * session of e; a version-3 file's token ids are recorded again (its full pages are
  * reusable by pkv_session_from_prefix). The whole file is validated before the session is built: PKV_EINVAL
  * for a file that is not a session file (magic), or a sound file of an unknown version
- * or of another geometry, dtype, block size, scale or attention variant;
+ * or of another geometry, dtype, block size, scale, attention variant or RoPE;
  * PKV_ECORRUPT for any other damage; PKV_EIO, PKV_ENOMEM. Nothing is half-loaded.
  * pkv_engine_last_error names the cause. */
 PKV_API pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out);
@@ -343,7 +363,8 @@ PKV_API pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out);
  *   window == 0); with a sink logit sigma_i (else sigma_i = -inf):
  *   out_i = sum_A e^(s_j - m) v_j / (sum_A e^(s_j - m) + e^(sigma_i - m)),
  *   m = max(sigma_i, max_A s_j).
- * pkv_causal_attention is this with lc NULL and head_dim_v = head_dim.
+ * pkv_causal_attention is this with lc NULL and head_dim_v = head_dim. lc's rope
+ * fields are not applied: the oracle takes q and k already rotated.
  * PKV_EINVAL for NULL arrays, zero sizes, h % g != 0, a bad scale, sink_tokens or
  * rollback_tokens without a window, a negative or non-finite softcap, a non-finite
  * sink logit, overflowing sizes; PKV_ENOMEM. out is untouched on failure. */
@@ -365,7 +386,9 @@ PKV_API pkv_status pkv_attention_reference(uint32_t n_tokens, uint32_t n_heads,
  * has released cannot be shared; a page index is then reusable only by a prefix
  * whose sessions would not read that page either (docs/prefix-cache.md).
  * PKV_EINVAL (s NULL; tokens NULL with n > 0; ids that differ from the recorded
- * ones), PKV_ERANGE, PKV_ENOMEM; the record and the index unchanged on failure. */
+ * ones), PKV_ERANGE, PKV_ESTATE (n past the p0 of a pkv_session_discard, until a
+ * truncate to p0 or below), PKV_ENOMEM; the record and the index unchanged on
+ * failure. */
 PKV_API pkv_status pkv_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *tokens);
 /* A new session sharing (as a fork does, O(pages), no copy) the longest cached prefix
  * of tokens[0..n) in whole pages of every layer, at most n - 1 positions so the
@@ -451,6 +474,84 @@ PKV_API pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks,
  * PKV_ENOMEM. */
 PKV_API pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks,
                                      const float *states, float *state_out);
+
+/* ---- Positions: RoPE in the engine, context shift (SPEC §14) ---------------------- */
+/* A layer whose pkv_layer_config sets `rope` rotates its keys itself: pkv_append,
+ * pkv_prefill (and the verify of SPEC §13) take k before rotation and the engine turns
+ * each key at its position (the position it is stored at, pkv_session_len before the
+ * call plus its row) when it stores it; the caller rotates the queries of that layer
+ * with pkv_rope_q, which turns them exactly as the keys are turned. Values are never
+ * rotated. Layers without rope behave as before: the caller rotates q and k.
+ *
+ * The rotation: the first rope_dims values of every head rotate as rope_dims/2 pairs
+ * (PKV_ROPE_NORM: (2i, 2i+1); PKV_ROPE_NEOX: (i, i + rope_dims/2)); pair i at position
+ * p turns by the angle p * f_i, f_i = rope_freq_scale * rope_theta^(-2i / rope_dims),
+ * (x, y) -> (x cos - y sin, x sin + y cos). Accuracy against the exact rotation: each
+ * rotated pair is within 2^-20 * |(x, y)| (about 1e-6 relative) for positions below
+ * 2^24, plus p * f_i * 2^-52 of angle beyond (the resolution of a double angle; at
+ * p = 2^40 with f_i = 1 that is 2^-12 radians). docs/rope.md has the method (tables of
+ * cos/sin per base-64 digit of the position, built once per engine in double, stored in
+ * f32) and which models use which style.
+ *
+ * Which style follows the weights' layout, not the model's name: PKV_ROPE_NORM for
+ * llama2.c checkpoints, GPT-J and llama.cpp's "llama" GGUF files (its converter permutes
+ * Wq and Wk of Llama and Mistral into adjacent pairs); PKV_ROPE_NEOX for Hugging Face
+ * checkpoints (rotate_half: Llama 2/3, Mistral, Qwen, Gemma, Phi-3) and GGUF files of
+ * Qwen, Gemma, Phi-3, Falcon and GPT-NeoX. */
+
+/* Rotate query rows q [n][n_heads][head_dim] of `layer` in place, row j at position
+ * pos[j] (any uint64_t), exactly as the engine rotates the keys it stores for that layer
+ * (the same bits for the same position). A layer without rope: q is left as it is (its
+ * keys are stored as given). n == 0 does nothing (pos and q may then be NULL). Reads
+ * only immutable tables: thread-safe, any number of threads at once. Never allocates.
+ * PKV_EINVAL: e NULL, layer out of range, pos or q NULL with n > 0. */
+PKV_API pkv_status pkv_rope_q(const pkv_engine *e, uint32_t layer, uint32_t n,
+                              const uint64_t *pos, float *q);
+
+/* Drop positions [p0, p1) of every layer of s: positions from p1 on move down by
+ * p1 - p0 and attend as if they had always been there - their keys are turned back by
+ * p1 - p0 positions (re-rotated), their values copied unchanged - so a decode at the new
+ * end sees what a session that had appended those rows at their new positions sees,
+ * within the rounding below. This is llama.cpp's context shift (seq_rm + seq_add): keep
+ * the first n_keep positions, drop the next n_discard, continue.
+ *
+ * Per layer of length len: len <= p0, nothing; p0 < len <= p1, truncated to p0 (no
+ * rotation needed); len > p1, shifted: len becomes len - (p1 - p0). Pages that held only
+ * dropped positions are released; the rows that move are rewritten inside the session's
+ * own pages, and a page shared with a fork or the prefix cache is copied first (the
+ * other holders keep theirs). Pages wholly below p0 stay shared. Cost: O(rows that
+ * move) per layer, no more than appending them again (docs/rope.md has the figures).
+ * The token record (pkv_session_set_tokens) ends at p0, and cannot be extended past p0
+ * again until a truncate to p0 or below: the moved K/V is not what those ids give from
+ * scratch, so it must not serve prefix-cache hits (pkv_session_set_tokens past that is
+ * PKV_ESTATE).
+ *
+ * Rounding: re-rotated keys are rounded to the storage dtype again. f32: each shift adds
+ * about one f32 rounding (the keys stay within a few 1e-7 of keys rotated at their new
+ * position); f16/bf16 and Q8/Q4 add one rounding of their type per shift, so keys that
+ * move many times drift like a random walk of those roundings (docs/rope.md measures the
+ * drift after 1, 10 and 100 shifts). Values are copied, never rounded again.
+ *
+ * Variants: a windowed layer may lose nothing a decode at its new end, or after a
+ * truncate of up to rollback_tokens, would read: positions it had released and that
+ * land below its new window are simply gone (a discard below the window's start drops
+ * what the window had released); a discard that would bring released positions back
+ * into the window, or into its sinks, is PKV_ERANGE. A shard (pkv_session_set_first):
+ * [p0, p1) must lie at or above its first position, else PKV_ERANGE. Spill engines:
+ * the layers' pages from p0 on are brought back into memory first, all of them at once
+ * (they must fit mem_budget together with the copies of shared pages).
+ *
+ * Statuses; a failed call changes nothing (lengths, contents, sharing, the record):
+ *   PKV_OK      also for p0 == p1 <= the longest layer (nothing to do).
+ *   PKV_EINVAL  s NULL; p0 > p1; a layer holding positions >= p1 has no rope (its keys
+ *               cannot be re-rotated).
+ *   PKV_ERANGE  p1 beyond every layer's length; a shard's first position above p0; a
+ *               windowed layer as above.
+ *   PKV_ENOMEM  pages for the copies (under the budget, after spilling) or bookkeeping.
+ *   PKV_EIO     spilled pages could not be read back.
+ * One session, one thread (like every call on a session); other sessions of the engine
+ * may be used meanwhile. */
+PKV_API pkv_status pkv_session_discard(pkv_session *s, uint64_t p0, uint64_t p1);
 
 /* ---- Introspection (what `pagedkv inspect` and `pagedkv soak` are built on) ------- */
 

@@ -825,7 +825,7 @@ START_TEST(bad_input_changes_nothing)
     ck_assert_int_eq(pkv_decode_batch(e, 1, 1, arr, q, o), PKV_EINVAL);
     ck_assert_uint_eq(pkv_session_len(s, 0), 1);
     ck_assert_ptr_nonnull(pkv_status_str((pkv_status)99));
-    ck_assert_str_eq(pkv_version(), "0.3.0");
+    ck_assert_str_eq(pkv_version(), "0.4.0");
     pkv_session_destroy(NULL);
     pkv_engine_destroy(NULL);
     pkv_session_destroy(s);

@@ -76,7 +76,7 @@ if [ -n "$pkg" ]; then
     for py in python3 /usr/bin/python3; do
         if "$py" -c 'import numpy' 2>/dev/null; then
             env -u LD_PRELOAD PYTHONPATH="$(dirname "$(dirname "$pkg")")" \
-                PAGEDKV_LIBRARY="$libdir/libpagedkv.so.2" "$py" -c '
+                PAGEDKV_LIBRARY="$libdir/libpagedkv.so.3" "$py" -c '
 import numpy as np, pagedkv
 with pagedkv.Engine(n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8) as e, e.session() as s:
     s.append(0, np.ones((2, 8)), np.ones((2, 8)))

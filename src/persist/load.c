@@ -183,7 +183,8 @@ static pkv_status read_header(reader *r)
         /* the logits follow; the header's size must be exactly what they need */
         uint64_t want = 0;
         if (!pkvi_mul(n_logit_layers, 4ull * in->n_heads, &want) ||
-            !pkvi_add(want, v2_min + (in->version >= 3 ? PKVI_SFILE_V3_EXTRA : 0), &want) ||
+            !pkvi_add(want, v2_min + (in->version >= 3 ? PKVI_SFILE_V3_EXTRA : 0) +
+                                pkvi_sfile_v4_bytes(in->version, in->n_layers), &want) ||
             want != hbytes) {
             st = fail(r, PKV_ECORRUPT, "header size does not match its layer count");
             goto out;
@@ -211,13 +212,17 @@ static pkv_status read_header(reader *r)
             next += in->n_heads;
         }
         if (in->version >= 3) { /* the token record */
-            const unsigned char *t3 = h + hbytes - 4 - PKVI_SFILE_V3_EXTRA;
+            const unsigned char *t3 = h + hbytes - 4 -
+                                      pkvi_sfile_v4_bytes(in->version, in->n_layers) -
+                                      PKVI_SFILE_V3_EXTRA;
             in->n_token_ids = pkvi_get64(t3);
             in->tokens_crc = pkvi_get32(t3 + 8);
             ext_ok = ext_ok && pkvi_get32(t3 + 12) == 0;
         }
     }
     in->header_sound = true;
+    if ((st = pkvi_sfile_read_v4(h, hbytes, in, &r->why)) != PKV_OK)
+        goto out;
 
     /* Internal consistency of a header whose CRC matched: our writer never produces
      * these, so they are damage (or a forged file), not another format. */
@@ -584,6 +589,8 @@ void pkvi_sfile_info_free(pkvi_sfile_info *info)
     free(info->layer_cfg);
     free(info->logits);
     free(info->hole_hi);
+    free(info->stale);
+    info->stale = NULL;
     info->layer_len = NULL;
     info->layer_cfg = NULL;
     info->logits = NULL;
@@ -689,6 +696,8 @@ static pkv_status match_engine(reader *r, const pkvi_geom *geo)
         if (!same)
             return fail(r, PKV_EINVAL, "the file's attention variants differ from the engine's");
     }
+    if (!pkvi_sfile_rope_match(in, geo))
+        return fail(r, PKV_EINVAL, "the file's RoPE config differs from the engine's");
     if (!pkvi_sfile_dtype_code(c->kv_dtype, &code) || code != in->dtype_code)
         return fail(r, PKV_EINVAL, "the file's dtype differs from the engine's");
     if (in->block_tokens != c->block_tokens)
@@ -748,6 +757,8 @@ pkv_status pkvi_session_load_io(const pkvi_ctx *ctx, const char *path, pkvi_io *
             r.why = "could not record the token ids";
     }
     free(ids);
+    if (st == PKV_OK)
+        pkvi_sfile_rope_apply(&info, s);
     if (st != PKV_OK) {
         pkv_session_destroy(s);
         s = NULL;

@@ -22,7 +22,8 @@
  *     (but in the microseconds between link and rename), and whatever it left is
  *     removed by the next save to the directory: a save's temporary is flock'ed from
  *     creation until after the rename, so an unlocked one is a dead save's.
- *   - It writes the oldest version that holds the session (1 for a plain engine).
+ *   - It writes the oldest version that holds the session (1 for a plain engine; 4
+ *     with rope or a discard's traces, SPEC §14).
  */
 #include "persist/format.h"
 
@@ -321,7 +322,13 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
         return PKV_EINVAL;
     /* The oldest version that holds the session: 1 for a plain engine (so readers of
      * version 1 still read what it saves), 2 with variants or block dtypes. */
-    const uint32_t version = s->n_tokens ? 3u : geo->variants || code > 2 ? 2u : 1u;
+    bool v4 = s->record_max != UINT64_MAX; /* SPEC §14: rope, a discard's traces */
+    for (uint32_t l = 0; l < L; l++) {
+        uint64_t lo, hi;
+        pkvi_btable_stale(s->layers[l], &lo, &hi);
+        v4 |= geo->layers[l].rope != 0 || hi > lo;
+    }
+    const uint32_t version = v4 ? 4u : s->n_tokens ? 3u : geo->variants || code > 2 ? 2u : 1u;
     uint64_t n_logit_layers = 0;
     for (uint32_t l = 0; l < L; l++)
         n_logit_layers += geo->layers[l].sink_logits != NULL;
@@ -332,6 +339,7 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
                   4ull * c->n_heads * n_logit_layers;
     if (version >= 3)
         hbytes += PKVI_SFILE_V3_EXTRA;
+    hbytes += pkvi_sfile_v4_bytes(version, L);
     if (hbytes > PKVI_SFILE_MAX_HEADER)   /* more layers than the format holds */
         return PKV_EINVAL;
     for (uint32_t l = 0; l < L; l++)
@@ -450,8 +458,25 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
                 pkvi_put32(z, pkvi_float_bits(lc->sink_logits[i]));
         }
     }
+    if (version >= 4) { /* the record's limit, each layer's rope and stale rows */
+        unsigned char *t4 = head + hbytes - 4 - pkvi_sfile_v4_bytes(version, L);
+        pkvi_put64(t4, s->record_max);
+        for (uint32_t l = 0; l < L; l++) {
+            const pkv_layer_config *lc = &geo->layers[l];
+            unsigned char *y = t4 + PKVI_SFILE_V4_EXTRA + (uint64_t)PKVI_SFILE_V4_LAYER * l;
+            uint64_t lo, hi;
+            pkvi_btable_stale(s->layers[l], &lo, &hi);
+            pkvi_put32(y, lc->rope);
+            pkvi_put32(y + 4, lc->rope_dims);
+            pkvi_put32(y + 8, pkvi_float_bits(lc->rope_theta));
+            pkvi_put32(y + 12, pkvi_float_bits(lc->rope_freq_scale));
+            pkvi_put64(y + 16, lo);
+            pkvi_put64(y + 24, hi);
+        }
+    }
     if (version >= 3) { /* the ids go after the last page */
-        unsigned char *t3 = head + hbytes - 4 - PKVI_SFILE_V3_EXTRA;
+        unsigned char *t3 =
+            head + hbytes - 4 - pkvi_sfile_v4_bytes(version, L) - PKVI_SFILE_V3_EXTRA;
         uint32_t crc = 0;
         w_why = "write error";
         st = write_ids(io, w.fd, s->tokens, s->n_tokens,

@@ -17,7 +17,7 @@
 
 /* The newest version this build writes and reads; it reads every version from 1 on
  * and writes the oldest that holds a session (version 1 for plain engines). */
-#define PKVI_SFILE_VERSION 3u
+#define PKVI_SFILE_VERSION 4u
 #define PKVI_SFILE_ALIGN 4096u
 /* The largest header_bytes of any version (docs/file-format.md, versioning rules): a
  * reader refuses a larger one as damage before it allocates or reads anything for it.
@@ -40,10 +40,14 @@ typedef struct {
     uint64_t file_bytes;
     uint64_t *layer_len;       /* [n_layers] positions per layer, owned (or NULL) */
     pkv_layer_config *layer_cfg; /* [n_layers] (v2; zeros in v1), owned, sink_logits
-                                  pointing into `logits` (or NULL) */
+                                  pointing into `logits` (or NULL); the rope fields
+                                  from v4 (zeros before) */
     float *logits;             /* the sink logits of every layer that has them, owned */
     uint64_t *hole_hi;         /* [n_layers]: a windowed layer's first page kept after
                                   its released ones (0: none released), owned */
+    uint64_t record_max;       /* v4: how far the record may grow (UINT64_MAX before) */
+    uint64_t *stale;           /* [n_layers][2] v4: each layer's stale positions
+                                  [lo, hi) (zeros before), owned */
     uint64_t n_token_ids;      /* v3: recorded token ids after the last page */
     uint32_t tokens_crc;       /* v3: their CRC-32C */
     uint64_t bad_page;         /* file index of the first page that failed its checks,

@@ -1,9 +1,10 @@
 /*
  * session.h - sessions, as the rest of the library sees them: struct pkv_session, the
- * contexts a session is made of, and the internal calls on it. The module is five
+ * contexts a session is made of, and the internal calls on it. The module is six
  * files, one concern each, layered so that each calls only those below it
  * (session/private.h is what they share):
  *
+ *   session/discard.c   pkv_session_discard: drop positions, move the later rows down
  *   session/reuse.c     set_tokens / from_prefix: sessions and the prefix cache
  *   session/write.c     the reservation every write goes through; append, load pages
  *   session.c           lifecycle: create, fork, truncate, destroy, the session list,
@@ -73,6 +74,9 @@ struct pkv_session {
     int32_t *tokens;
     uint64_t n_tokens, tokens_cap;
     uint64_t indexed_pages;  /* page indices of the record the last set_tokens walked */
+    uint64_t record_max;     /* positions the record may reach: a discard's p0 (its
+                                shifted K/V is no prefill of those ids), UINT64_MAX
+                                otherwise; a truncate to it or below lifts it */
     /* Test hook (pkvi_session_hook_before_write; NULL otherwise): called by a write
      * after its pages are reserved and the lock is dropped, just before it stores the
      * rows - where a descheduled writer once let another session's rollback share its

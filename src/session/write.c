@@ -106,16 +106,25 @@ void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
     const uint32_t d = geo->cfg.head_dim, dv = geo->cfg.head_dim_v, g = geo->cfg.n_kv_heads;
     const uint64_t bt = geo->cfg.block_tokens;
     const pkvi_kparams *kp = &geo->kp;
+    const pkvi_rope *rope = pkvi_layer_rope(geo, r->layer);
+    float cs[PKVI_ROPE_MAX_DIMS], kr[PKVI_MAX_HEAD_DIM]; /* rope: the angles, one key */
     if (s->hook_before_write)
         s->hook_before_write(s->hook_ctx);
     uint64_t pos = pkvi_btable_len(t);
     for (uint64_t j = 0; j < n; j++, pos++, k += (size_t)g * d, v += (size_t)g * dv) {
         char *page = pkvi_btable_page(t, pos / bt)->data;
         const uint64_t row = pos % bt;
+        if (rope) /* SPEC §14: the key turns at the position it is stored at */
+            pkvi_rope_at(rope, pos, cs);
         for (uint32_t gi = 0; gi < g; gi++) {
             char *gb = page + gi * kp->group_stride;
-            geo->kern->store_row(geo->cfg.kv_dtype, gb + row * geo->row_bytes,
-                                 k + (size_t)gi * d, d);
+            const float *key = k + (size_t)gi * d;
+            if (rope) {
+                memcpy(kr, key, (size_t)d * sizeof *kr);
+                pkvi_rope_apply(rope, cs, kr, 1, d);
+                key = kr;
+            }
+            geo->kern->store_row(geo->cfg.kv_dtype, gb + row * geo->row_bytes, key, d);
             geo->kern->store_row(geo->cfg.kv_dtype, gb + kp->v_offset + row * geo->row_bytes_v,
                                  v + (size_t)gi * dv, dv);
         }

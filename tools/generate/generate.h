@@ -48,6 +48,8 @@ typedef struct {
     pkv_dtype dtype;
     bool dtype_set, check, check_e2e, json;
     bool prefix_cache;              /* --prefix-cache: sessions 1.. from the cache */
+    bool context_shift;             /* --context-shift: a full context drops half (SPEC §14) */
+    uint32_t keep;                  /* --keep: positions a context shift keeps at the start */
     cli_variant v;                  /* --window, --sinks, --rollback, --softcap */
 } gen_opts;
 
@@ -75,6 +77,8 @@ typedef struct {
     llama_rng *rng;                 /* [N] */
     float *logits;                  /* [N][vocab] */
     uint32_t *row_tok, *row_pos;    /* [rows] inputs of one forward */
+    float *rot;                     /* [dim] one key turned by the engine's RoPE (checks) */
+    uint64_t shifts;                /* context shifts made, all sessions */
     int mode;
     uint32_t cur_pos;
     /* --check: per session and layer, the Q/K/V every position saw (K/V rounded to

@@ -76,6 +76,11 @@ static void usage(FILE *f)
         "                       P-token prefix, built with and without the cache; memory\n"
         "                       and append work of both (--svg plots them)\n"
         "  --prefix-tail T      with --prefix: tokens of each session's own (default 256)\n"
+        "  --shift N            context shift (SPEC §14): every layer with the engine's\n"
+        "                       RoPE, fill --ctx, then N times keep --keep positions,\n"
+        "                       drop half of the rest and fill again; memory and decode\n"
+        "                       time after each shift (flat), --svg plots them\n"
+        "  --keep N             with --shift: positions kept at the start (default 1)\n"
         "  --budget BYTES       resident page budget (0 = none)\n"
         "  --spill-dir DIR      spill pages beyond the budget to a file in DIR\n"
         "  --force              run without --budget even if the K/V cache exceeds the\n"
@@ -105,7 +110,8 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
     bool set_w = false, set_s = false, set_r = false, set_c = false, set_dv = false;
     *o = (stress_opts){.ctx = 65536, .sessions = 1, .layers = 1, .heads = 32,
                        .kv_heads = 8, .head_dim = 128, .dtype = PKV_F16, .seed = 1,
-                       .points = 64, .reps = 3, .prefix_tail = 256};
+                       .points = 64, .reps = 3, .prefix_tail = 256,
+                       .keep = 1};
     const cli_opt opts[] = {
         {.name = "model-preset", .kind = OPT_CALL, .dst = &o->preset,
          .call = cli_opt_any_preset,
@@ -140,6 +146,8 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
         {.name = "fork-every", .kind = OPT_U64, .dst = &o->fork_every, .lo = 0,
          .hi = UINT64_MAX},
         {.name = "prefix", .kind = OPT_U64, .dst = &o->prefix, .lo = 1, .hi = 1ull << 31},
+        {.name = "shift", .kind = OPT_U32, .dst = &o->shift, .lo = 1, .hi = 1u << 20},
+        {.name = "keep", .kind = OPT_U64, .dst = &o->keep, .lo = 0, .hi = UINT64_MAX},
         {.name = "prefix-tail", .kind = OPT_U64, .dst = &o->prefix_tail, .lo = 0,
          .hi = 1ull << 31},
         {.name = "budget", .kind = OPT_U64, .dst = &o->budget, .lo = 0, .hi = UINT64_MAX},
@@ -675,6 +683,8 @@ int cmd_stress(int argc, char **argv)
         return rc == CLI_HELP ? CLI_OK : rc;
     if (r.o.prefix) /* SPEC §10: its own run (stress/prefix.c) */
         return stress_prefix(&r.o);
+    if (r.o.shift) /* SPEC §14: its own run (stress/shift.c) */
+        return stress_shift(&r.o);
     /* the budget and spill directory name their mistakes before any work; with spill
      * a decode still needs its whole layer resident, so a budget below one layer of
      * one session would fail at the first long decode */

@@ -2,7 +2,7 @@
  * bench_ab.c - two builds of libpagedkv in one process, decoding the same layer in
  * turn: a benchmark (built, never run as a test) for changes whose effect is smaller
  * than a shared host's drift. Runs of separate processes minutes apart swung up to
- * 1.7x on the Zen 4 host of issue 17; here each round times build A, then build B,
+ * 1.7x on a shared VM; here each round times build A, then build B,
  * loops decodes each, so both see the same minute, and the median of the per-round
  * ratios is what it reports. Public header only (the two libraries by dlopen).
  *   bench_ab LIB_A LIB_B [ctx=4096] [dtypes=f16,q8,q8i] [rounds=21] [loops=10]
@@ -11,11 +11,9 @@
  * each build, the median of B/A, and whether the two outputs are the same bits (else
  * their largest difference over the largest |output|).
  *
- * Copies. Where a library's pages land in physical memory moves its speed: on the Zen 5
- * dev VM of issue 17 (2026-12-03), byte-identical copies of one build decoded Q8 on
- * the integer path in 13.9-14.4 or 15.4-15.8 ns per position and group, 11% apart
- * (three copies in eleven slow; one stayed slow in every process for half an hour, then
- * was fast); f16 did not move (docs/perf-log.md, "Copies of one build"). A ratio of
+ * Copies. Where a library's pages land in physical memory moves its speed: byte-
+ * identical copies of one build decoded Q8 on the integer path 11% apart, every
+ * process that loaded them (docs/performance.md, "How to measure"). A ratio of
  * two files is then partly a ratio of two placements, and running both orders does
  * not cancel it. So bench_ab writes BENCH_AB_COPIES (default 3) fresh copies of each
  * library into a temporary directory, loads them all, and round r times copy

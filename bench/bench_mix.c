@@ -1,7 +1,7 @@
 /*
- * bench_mix.c - what the AVX2 decode's instruction mixes can reach on this host, with
- * every operand in L1: a benchmark (built, never run as a test; SPEC §7), for the
- * roofline discussion in docs/perf-log.md ("What bounds AVX2 decode").
+ * bench_mix.c - what the AVX2 decode's instruction mixes can reach on the host it runs
+ * on, with every operand in L1: a benchmark (built, never run as a test; HACKING.md),
+ * for the roofline of an AVX2 core (docs/performance.md, "What bounds decode").
  *   bench_mix
  * Times, per token of one KV group of a llama3-8b layer (4 query heads, d 128), loops
  * with the instruction mix of avx2.c's inner loops - QK: 4 q vectors and 2 K rows per

@@ -1,7 +1,7 @@
 /*
  * bench_quant.c - decode time of one llama3-8b layer (h 32, g 8, d 128) at a given
  * context for f16, Q8 and Q4 pages and both quant_dot paths, relative to f16: a
- * benchmark (built, never run as a test; SPEC §7). Public header only.
+ * benchmark (built, never run as a test; HACKING.md, "Test tiers"). Public header only.
  *   bench_quant [ctx=131072] [threads=1] [reps=7] [dtypes=f16,q8,q4,q8i,q4i]
  * Prints the median of reps decodes per configuration, in ms (thread CPU time with one
  * thread, else wall time), K/V GB/s and the ratio to f16.

@@ -1,6 +1,6 @@
 /*
  * probe_order.c - how fast memory streams in the orders a decode kernel could read it,
- * with no arithmetic at all (docs/numerics.md, "The read order alone").
+ * with no arithmetic at all (docs/performance.md, "The read side of one core").
  *
  * A 1 GiB buffer is laid out as back-to-back units of a llama3-8b f32 layer: one KV
  * group's 16 K rows of 512 bytes (8 KiB), then its 16 V rows. Each order reads every

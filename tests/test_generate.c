@@ -5,7 +5,7 @@
  *   - the synthetic default runs with no files and reports tokens/s and memory; its
  *     --check / --check-e2e pass for f32, f16, bf16 and for forked sessions; a seed
  *     fixes the sampled text and another seed changes it;
- *   - stories260K (../shared/models, PKV_SHARED_DIR): the prompt encodes as the
+ *   - stories260K (pkvt_model_dir()): the prompt encodes as the
  *     reference tokenizer does, greedy tokens equal the ids the tool's own cache-free
  *     recompute produces (and the published anchor), the text is the expected English,
  *     greedy output is identical for every page size, thread count and session count
@@ -16,8 +16,9 @@
  *   - --check warns of its cost on a long run;
  *   - malformed checkpoints and tokenizers, and bad options, fail cleanly (exit 1 or 2
  *     with a message, never a signal).
- * Tests that need ../shared/models print "SKIP: ..." when it is absent, and the suite
- * then exits 77 (skipped) if everything else passed.
+ * The "stories260K" case needs the model (pkvt_model_dir(): PKV_MODEL_DIR, meson's
+ * -Dmodel_dir, else ../shared/models): meson runs it as generate-model (SKIP without
+ * the files); a whole-program run leaves that case out and runs the others.
  */
 #include "testutil.h"
 
@@ -67,23 +68,15 @@ static int count_of(const char *s, const char *needle)
 
 static char model_path[4096], tok_path[4096];
 
-/* true if stories260K is there; otherwise prints why the test is skipped */
-static bool have_models(const char *test)
+/* model_path and tok_path from pkvt_model_dir(). The "stories260K" case runs only where
+ * they are there (pkvt_add_tcase_needing, PKV_TEST_NEEDS=model): absent, it fails. */
+static void model_files(void)
 {
-    const char *dir = getenv("PKV_SHARED_DIR");
-    if (dir && *dir) {
-        snprintf(model_path, sizeof model_path, "%s/models/stories260K.bin", dir);
-        snprintf(tok_path, sizeof tok_path, "%s/models/tok512.bin", dir);
-        struct stat a, b;
-        if (stat(model_path, &a) == 0 && stat(tok_path, &b) == 0)
-            return true;
-    }
-    printf("SKIP: %s: ../shared/models/stories260K.bin + tok512.bin not found "
-           "(PKV_SHARED_DIR=%s)\n", test, dir ? dir : "(unset)");
-    return false;
+    ck_assert_msg(pkvt_model_paths(model_path, tok_path, sizeof model_path),
+                  "stories260K.bin and tok512.bin are not in %s", pkvt_model_dir());
 }
 
-/* Greedy ids published with the model (../shared/models/README.md): what a correct
+/* Greedy ids of the model (llama2.c's runner gives the same): what a correct
  * loader, RoPE, GQA mapping and tokenizer give after "Once upon a time". The tool's
  * own cache-free recompute (--check-e2e's dense_generated) is asserted equal too. */
 static const uint32_t anchor[16] = {432, 383, 286, 261, 376, 298, 315, 421,
@@ -91,8 +84,7 @@ static const uint32_t anchor[16] = {432, 383, 286, 261, 376, 298, 315, 421,
 
 START_TEST(stories_greedy_text)
 {
-    if (!have_models("stories_greedy_text"))
-        return;
+    model_files();
     pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
                             "-n", "64", "-i", "Once upon a time", "--check-e2e",
                             "--json"), NULL);
@@ -147,8 +139,7 @@ static size_t greedy_tokens(const char *const *args, int session, uint32_t *out,
 
 START_TEST(stories_greedy_invariant)
 {
-    if (!have_models("stories_greedy_invariant"))
-        return;
+    model_files();
     const char *n = pkvt_quick() ? "48" : "128";
     static uint32_t base[600], other[600];
     size_t nb = greedy_tokens(ARGS("--model", model_path, "--tokenizer", tok_path, "-t",
@@ -193,8 +184,7 @@ static const char *dtypes[] = {"f32", "f16", "bf16"};
 
 START_TEST(stories_check_dtypes)
 {
-    if (!have_models("stories_check_dtypes"))
-        return;
+    model_files();
     const char *dt = dtypes[_i];
     pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
                             "-n", pkvt_quick() ? "40" : "96", "-i", "Once upon a time",
@@ -214,8 +204,7 @@ END_TEST
 
 START_TEST(stories_forks_share_prompt)
 {
-    if (!have_models("stories_forks_share_prompt"))
-        return;
+    model_files();
     /* 13 prompt tokens, 4 tokens per page: 3 full pages per layer are the prompt's */
     pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "1",
                             "-s", "7", "-n", "60", "--sessions", "4", "--block-tokens",
@@ -255,8 +244,7 @@ END_TEST
 
 START_TEST(stories_prompt_encoding)
 {
-    if (!have_models("stories_prompt_encoding"))
-        return;
+    model_files();
     static const struct {
         const char *text;
         size_t n;
@@ -340,8 +328,7 @@ static void expect_fail(const char *model, const char *tok, const char *want,
 
 START_TEST(malformed_files)
 {
-    if (!have_models("malformed_files"))
-        return;
+    model_files();
     size_t nm, nt;
     unsigned char *m = pkvt_slurp(model_path, &nm);
     unsigned char *t = pkvt_slurp(tok_path, &nt);
@@ -506,8 +493,7 @@ END_TEST
 
 START_TEST(stories_sampler_limits)
 {
-    if (!have_models("stories_sampler_limits"))
-        return;
+    model_files();
     /* A nucleus of mass 1e-4 holds only the most likely token, and temperature 1e-3
      * makes the full distribution a point mass on it: both are greedy decoding. */
     static uint32_t greedy[128], other[128];
@@ -539,8 +525,7 @@ END_TEST
  * in order, give the character back, on stdout and in the JSON text. */
 START_TEST(stories_utf8_roundtrip)
 {
-    if (!have_models("stories_utf8_roundtrip"))
-        return;
+    model_files();
     const char *prompt = "Le caf\xc3\xa9 \xc3\xa9tait tr\xc3\xa8s bon. \xe6\x97\xa5\xe6\x9c\xac "
                          "\xe2\x9c\x93 \xf0\x9f\x98\x80!";
     pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0", "-n",
@@ -569,8 +554,7 @@ END_TEST
  * generation stopped is said in text mode and is stop_reason in JSON. */
 START_TEST(stories_stop_reasons)
 {
-    if (!have_models("stories_stop_reasons"))
-        return;
+    model_files();
     static const struct { const char *n, *warn, *stopped, *reason; } rows[] = {
         {"3", "-n 3 cuts the prompt short", "stopped: -n 3 ended inside the prompt", "prompt"},
         {"5", "the prompt takes all -n 5 positions", "stopped: -n 5 positions reached",
@@ -650,14 +634,13 @@ START_TEST(options)
 END_TEST
 
 
-/* ---- attention variants (SPEC §8) ----------------------------------------------- */
+/* ---- attention variants (docs/variants.md) ----------------------------------------------- */
 
 /* A window at least the context changes nothing a decode reads: the greedy text of
  * stories260K is the same with and without --window 100000 (all 5 layers windowed). */
 START_TEST(stories_window_unchanged)
 {
-    if (!have_models("stories_window_unchanged"))
-        return;
+    model_files();
     pkvt_proc a = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
                             "-n", "256", "-i", "Once upon a time"), NULL);
     pkvt_proc b = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
@@ -674,12 +657,11 @@ START_TEST(stories_window_unchanged)
 END_TEST
 
 /* A small window: the run still works (its attention checked against the variant's
- * dense reference, and end to end) and every layer holds at most the SPEC ceiling of
- * pages, well below what the positions would need unwindowed. */
+ * dense reference, and end to end) and every layer holds at most the page ceiling
+ * (docs/variants.md) of pages, well below what the positions would need unwindowed. */
 START_TEST(stories_window_bounded)
 {
-    if (!have_models("stories_window_bounded"))
-        return;
+    model_files();
     pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
                             "-n", "400", "--window", "24", "--sinks", "4", "--block-tokens",
                             "8", "--check", "--check-e2e", "--json"), NULL);
@@ -724,7 +706,7 @@ START_TEST(synthetic_variants)
         {"--sinks", "4", NULL}, {"--rollback", "2", NULL}, {"--window", "x", NULL},
         {"--softcap", "-1", NULL},
     };
-    static const char *const says[] = {"--sinks 4 needs --window", "--rollback 2 needs",
+    static const char *const says[] = {"--sinks needs --window", "--rollback needs --window",
                                        "--window", "--softcap"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         r = pkvt_tool((const char *const[]){"generate", bad[i][0], bad[i][1], NULL}, NULL);
@@ -732,6 +714,48 @@ START_TEST(synthetic_variants)
                       "'%s %s': exit %d: %s", bad[i][0], bad[i][1], r.status, r.err);
         pkvt_proc_free(&r);
     }
+}
+END_TEST
+
+/* --prefix-cache claims a saving only where the cache was hit, and says why a prompt
+ * of one page or less never is; --save writes session 0 where `inspect` reads it. */
+START_TEST(synthetic_prefix_and_save)
+{
+    pkvt_proc r = pkvt_tool(ARGS("--sessions", "3", "--prefix-cache", "-n", "40", "-i", "hi"),
+                            NULL);
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_msg(strstr(r.err, "none of 2 later session(s) hit") &&
+                      strstr(r.err, "no prefill saved") && !strstr(r.err, "ms saved") &&
+                      strstr(r.err, "fit in one page of 16 tokens"),
+                  "stderr: %s", r.err);
+    pkvt_proc_free(&r);
+    r = pkvt_tool(ARGS("--sessions", "3", "--prefix-cache", "-n", "40", "-i", "hi", "--json"),
+                  NULL);
+    ck_assert_msg(r.status == 0 && pkvt_json_u64(r.out, "prefix_cache.hits") == 0 &&
+                      pkvt_json_is(r.out, "prefix_cache.prefill_seconds_saved", "null") &&
+                      pkvt_json_is(r.out, "prefix_cache.prompt_within_one_page", "true"),
+                  "JSON: %s", r.out);
+    pkvt_proc_free(&r);
+    char dir[] = "/tmp/pkvt-gen-save-XXXXXX", file[600];
+    ck_assert(mkdtemp(dir) != NULL);
+    snprintf(file, sizeof file, "%s/s0.pkv", dir);
+    r = pkvt_tool(ARGS("-n", "30", "--save", file), NULL);
+    ck_assert_msg(r.status == 0 && strstr(r.err, "pagedkv inspect "), "--save: %s", r.err);
+    pkvt_proc_free(&r);
+    r = pkvt_tool((const char *const[]){"inspect", "--json", file, NULL}, NULL);
+    ck_assert_msg(r.status == 0 && pkvt_json_is(r.out, "sound", "true") &&
+                      pkvt_json_u64(r.out, "layer_len[0]") == 30 &&
+                      pkvt_json_u64(r.out, "n_token_ids") == 30,
+                  "inspect: exit %d: %s", r.status, r.out);
+    pkvt_proc_free(&r);
+    unlink(file);
+    /* a path that cannot take the file is refused before the run */
+    snprintf(file, sizeof file, "%s/no/such/dir/s.pkv", dir);
+    r = pkvt_tool(ARGS("-n", "30", "--save", file), NULL);
+    ck_assert_msg(r.status == 2 && strstr(r.err, "--save") && !r.out[0], "%d %s", r.status,
+                  r.err);
+    pkvt_proc_free(&r);
+    ck_assert(rmdir(dir) == 0);
 }
 END_TEST
 
@@ -746,6 +770,7 @@ int main(void)
     tcase_add_test(tc, options);
     tcase_add_test(tc, synthetic_check_cost);
     tcase_add_test(tc, synthetic_variants);
+    tcase_add_test(tc, synthetic_prefix_and_save);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("stories260K");
     tcase_set_timeout(tm, 240);
@@ -760,11 +785,6 @@ int main(void)
     tcase_add_test(tm, stories_stop_reasons);
     tcase_add_test(tm, stories_window_unchanged);
     tcase_add_test(tm, stories_window_bounded);
-    suite_add_tcase(s, tm);
-    int rc = pkvt_run(s);
-    /* without ../shared/models the stories260K tests could not run: skipped (77),
-     * not passed, unless something else failed */
-    if (rc == EXIT_SUCCESS && !have_models("the stories260K tests"))
-        return 77;
-    return rc;
+    pkvt_add_tcase_needing(s, tm, "stories260K", "model");
+    return pkvt_run(s);
 }

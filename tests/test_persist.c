@@ -1,5 +1,5 @@
 /*
- * test_persist.c - session files (persist.c) against docs/file-format.md.
+ * test_persist.c - session files (persist_save.c, persist_load.c) against docs/file-format.md.
  *
  * Round trips must be bitwise: the loaded session's valid rows and its decode output
  * are memcmp-equal to the original's, and saving the loaded session reproduces the
@@ -38,7 +38,7 @@ static void scratch_init(scratch *t)
     snprintf(t->path, sizeof t->path, "%s/s.pkv", t->dir);
 }
 
-/* The documented layout, independently of persist.c (docs/file-format.md). */
+/* The documented layout, independently of persist_format.c (docs/file-format.md). */
 static void fix_header_crc(unsigned char *b)
 {
     uint32_t h = pkvt_le32(b + 12);
@@ -374,7 +374,7 @@ START_TEST(every_byte_flip)
 }
 END_TEST
 
-/* Version 3 (SPEC §10): the recorded token ids after the last page. Every byte of
+/* Version 3 (docs/prefix-cache.md): the recorded token ids after the last page. Every byte of
  * such a file is checked too; a loaded session serves prefix hits again; a file
  * without ids is still version 1. */
 START_TEST(token_record_v3)

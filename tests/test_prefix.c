@@ -1,5 +1,5 @@
 /*
- * test_prefix.c - the prefix cache (SPEC §10): pkv_session_set_tokens,
+ * test_prefix.c - the prefix cache (docs/prefix-cache.md): pkv_session_set_tokens,
  * pkv_session_from_prefix, prefix_cache_bytes and the stats.
  *
  * K/V rows are a function of the token prefix they follow (rows_for: a hash of ids

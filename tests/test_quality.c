@@ -1,12 +1,12 @@
 /*
- * test_quality.c - `pagedkv quality` (SPEC §9) run as a user runs it: its figures
- * against what they must be by construction, its JSON read back, its chart checked,
+ * test_quality.c - `pagedkv quality` (docs/tools.md, "pagedkv quality") run as a user runs it: its
+ * figures against what they must be by construction, its JSON read back, its chart checked,
  * its usage errors.
  *
  * Owns: the cases "builtin" (the built-in model, the synthetic attention-only mode,
  * the SVG and the usage errors; needs the tool) and "stories260K" (the real model;
- * needs ../shared/models: meson registers it with PKV_TEST_NEEDS=model, a SKIP
- * where the files are absent).
+ * needs pkvt_model_dir(): meson registers it with PKV_TEST_NEEDS=model, a SKIP
+ * where the files are absent; a whole-program run leaves it out).
  *
  * What must hold, whatever the host:
  *   - the f32 row is the self-check: the same tokens through an f32 cache in one
@@ -16,7 +16,7 @@
  *   - bytes per token are 2 * layers * kv_heads * pkv_row_bytes(dtype, head_dim);
  *   - KL figures are ordered mean <= p99 <= max, all >= 0;
  *   - in the synthetic mode the exact path is within 1e-5 (of max |out|) of the
- *     reference on rounded rows (SPEC §9's accuracy: quantization is the only error),
+ *     reference on rounded rows (docs/numerics.md, section 6: quantization is the only error),
  *     and the error on unrounded rows grows from f16 to bf16 to q8 to q4;
  *   - an integer row is either measured or "unavailable" with its reason.
  */
@@ -68,7 +68,8 @@ static const pkv_dtype all_dtypes[] = {PKV_F32, PKV_F16, PKV_BF16, PKV_Q8, PKV_Q
 static void check_model_json(const char *json, uint64_t positions)
 {
     ck_assert_msg(pkvt_json_valid(json), "quality --json is not valid JSON: %s", json);
-    ck_assert(pkvt_json_is(json, "tool", "\"pagedkv quality\""));
+    ck_assert(pkvt_json_is(json, "tool", "\"pagedkv\"") &&
+              pkvt_json_is(json, "command", "\"quality\""));
     ck_assert(pkvt_json_is(json, "mode", "\"model\""));
     ck_assert_uint_eq(pkvt_json_u64(json, "positions"), positions);
     const uint64_t L = pkvt_json_u64(json, "layers"), g = pkvt_json_u64(json, "kv_heads"),
@@ -315,15 +316,13 @@ START_TEST(usage)
 }
 END_TEST
 
-/* stories260K, 256 positions greedy: the figures SPEC §9 asks to report. Q8's top-1
- * target (>= 99%) is a target of the format, not of this tool: asserted loosely. */
+/* stories260K, 256 positions greedy: the figures docs/tools.md ("pagedkv quality") reports. Q8's
+ * top-1 target (>= 99%) is a target of the format, not of this tool: asserted loosely. */
 START_TEST(stories260K)
 {
     char model[4096], tok[4096];
-    const char *dir = getenv("PKV_SHARED_DIR");
-    ck_assert(dir != NULL);
-    snprintf(model, sizeof model, "%s/models/stories260K.bin", dir);
-    snprintf(tok, sizeof tok, "%s/models/tok512.bin", dir);
+    ck_assert_msg(pkvt_model_paths(model, tok, sizeof model), "no model in %s",
+                  pkvt_model_dir());
     pkvt_proc p = pkvt_tool(ARGS("--model", model, "--tokenizer", tok, "--json"), NULL);
     ck_assert_msg(p.status == 0, "quality --model: exit %d: %s", p.status, p.err);
     const uint64_t n = pkvt_json_u64(p.out, "positions");
@@ -351,6 +350,6 @@ int main(void)
     TCase *tm = tcase_create("stories260K");
     tcase_set_timeout(tm, 240);
     tcase_add_test(tm, stories260K);
-    suite_add_tcase(s, tm);
+    pkvt_add_tcase_needing(s, tm, "stories260K", "model");
     return pkvt_run(s);
 }

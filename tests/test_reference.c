@@ -1,6 +1,7 @@
 /*
  * test_reference.c - Check suite for src/attention/reference.c: the dense causal-attention
- * oracle, the textbook MHA/GQA/MQA layer and the KV-cache size formula (SPEC §1).
+ * oracle, the textbook MHA/GQA/MQA layer and the KV-cache size formula (docs/memory.md, "The size
+ * formula").
  *
  * The references here are written independently of the library: attention is the
  * test oracle of testutil.c (double precision, the other spelling of the GQA mapping,
@@ -693,7 +694,7 @@ START_TEST(mha_bad_input)
     ck_assert_int_eq(pkv_mha_forward(2, 0, 4, 2, w, w, w, w, w, out), PKV_EINVAL);
     ck_assert_int_eq(pkv_mha_forward(2, 8, 0, 2, w, w, w, w, w, out), PKV_EINVAL);
     ck_assert_int_eq(pkv_mha_forward(2, 8, 4, 0, w, w, w, w, w, out), PKV_EINVAL);
-    /* the two invalid configurations of SPEC §1 */
+    /* the two invalid configurations of include/pagedkv.h, pkv_mha_forward */
     ck_assert_int_eq(pkv_mha_forward(2, 10, 4, 2, w, w, w, w, w, out), PKV_EINVAL);
     ck_assert_int_eq(pkv_mha_forward(2, 8, 3, 1, w, w, w, w, w, out), PKV_EINVAL);
     ck_assert_int_eq(pkv_mha_forward(2, 8, 4, 3, w, w, w, w, w, out), PKV_EINVAL);

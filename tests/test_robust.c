@@ -1,5 +1,5 @@
 /*
- * test_robust.c - the library's resource bounds and crash behaviour (issue 21):
+ * test_robust.c - the library's resource bounds and crash behaviour (docs/reliability.md):
  *
  *   hostile   session files whose headers claim huge sizes (sparse files, a few KiB
  *             on disk) are refused with the documented status, quickly, and without
@@ -69,7 +69,7 @@ static bool rss_meaningful(void)
     return !PKVT_SHADOW_SANITIZER && !pkvt_quick();
 }
 
-/* ---- forged files (docs/file-format.md, written independently of persist.c) ------------ */
+/* ---- forged files (docs/file-format.md, written independently of src/persist/) ------------ */
 
 static const unsigned char magic[8] = {0x89, 'P', 'K', 'V', '\r', '\n', 0x1a, '\n'};
 
@@ -680,7 +680,7 @@ static void *sp_poll(void *arg)
 /* Decodes per second of SP_WORKERS threads (each on its own session of a spill
  * engine, so each decode takes the engine lock to pin its pages) for `seconds`, with
  * a thread calling pkv_engine_stats in a loop beside them or not. One decoder and the
- * poller: two threads for the two cores of the dev VM. */
+ * poller: two threads for a two-core machine. */
 static double sp_run(pkv_session **s, const float *q, float (*want)[SP_H * SP_D],
                      pkv_engine *poll_e, double seconds, uint64_t *polls)
 {

@@ -1,11 +1,11 @@
 /*
  * test_session.c - the paged cache against independent references.
  *
- * The core property (SPEC §1): every incremental decode step equals the matching row of
- * dense causal attention (double precision, on K/V rounded to the storage dtype) within
- * 1e-5 * max|V|. Around it: forks and copy-on-write, truncate, prefill/batch/thread-count
- * bitwise identity, a model-based random walk with pool invariants checked after every
- * step, concurrency, the budget, bad input, and memory that RSS confirms.
+ * The core property (include/pagedkv.h, pkv_causal_attention): every incremental decode step equals
+ * the matching row of dense causal attention (double precision, on K/V rounded to the storage
+ * dtype) within 1e-5 * max|V|. Around it: forks and copy-on-write, truncate,
+ * prefill/batch/thread-count bitwise identity, a model-based random walk with pool invariants
+ * checked after every step, concurrency, the budget, bad input, and memory that RSS confirms.
  */
 #include "testutil.h"
 #include "internal.h"

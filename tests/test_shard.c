@@ -1,5 +1,5 @@
 /*
- * test_shard.c - SPEC §11's shard calls: pkv_decode_partial / pkv_decode_partial_at,
+ * test_shard.c - the shard calls (docs/sharding.md): pkv_decode_partial / pkv_decode_partial_at,
  * pkv_merge_partials, pkv_session_set_first, pkv_shard_align.
  *
  * The property is bitwise: the partial states of one session, merged, are pkv_decode's

@@ -3,9 +3,9 @@
  * (btable.h, B5): a page that may still be written never gains a holder, and a
  * failed call never gives up a page it cannot get back.
  *
- * The race this guards against (issue 21.1): a prefill on a fork `s` that failed
- * after copying the shared tail used to re-share the original page on rollback; if
- * the owner of the original session `o` had meanwhile truncated into that page, seen
+ * The race this guards against (docs/design.md, "Writes: reserve, then commit"): a prefill on a
+ * fork `s` that failed after copying the shared tail used to re-share the original page on
+ * rollback; if the owner of the original session `o` had meanwhile truncated into that page, seen
  * it unshared and released the lock but not yet written, `o`'s next row landed in the
  * page `s` shared again. Here the writer is forced to stall exactly there (the
  * session's write hook, pkvi_session_hook_before_write) while the other thread's

@@ -1,5 +1,5 @@
 /*
- * test_soak.c - `pagedkv soak` as a user runs it: the built binary (env PKV_TOOL) is
+ * test_soak.c - `pagedkv-soak` as a user runs it: the test program (env PKV_SOAK) is
  * started with posix_spawn for bounded runs, and its exit status and JSON summary are
  * checked.
  *
@@ -9,16 +9,17 @@
  * spills), that it leaves nothing behind and that it CAN fail: the hidden
  * --inject-bug corrupts its model once and the run must exit 1 naming the seed and the
  * op, while the same run stopped just before that op passes. Usage errors exit 2.
- * Does not own the library's own tests; the soak's checks are in tools/soak/soak.c.
+ * Does not own the library's own tests; the soak's checks are in tests/soak/soak.c.
  *
  * Test cases: "soak" (failure, files, usage), "sync" (clean runs with PKV_NO_URING=1),
  * "io_uring" (clean runs on io_uring that decide exactly as on sync; meson reports it
  * as SKIP where io_uring cannot be set up).
  *
  * Seeds: pkvt_seed() and pkvt_seed() + 1 (PKV_TEST_SEED overrides); every message
- * names the seed. Run time: about 10-20 s on the 2-core dev machine.
+ * names the seed. Run time: a few seconds to tens of seconds, by host.
  */
 #include "testutil.h"
+#include "tools_run.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -31,20 +32,12 @@
 
 typedef pkvt_proc run_result;
 
-/* Run `$PKV_TOOL soak ARGS...` (NULL-terminated). no_uring: with PKV_NO_URING=1,
+/* Run `$PKV_SOAK ARGS...` (NULL-terminated). no_uring: with PKV_NO_URING=1,
  * else with PKV_NO_URING removed from the environment. */
 static run_result run_soak(bool no_uring, const char *const *args)
 {
-    const char *argv[48];
-    size_t na = 0;
-    argv[na++] = "soak";
-    for (size_t i = 0; args[i]; i++) {
-        ck_assert(na < 47);
-        argv[na++] = args[i];
-    }
-    argv[na] = NULL;
     const char *const env[] = {no_uring ? "PKV_NO_URING=1" : "PKV_NO_URING", NULL};
-    return pkvt_tool(argv, env);
+    return soak_run(args, env);
 }
 
 static void run_free(run_result *r)
@@ -64,7 +57,7 @@ static bool json_has(const char *json, const char *key, const char *literal)
 }
 
 /* Sanitizer and poison builds (the tool beside this test is built the same way) run
- * the soak about 20x slower: fewer operations keep the suite near a minute there. */
+ * the soak many times slower: fewer operations keep the suite near a minute there. */
 static bool slow_build(void)
 {
 #if defined(__SANITIZE_ADDRESS__) || PKV_POISON
@@ -239,12 +232,14 @@ START_TEST(usage_errors_exit_2)
         {"--heads", "3", "--kv-heads", "2"},
         {"--long-len", "10", "--max-len", "48"},
         {"--spill-dir", "/nonexistent/pagedkv-soak"},
+        {"--spill-dir", "/dev/null"},
+        {"--frobnicate"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         run_result r = run_soak(false, bad[i]);
         ck_assert_msg(r.status == 2, "soak %s %s: exit %d, not 2 (stderr: %s)", bad[i][0],
                       bad[i][1] ? bad[i][1] : "", r.status, r.err);
-        ck_assert_msg(strstr(r.err, "pagedkv soak: ") && strstr(r.err, "--help"),
+        ck_assert_msg(strstr(r.err, "pagedkv-soak: ") && strstr(r.err, "pagedkv-soak --help"),
                       "soak %s: no usage message: %s", bad[i][0], r.err);
         ck_assert_msg(r.out[0] == 0, "soak %s: wrote to stdout: %s", bad[i][0], r.out);
         run_free(&r);
@@ -252,7 +247,7 @@ START_TEST(usage_errors_exit_2)
     const char *help[] = {"--help", NULL};
     run_result r = run_soak(false, help);
     ck_assert_int_eq(r.status, 0);
-    ck_assert(strstr(r.out, "usage: pagedkv soak") != NULL);
+    ck_assert(strstr(r.out, "usage: pagedkv-soak") != NULL);
     ck_assert(strstr(r.out, "--inject-bug") == NULL);   /* hidden */
     run_free(&r);
 }

@@ -10,6 +10,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,6 +114,67 @@ START_TEST(sizes_are_checked)
 }
 END_TEST
 
+/* SKIP per case: a case whose requirement is unmet is left out and the others run and
+ * count; a run that selected only such cases is a skip, not a pass and not a failure.
+ * The model is looked for in PKV_MODEL_DIR first, so an empty directory makes it
+ * absent, and a directory with both files present. */
+START_TEST(ok_case) { ck_assert(1); }
+END_TEST
+
+START_TEST(model_case) { ck_abort_msg("a case whose model is absent ran"); }
+END_TEST
+
+START_TEST(skip_per_case)
+{
+    char dir[] = "/tmp/pkvt-nomodel-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    ck_assert(setenv("PKV_MODEL_DIR", dir, 1) == 0);   /* this forked test's own env */
+    ck_assert_str_eq(pkvt_model_dir(), dir);
+    char m[4096], t[4096];
+    ck_assert(!pkvt_model_paths(m, t, sizeof m));
+    ck_assert(pkvt_need_unmet("model") != NULL);
+    /* the whole program: the model case left out, the other runs and counts */
+    unsetenv("CK_RUN_CASE");
+    Suite *s = suite_create("inner");
+    TCase *a = tcase_create("a"), *b = tcase_create("b");
+    tcase_add_test(a, ok_case);
+    tcase_add_test(b, model_case);
+    suite_add_tcase(s, a);
+    pkvt_add_tcase_needing(s, b, "b", "model");
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_SILENT);
+    ck_assert_int_eq(srunner_ntests_run(sr), 1);
+    ck_assert_int_eq(srunner_ntests_failed(sr), 0);
+    srunner_free(sr);
+    /* only the model case selected: a skip */
+    ck_assert(setenv("CK_RUN_CASE", "b", 1) == 0);
+    Suite *s2 = suite_create("inner2");
+    TCase *b2 = tcase_create("b");
+    tcase_add_test(b2, model_case);
+    pkvt_add_tcase_needing(s2, b2, "b", "model");
+    ck_assert_int_eq(pkvt_run(s2), PKVT_SKIP);
+    unsetenv("CK_RUN_CASE");
+    /* with both files there, the case is added and runs */
+    char f[4200];
+    snprintf(f, sizeof f, "%s/stories260K.bin", dir);
+    pkvt_write_file(f, "x", 1);
+    snprintf(f, sizeof f, "%s/tok512.bin", dir);
+    pkvt_write_file(f, "x", 1);
+    ck_assert(pkvt_need_unmet("model") == NULL);
+    Suite *s3 = suite_create("inner3");
+    TCase *c = tcase_create("c");
+    tcase_add_test(c, ok_case);
+    pkvt_add_tcase_needing(s3, c, "c", "model");
+    SRunner *sr3 = srunner_create(s3);
+    srunner_set_fork_status(sr3, CK_NOFORK);
+    srunner_run_all(sr3, CK_SILENT);
+    ck_assert_int_eq(srunner_ntests_run(sr3), 1);
+    srunner_free(sr3);
+    pkvt_remove_dir(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("testutil");
@@ -122,6 +184,7 @@ int main(void)
     tcase_add_test(tc, json_paths_and_errors);
     tcase_add_test(tc, spawn_captures_and_sets_env);
     tcase_add_test(tc, sizes_are_checked);
+    tcase_add_test(tc, skip_per_case);
     suite_add_tcase(s, tc);
     return pkvt_run(s);
 }

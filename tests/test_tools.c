@@ -132,12 +132,15 @@ START_TEST(mem_usage)
     expect_usage_errors("mem", rows, sizeof rows / sizeof rows[0]);
     expect_help("mem");
     /* every command words an unknown option the same way */
-    static const char *const cmds[] = {"mem",     "stress", "bench",  "generate",
-                                       "inspect", "soak",   "quality"};
+    static const char *const cmds[] = {"mem", "stress", "bench", "generate", "inspect",
+                                       "quality"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         const bad_args row = {{"--frobnicate"}, "unknown option '--frobnicate'"};
         expect_usage_errors(cmds[i], &row, 1);
     }
+    /* the soak is a test program of its own (tests/soak), not a command */
+    const bad_args soak = {{"--ops", "10"}, "unknown command 'soak'"};
+    expect_usage_errors("soak", &soak, 1);
 }
 END_TEST
 
@@ -155,7 +158,7 @@ START_TEST(engine_memory_usage)
         {{"--ctx", "16", "--budget", "1"}, "smaller than one page, 65536 bytes"},
         {{"--ctx", "16", "--budget", "100", "--block-tokens", "1", "--dtype", "f32"},
          "8192 bytes"},
-        {{"--ctx", "16", "--spill-dir", "/tmp"}, "--spill-dir without --budget"},
+        {{"--ctx", "16", "--spill-dir", "/tmp"}, "--spill-dir needs --budget"},
         /* with spill, a decode still needs one layer of one session resident */
         {{"--ctx", "16k", "--sessions", "3", "--budget", "4m", "--spill-dir", "/tmp"},
          "cannot hold one layer"},
@@ -166,11 +169,6 @@ START_TEST(engine_memory_usage)
         {{"--spill", "--spill-dir", "/dev/null"}, "not a directory"},
     };
     expect_usage_errors("bench", bench_rows, 2);
-    static const bad_args soak_rows[] = {
-        {{"--spill-dir", "/nonexistent"}, "'/nonexistent' does not exist"},
-        {{"--spill-dir", "/dev/null"}, "not a directory"},
-    };
-    expect_usage_errors("soak", soak_rows, 2);
     if (geteuid() != 0) {   /* root may write anywhere: no unwritable directory to try */
         char dir[] = "/tmp/pkvt-ro-XXXXXX";
         ck_assert(mkdtemp(dir) != NULL);
@@ -183,7 +181,7 @@ START_TEST(engine_memory_usage)
 }
 END_TEST
 
-/* SPEC §1's two checks of the formula, through `pagedkv mem`: the number must appear
+/* The size formula's two checks (docs/memory.md), through `pagedkv mem`: the number must appear
  * as a whole word in the output. */
 START_TEST(mem_formula)
 {
@@ -218,9 +216,9 @@ typedef struct {
 
 static const char *const dtype_names[] = {"f32", "f16", "bf16", "q8", "q4"};
 
-/* Bytes of one stored row of d values: SPEC §1's per-value sizes; for Q8/Q4 (SPEC §9)
- * blocks of 32 values (the last shorter), each 2 bytes of f16 scale and then one
- * byte (Q8) or half a byte rounded up (Q4) per value. Computed here, not taken from
+/* Bytes of one stored row of d values: the per-value sizes (docs/memory.md); for Q8/Q4
+ * (docs/numerics.md, section 6) blocks of 32 values (the last shorter), each 2 bytes of f16 scale
+ * and then one byte (Q8) or half a byte rounded up (Q4) per value. Computed here, not taken from
  * the library. */
 static uint64_t row_bytes(pkv_dtype dt, uint64_t d)
 {
@@ -235,7 +233,8 @@ static uint64_t row_bytes(pkv_dtype dt, uint64_t d)
     return b;
 }
 
-/* The expected figures, computed here from SPEC §1, §3 and §9, not by the tool. */
+/* The expected figures, computed here from docs/memory.md, docs/design.md ("Page layout") and
+ * docs/numerics.md (section 6), not by the tool. */
 static void check_stress_json(const char *json, const geometry *g, uint64_t seed)
 {
     uint64_t pages = (g->ctx + g->bt - 1) / g->bt;
@@ -409,8 +408,8 @@ START_TEST(bench_json)
     ck_assert_uint_eq(pkvt_json_u64(p.out, "prefill[0].tokens"), 48);
     pkvt_proc_free(&p);
 
-    /* the roofline (SPEC §9) of f16 and the block types: bytes by the block format,
-     * arithmetic by the path, the binding bound named, f16 against itself 1 */
+    /* the roofline (docs/performance.md, "What bounds decode") of f16 and the block types: bytes by
+     * the block format, arithmetic by the path, the binding bound named, f16 against itself 1 */
     p = pkvt_tool((const char *[]){"bench", "--json", "--model-preset", "mqa", "--ctx", "600",
                                   "--dtype", "f16,q8,q4", "--threads", "1", "--reps", "2",
                                   "--bw-mib", "8", "--prefill", "0", "--no-naive",
@@ -444,6 +443,14 @@ START_TEST(bench_json)
         ck_assert(pkvt_json_num(p.out, ROW("roofline_frac")) > 0);
         ck_assert(pkvt_json_num(p.out, ROW("dram_bound_us")) > 0 &&
                   pkvt_json_num(p.out, ROW("compute_bound_us")) > 0);
+        /* a row faster than its bound says why: its K/V (partly) in cache */
+        const double frac = pkvt_json_num(p.out, ROW("roofline_frac"));
+        ck_assert_msg(frac > 1.05 ? pkvt_json_is(p.out, ROW("above_roofline"), "\"in_cache\"") ||
+                                        pkvt_json_is(p.out, ROW("above_roofline"),
+                                                     "\"partly_in_cache\"")
+                                  : pkvt_json_is(p.out, ROW("above_roofline"), "null"),
+                      "row %zu: frac %g, above_roofline %s", i, frac,
+                      pkvt_json_find(p.out, ROW("above_roofline")));
         if (t == PKV_F16)
             ck_assert(pkvt_json_num(p.out, ROW("vs_f16")) == 1.0);
 #undef ROW
@@ -496,7 +503,7 @@ START_TEST(bench_json)
     ck_assert_msg(p.status == 0, "bench --spill: exit %d: %s", p.status, p.err);
     ck_assert_msg(pkvt_json_valid(p.out), "bench --spill --json is not valid JSON: %s", p.out);
     const char *tool_v = pkvt_json_find(p.out, "tool"), *ver = pkvt_json_find(p.out, "version");
-    ck_assert_msg(tool_v && strncmp(tool_v, "\"pagedkv bench\"", 15) == 0 && ver &&
+    ck_assert_msg(tool_v && strncmp(tool_v, "\"pagedkv\"", 9) == 0 && ver &&
                       *ver == '"' && pkvt_json_find(p.out, "spill_dir"),
                   "top-level keys missing: %s", p.out);
     ck_assert_uint_eq(pkvt_json_u64(p.out, "spill.mib_per_session"), 1);
@@ -569,8 +576,9 @@ START_TEST(stress_decode_every)
 END_TEST
 
 /* Under a budget with a spill directory: pages go to disk, the memory report still
- * adds up to the formula, and the spill file leaves no name behind (SPEC §5). Without
- * a spill directory the same budget runs out: exit 1, with the error in the JSON. */
+ * adds up to the formula, and the spill file leaves no name behind (docs/design.md, "Memory budget
+ * and spill"). Without a spill directory the same budget runs out: exit 1, with the error in the
+ * JSON. */
 START_TEST(stress_spill)
 {
     char dir[] = "/tmp/pkvt-spill-XXXXXX";
@@ -610,7 +618,7 @@ START_TEST(stress_spill)
     const char *err = pkvt_json_find(p.out, "error");
     ck_assert_msg(err && *err == '"', "no error in the JSON: %s", p.out);
     ck_assert_uint_lt(pkvt_json_u64(p.out, "tokens"), 3000);
-    /* the same error on stderr: `--json > run.json` must not hide it (SPEC §6) */
+    /* the same error on stderr: `--json > run.json` must not hide it (docs/tools.md) */
     ck_assert_msg(has(p.err, "pagedkv stress: pkv_append at ") &&
                       has(p.err, pkv_status_str(PKV_ENOMEM)),
                   "the error is not on stderr: %s", p.err);
@@ -647,7 +655,7 @@ START_TEST(memory_guard)
     };
     expect_usage_errors("stress", stress_rows, 2);
     pkvt_proc p;
-    p = pkvt_tool((const char *[]){"bench", "--ctx", "1g", NULL}, NULL);
+    p = pkvt_tool((const char *[]){"bench", "--ctx", "1g", "--bw-mib", "2048", NULL}, NULL);
     ck_assert_msg(has(p.err, "physical memory,") && has(p.err, " bytes (") &&
                       /* f32: 2*8*128*2^30*4 bytes + the 2 GiB bandwidth buffer */
                       has(p.err, "needs 8798240505856 bytes"),
@@ -697,6 +705,34 @@ START_TEST(stress_sigint)
 }
 END_TEST
 
+/* bench tells where it is on stderr, step by step (--quiet: silent); its default run
+ * is the short one (two contexts), --full the long one (three). */
+START_TEST(bench_progress)
+{
+    const char *base[] = {"bench", "--json", "--model-preset", "mqa", "--dtype", "f16",
+                          "--threads", "1", "--reps", "1", "--bw-mib", "8", "--prefill", "0",
+                          "--in-cache", "0", "--no-naive", "--no-scalar", NULL, NULL, NULL};
+    pkvt_proc p = pkvt_tool(base, NULL);
+    ck_assert_msg(p.status == 0, "bench: exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "decode"), 2);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode[0].ctx"), 4096);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode[1].ctx"), 32768);
+    ck_assert_msg(has(p.err, "pagedkv bench: [1/2] mqa, 4096 tokens") &&
+                      has(p.err, "pagedkv bench: [2/2] mqa, 32768 tokens") &&
+                      has(p.err, "--full for the long run"),
+                  "no progress on stderr: %s", p.err);
+    pkvt_proc_free(&p);
+    base[18] = "--full";
+    base[19] = "--quiet";
+    p = pkvt_tool(base, NULL);
+    ck_assert_msg(p.status == 0, "bench --full: exit %d: %s", p.status, p.err);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "decode"), 3);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "decode[2].ctx"), 131072);
+    ck_assert_msg(p.err[0] == 0, "--quiet wrote to stderr: %s", p.err);
+    pkvt_proc_free(&p);
+}
+END_TEST
+
 /* The checkers themselves reject what they must, or a broken output would pass. */
 START_TEST(checkers)
 {
@@ -724,9 +760,9 @@ START_TEST(checkers)
 END_TEST
 
 
-/* ---- attention variants (SPEC §8) --------------------------------------------- */
+/* ---- attention variants (docs/variants.md) --------------------------------------------- */
 
-/* Pages one windowed layer of length n holds, from SPEC §8's words (computed here,
+/* Pages one windowed layer of length n holds, from docs/variants.md's words (computed here,
  * not by the tool): the sink pages, and every page with a position a decode at
  * n - 1 - r (r <= rollback) reads, i.e. a position >= n - window - rollback. */
 static uint64_t spec_window_pages(uint64_t n, uint64_t bt, uint64_t w, uint64_t sinks,
@@ -743,8 +779,8 @@ static uint64_t spec_window_pages(uint64_t n, uint64_t bt, uint64_t w, uint64_t 
 }
 
 /* A windowed stress run: every layer's pages follow the window's rule and stay under
- * the SPEC ceiling at every decode point, memory is level once the window is full
- * (while the context grows 10x), the forks still check out, the plot draws the bound. */
+ * the page ceiling (docs/variants.md) at every decode point, memory is level once the window is
+ * full (while the context grows 10x), the forks still check out, the plot draws the bound. */
 START_TEST(stress_window)
 {
     const char *svg = "/tmp/pkvt-window.svg";
@@ -799,7 +835,7 @@ START_TEST(stress_window)
     char *text = pkvt_slurp(svg, NULL);
     char root[16];
     ck_assert(xml_wellformed(text, root, sizeof root));
-    ck_assert_msg(has(text, "<title>SPEC \xc2\xa7" "8 bound: 11 pages/layer</title>"),
+    ck_assert_msg(has(text, "<title>page ceiling: 11 pages/layer</title>"),
                   "no bound in the plot");
     ck_assert_msg(has(text, "window 64 on 2 of 2 layer(s)"), "no variant in the title");
     free(text);
@@ -809,7 +845,7 @@ START_TEST(stress_window)
     p = pkvt_tool((const char *[]){"stress", "--ctx", "2000", "--window", "100", "--heads", "2",
                                   "--kv-heads", "1", "--head-dim", "8", "--quiet", NULL}, NULL);
     ck_assert_msg(p.status == 0 && has(p.out, "windowed: from ") &&
-                      has(p.out, "SPEC ceiling 8") && has(p.out, "memory check: exact"),
+                      has(p.out, "page ceiling 8") && has(p.out, "memory check: exact"),
                   "text: exit %d: %s", p.status, p.out);
     pkvt_proc_free(&p);
 }
@@ -848,7 +884,7 @@ START_TEST(stress_presets_pattern)
 END_TEST
 
 /* `pagedkv mem` of the variant presets, against figures computed here from the
- * models' public configs and SPEC §8. */
+ * models' public configs and docs/variants.md. */
 START_TEST(mem_variants)
 {
     pkvt_proc p;
@@ -922,15 +958,15 @@ START_TEST(variant_usage)
 {
     static const bad_args mem_rows[] = {
         {{"--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--ctx", "9", "--sinks", "4"},
-         "--sinks 4 needs --window"},
+         "--sinks needs --window"},
         {{"--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--ctx", "9", "--rollback",
-          "4"}, "--rollback 4 needs --window"},
+          "4"}, "--rollback needs --window"},
         {{"--model-preset", "gemma2-9b", "--ctx", "9", "--head-dim-v", "5000"}, "4096"},
         {{"--model-preset", "gemma2-9b", "--ctx", "9", "--window", "-1"}, "--window"},
     };
     expect_usage_errors("mem", mem_rows, sizeof mem_rows / sizeof mem_rows[0]);
     static const bad_args stress_rows[] = {
-        {{"--sinks", "4"}, "--sinks 4 needs --window"},
+        {{"--sinks", "4"}, "--sinks needs --window"},
         {{"--softcap", "-2"}, "--softcap"},
         {{"--softcap", "nan"}, "--softcap"},
         {{"--window", "x"}, "--window"},
@@ -951,8 +987,8 @@ START_TEST(variant_usage)
 }
 END_TEST
 
-/* Q8/Q4 (SPEC §9) in every command that takes --dtype: mem sizes them by the block
- * format (row bytes, page bytes, bytes per token) and a real session agrees; stress's
+/* Q8/Q4 (docs/numerics.md, section 6) in every command that takes --dtype: mem sizes them by the
+ * block format (row bytes, page bytes, bytes per token) and a real session agrees; stress's
  * memory check holds; generate's --check (against the reference on rows rounded as
  * the cache rounds them) and --check-e2e pass; soak runs. */
 START_TEST(block_dtypes)
@@ -1005,7 +1041,7 @@ START_TEST(block_dtypes)
                       dtype_names[dt], p.status, p.err);
         ck_assert(pkvt_json_valid(p.out));
         pkvt_proc_free(&p);
-        p = pkvt_tool((const char *[]){"soak", "--dtype", dtype_names[dt], "--ops", "300",
+        p = soak_run((const char *[]){"--dtype", dtype_names[dt], "--ops", "300",
                                       "--sessions", "40", NULL}, NULL);
         ck_assert_msg(p.status == 0, "soak --dtype %s: exit %d: %s", dtype_names[dt],
                       p.status, p.err);
@@ -1031,6 +1067,7 @@ int main(void)
     TCase *tr = tcase_create("stress");
     tcase_set_timeout(tr, 120);
     tcase_add_test(tr, bench_json);
+    tcase_add_test(tr, bench_progress);
     tcase_add_test(tr, block_dtypes);
     tcase_add_test(tr, stress_json_random);
     tcase_add_test(tr, stress_decode_every);

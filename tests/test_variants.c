@@ -1,5 +1,5 @@
 /*
- * test_variants.c - SPEC §8's attention variants. So far: the dense oracle
+ * test_variants.c - docs/variants.md's attention variants. So far: the dense oracle
  * pkv_attention_reference, held against pkv_causal_attention on rearranged inputs (a
  * window with sinks is causal attention over the attended positions alone; a K/V of
  * different widths is causal attention with V zero-padded) and against closed forms

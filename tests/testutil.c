@@ -331,11 +331,46 @@ int pkvt_cpuinfo_has_isa(const char *isa)
     return 0;
 }
 
-static bool is_file(const char *dir, const char *name)
+static bool model_files_in(const char *dir)
 {
-    char p[8192 + 256];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/stories260K.bin", dir);
+    if (access(p, R_OK) != 0)
+        return false;
+    snprintf(p, sizeof p, "%s/tok512.bin", dir);
     return access(p, R_OK) == 0;
+}
+
+const char *pkvt_model_dir(void)
+{
+    const char *dir = getenv("PKV_MODEL_DIR");
+    if (dir && *dir)
+        return dir;
+    /* meson's list: the first directory that holds both files, else the first */
+    static char first[4096], pick[4096];
+    const char *list = getenv("PKV_MODEL_DIR_BUILD");
+    snprintf(first, sizeof first, "%s", list && *list ? list : "../shared/models");
+    char *colon = strchr(first, ':');
+    if (colon)
+        *colon = '\0';
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ':');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        snprintf(pick, sizeof pick, "%.*s", (int)n, p);
+        if (n && model_files_in(pick))
+            return pick;
+        p = end ? end + 1 : NULL;
+    }
+    return first;
+}
+
+bool pkvt_model_paths(char *model, char *tok, size_t cap)
+{
+    const char *dir = pkvt_model_dir();
+    const int a = snprintf(model, cap, "%s/stories260K.bin", dir);
+    const int b = snprintf(tok, cap, "%s/tok512.bin", dir);
+    return a > 0 && (size_t)a < cap && b > 0 && (size_t)b < cap &&
+           access(model, R_OK) == 0 && access(tok, R_OK) == 0;
 }
 
 const char *pkvt_need_unmet(const char *need)
@@ -343,16 +378,14 @@ const char *pkvt_need_unmet(const char *need)
     if (strcmp(need, "uring") == 0)
         return pkvt_uring_skip_reason();
     if (strcmp(need, "model") == 0) {
-        const char *dir = getenv("PKV_SHARED_DIR");
-        static char why[8192 + 128];
-        char models[8192];
-        snprintf(models, sizeof models, "%s/models", dir && *dir ? dir : "../shared");
-        if (!is_file(models, "stories260K.bin") || !is_file(models, "tok512.bin")) {
-            snprintf(why, sizeof why, "%s/stories260K.bin and tok512.bin are not both there",
-                     models);
-            return why;
-        }
-        return NULL;
+        static char why[8192 + 256];
+        char model[4096], tok[4096];
+        if (pkvt_model_paths(model, tok, sizeof model))
+            return NULL;
+        snprintf(why, sizeof why, "stories260K.bin and tok512.bin are not both readable in "
+                 "'%s' (set PKV_MODEL_DIR or meson -Dmodel_dir; README.md, \"A real "
+                 "model\", says where to get them)", pkvt_model_dir());
+        return why;
     }
     if (strcmp(need, "rss") == 0) {
         if (PKVT_SHADOW_SANITIZER)
@@ -892,6 +925,36 @@ __attribute__((constructor)) static void requirements_before_main(void)
     }
 }
 
+/* The cases pkvt_add_tcase_needing left out of this process's suite, for pkvt_run. */
+static int cases_left_out;
+
+void pkvt_add_tcase_needing(Suite *s, TCase *tc, const char *name, const char *needs)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", needs);
+    for (char *save = NULL, *w = strtok_r(buf, ", ", &save); w;
+         w = strtok_r(NULL, ", ", &save)) {
+        if (!known_need(w)) {   /* a misspelt requirement must not pass as a skip */
+            printf("case %s: unknown requirement '%s'\n", name, w);
+            exit(EXIT_FAILURE);
+        }
+        const char *why = pkvt_need_unmet(w);
+        if (!why)
+            continue;
+        const char *only = getenv("CK_RUN_CASE");
+        if (!only || !*only || strcmp(only, name) == 0) {
+            printf("SKIP: case %s: needs %s: %s\n", name, w, why);
+            cases_left_out++;
+        }
+        /* Check frees a TCase only through its suite: a suite of its own, freed at once */
+        Suite *out = suite_create("left out");
+        suite_add_tcase(out, tc);
+        srunner_free(srunner_create(out));
+        return;
+    }
+    suite_add_tcase(s, tc);
+}
+
 int pkvt_run(Suite *s)
 {
     const int req = check_requirements();
@@ -905,6 +968,8 @@ int pkvt_run(Suite *s)
     const int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     const char *isa = getenv("PKV_FORCE_ISA"), *seed = getenv("PKV_TEST_SEED");
+    if (ran == 0 && cases_left_out > 0)
+        return PKVT_SKIP;   /* every case this run selected needs what the host lacks */
     if (ran == 0) {
         const char *only = getenv("CK_RUN_CASE");
         printf("no test ran (CK_RUN_CASE=%s names no test case): a run that tests nothing "

@@ -11,14 +11,14 @@
  * overrides); pkvt_run prints the seed when a test failed, and ck_assert messages name
  * it too.
  *
- * Skips (SPEC §7: a test that cannot run exits 77, never passes): a test program calls
- * pkvt_run(suite), which first checks what the run needs and returns PKVT_SKIP without
+ * Skips (HACKING.md, "Test tiers": a test that cannot run exits 77, never passes): a test program
+ * calls pkvt_run(suite), which first checks what the run needs and returns PKVT_SKIP without
  * running anything when the host lacks it:
  *   - PKV_FORCE_ISA=isa    the kernels named (unknown names fail; an ISA not built
  *                          for this architecture, or one the CPU/OS lacks, skips);
  *   - PKV_TEST_NEEDS=w,... each word one of:
  *       uring   the io_uring backend can be set up (and PKV_NO_URING is not 1);
- *       model   ../shared/models/stories260K.bin and tok512.bin (PKV_SHARED_DIR);
+ *       model   stories260K.bin and tok512.bin in pkvt_model_dir();
  *       rss     RSS means what it says: no sanitizer shadow, no valgrind;
  *       tool    the built `pagedkv` binary (PKV_TOOL) is executable;
  *       python  a python3 for independent cross-checks;
@@ -26,7 +26,10 @@
  *       timing  threads run side by side at their own speed (not under valgrind).
  * meson (tests/meson.build) registers one test per ISA, per I/O backend and per
  * resource-bound case, selecting the case with CK_RUN_CASE. A run in which no test
- * ran at all (CK_RUN_CASE naming no case) is a failure, not a pass.
+ * ran at all (CK_RUN_CASE naming no case) is a failure, not a pass. A program run
+ * whole (no CK_RUN_CASE) adds its resource-bound cases with pkvt_add_tcase_needing:
+ * a case whose requirement is unmet is left out with a "SKIP: case ..." line and the
+ * other cases still run and count; a run that selected only such cases is a skip.
  */
 #ifndef PKV_TESTUTIL_H
 #define PKV_TESTUTIL_H
@@ -89,8 +92,8 @@ void  *pkvt_calloc(uint64_t n, uint64_t size);
 
 /* ---- the test oracle (double precision) --------------------------------------------
  * One decode step for every head i of q [h][d] over positions 0..n_pos-1 of
- * K, V [n_pos][g][d], head i reading group floor(i * g / h) (SPEC §1's first spelling;
- * the library writes i / (h / g)), softmax with the max subtracted. scale <= 0 means
+ * K, V [n_pos][g][d], head i reading group floor(i * g / h) (the first of the mapping's two
+ * spellings; the library writes i / (h / g)), softmax with the max subtracted. scale <= 0 means
  * 1 / sqrt(d). out [h][d]. */
 void pkvt_oracle_decode(uint32_t h, uint32_t g, uint32_t d, double scale, uint64_t n_pos,
                         const double *q, const double *K, const double *V, double *out);
@@ -132,6 +135,14 @@ pkv_session *pkvt_session(pkv_engine *e);
 /* Why this process cannot test the io_uring backend (PKV_NO_URING=1, built without
  * liburing, or the kernel refuses a ring), or NULL when it can. */
 const char *pkvt_uring_skip_reason(void);
+/* The directory of the real model (stories260K.bin, tok512.bin): PKV_MODEL_DIR from
+ * the environment, else the first directory of PKV_MODEL_DIR_BUILD (a ':'-separated
+ * list that tests/meson.build passes: -Dmodel_dir, or models/ in the source tree and
+ * ../shared/models beside it) that holds both files, else its first. */
+const char *pkvt_model_dir(void);
+/* The model's and the tokenizer's paths in pkvt_model_dir() into model and tok (each
+ * of cap bytes); true when both files can be read. */
+bool pkvt_model_paths(char *model, char *tok, size_t cap);
 /* Why requirement `need` (a PKV_TEST_NEEDS word) is unmet here, or NULL when met.
  * A test program may also use it to leave a case out of a whole-suite run (as
  * test_session does with "rss"), printing the reason. */
@@ -214,8 +225,15 @@ bool        pkvt_json_is(const char *json, const char *path, const char *literal
 
 /* ---- running ---------------------------------------------------------------------- */
 
+/* suite_add_tcase(s, tc) when the comma-separated requirements `needs` (PKV_TEST_NEEDS
+ * words) are met; otherwise "SKIP: case NAME: needs W: why" on stdout and tc is left
+ * out (and freed with the suite's runner), so that the program's other cases run and
+ * count. `name` is tc's name as tcase_create got it. */
+void pkvt_add_tcase_needing(Suite *s, TCase *tc, const char *name, const char *needs);
+
 /* Check the run's requirements (above), then run the suite with CK_NORMAL output.
- * Returns EXIT_SUCCESS, EXIT_FAILURE (also when no test ran), or PKVT_SKIP. */
+ * Returns EXIT_SUCCESS, EXIT_FAILURE (also when no test ran, unless every case the
+ * run selected was left out by pkvt_add_tcase_needing: then PKVT_SKIP), or PKVT_SKIP. */
 int pkvt_run(Suite *s);
 
 #endif

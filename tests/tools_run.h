@@ -1,7 +1,8 @@
 /*
  * tools_run.h - what only the suites of the `pagedkv` command need (test_tools.c,
- * test_cli.c) beyond testutil.h: python3 cross-checks, a strict XML well-formedness
- * checker for the SVG plots, and a substring test. Running programs, reading files
+ * test_cli.c, test_plots.c, test_soak.c) beyond testutil.h: python3 cross-checks, a
+ * strict XML well-formedness checker for the SVG plots, running the soak program
+ * (PKV_SOAK), and a substring test. Running programs, reading files
  * and JSON are testutil's (pkvt_spawn, pkvt_tool, pkvt_slurp, pkvt_json_*).
  * Static inline so that each suite takes what it uses.
  *
@@ -162,6 +163,22 @@ static inline bool xml_wellformed(const char *p, char *root, size_t cap)
         snprintf(stack[depth++], sizeof stack[0], "%s", name);
     }
     return depth == 0 && roots == 1;
+}
+
+/* ---- the soak program (tests/soak, PKV_SOAK) ---------------------------------------- */
+
+/* `$PKV_SOAK ARGS...` (NULL-terminated, without argv[0]) in the current environment
+ * changed by env (as pkvt_spawn). */
+static inline pkvt_proc soak_run(const char *const *args, const char *const *env)
+{
+    const char *soak = getenv("PKV_SOAK");
+    ck_assert_msg(soak && *soak, "PKV_SOAK is not set (run through meson test)");
+    const char *argv[64] = {"pagedkv-soak"};
+    size_t n = 1;
+    for (; args[n - 1] && n < 63; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    return pkvt_spawn(soak, argv, env);
 }
 
 /* ---- the top-level command -------------------------------------------------------- */

@@ -3,11 +3,15 @@
 # main job or the tests. Idempotent: packages already present are not reinstalled,
 # an existing build directory is reused.
 #
-#   tools/bootstrap.sh run     install what is missing, build, run `pagedkv generate`
+#   tools/bootstrap.sh run     install what is missing, build, run `pagedkv generate`:
+#                              a story of stories260K where the model is found
+#                              ($PKV_MODEL_DIR, models/, ../shared/models), else the
+#                              built-in synthetic model, with how to get the real one
 #   tools/bootstrap.sh test    install what is missing, build, run the whole test suite
 #   tools/bootstrap.sh build   install what is missing and build
 #
-# Environment: BUILD_DIR (default: build), MESON_ARGS (extra `meson setup` arguments).
+# Environment: BUILD_DIR (default: build), MESON_ARGS (extra `meson setup` arguments),
+# PKV_MODEL_DIR (where stories260K.bin and tok512.bin are; README.md, "A real model").
 set -eu
 
 usage() {
@@ -68,7 +72,30 @@ ninja -C "$BUILD_DIR"
 
 case "$MODE" in
 run)
-    "$BUILD_DIR/tools/pagedkv" generate
+    # the real model where its two files are, as the tests look for them
+    model_dir=""
+    for d in "${PKV_MODEL_DIR:-}" models ../shared/models; do
+        if [ -n "$d" ] && [ -r "$d/stories260K.bin" ] && [ -r "$d/tok512.bin" ]; then
+            model_dir=$d
+            break
+        fi
+    done
+    if [ -n "$model_dir" ]; then
+        echo "bootstrap: stories260K from $model_dir/, a story after \"Once upon a time\":" >&2
+        "$BUILD_DIR/tools/pagedkv" generate --model "$model_dir/stories260K.bin" \
+            --tokenizer "$model_dir/tok512.bin" -i "Once upon a time"
+    else
+        echo "bootstrap: no stories260K.bin and tok512.bin in \$PKV_MODEL_DIR, models/ or" \
+            "../shared/models: running the built-in synthetic model (random weights)" >&2
+        "$BUILD_DIR/tools/pagedkv" generate
+        cat >&2 <<'EOF'
+bootstrap: that was `pagedkv generate` on synthetic weights: the numbers are token ids
+of a model that knows no language, generated through the paged cache (the figures above
+are real). For text, fetch stories260K and its tokenizer into models/ (README.md, "A
+real model": two curl commands and their sha256) and run `sh tools/bootstrap.sh run`
+again.
+EOF
+    fi
     ;;
 test)
     meson test -C "$BUILD_DIR" --print-errorlogs --num-processes 2

@@ -1,8 +1,11 @@
 #!/bin/sh
-# check_install.sh BUILD_DIR - the README's two link recipes, from an installed tree:
-# a program linked with the shared library, and one linked with libpagedkv.a as an
-# archive (no libpagedkv.so needed at run time). Run by .ci/run; exits non-zero on
-# any failure. Both must get the pool the build promises (jemalloc when it has it).
+# check_install.sh BUILD_DIR - the README's link recipes, from an installed tree: a
+# program linked with the shared library (found at run time through LD_LIBRARY_PATH,
+# and through an rpath), one linked with libpagedkv.a as an archive (no libpagedkv.so
+# needed at run time), and a fully static one (cc -static, where the host has the
+# static C library). Run by .ci/run; exits non-zero on any failure. Each must get the
+# pool the build promises (jemalloc when it has it). The man page must be installed
+# where the build made one.
 #
 # `meson install --destdir D` puts the files under D, but pagedkv.pc still names the
 # configured prefix: PKG_CONFIG_SYSROOT_DIR=D makes pkg-config prefix its -I and -L
@@ -59,6 +62,11 @@ $cc -o "$root/app_shared" "$root/app.c" $(pkg-config --cflags --libs pagedkv)
 check_pool "$(LD_LIBRARY_PATH="$libdir" "$root/app_shared")"
 readelf -d "$root/app_shared" | grep -q 'NEEDED.*libpagedkv' ||
     { echo "check_install: the shared recipe did not link libpagedkv.so" >&2; exit 1; }
+#    without LD_LIBRARY_PATH: the rpath recipe (a private prefix)
+# shellcheck disable=SC2046
+$cc -o "$root/app_rpath" "$root/app.c" $(pkg-config --cflags --libs pagedkv) \
+    -Wl,-rpath,"$(pkg-config --variable=libdir pagedkv)"
+check_pool "$(env -u LD_LIBRARY_PATH "$root/app_rpath")"
 # 2. the archive: -l:libpagedkv.a names the file, so the linker cannot pick the .so
 #    that sits beside it (plain --static still would)
 # shellcheck disable=SC2046
@@ -67,6 +75,20 @@ $cc -o "$root/app_static" "$root/app.c" $(pkg-config --cflags pagedkv) \
 check_pool "$("$root/app_static")"
 if readelf -d "$root/app_static" | grep -q 'NEEDED.*libpagedkv'; then
     echo "check_install: the archive recipe still needs libpagedkv.so" >&2
+    exit 1
+fi
+#    fully static, where the host has the static C library (libc6-dev: libc.a)
+if [ -f "$($cc -print-file-name=libc.a)" ] && [ "$($cc -print-file-name=libc.a)" != libc.a ]; then
+    # shellcheck disable=SC2046
+    $cc -static -o "$root/app_full_static" "$root/app.c" $(pkg-config --cflags pagedkv) \
+        $(pkg-config --static --libs pagedkv | sed 's/-lpagedkv\b/-l:libpagedkv.a/') \
+        2>"$root/static.log" ||
+        { cat "$root/static.log" >&2; echo "check_install: cc -static failed" >&2; exit 1; }
+    check_pool "$("$root/app_full_static")"
+fi
+# the man page, where the build made one (not in a cross build)
+if [ -f "$build/tools/pagedkv.1" ] && [ -z "$(find "$root" -path '*/man1/pagedkv.1')" ]; then
+    echo "check_install: pagedkv.1 was not installed" >&2
     exit 1
 fi
 # 3. the Python package, when meson installed it: it loads the installed libpagedkv.so
@@ -86,4 +108,4 @@ with pagedkv.Engine(n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8) as e, e.ses
         fi
     done
 fi
-echo "check_install: shared and archive recipes build and run from an installed tree"
+echo "check_install: every link recipe builds and runs from an installed tree"

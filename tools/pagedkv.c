@@ -1,5 +1,11 @@
 /*
- * pagedkv.c - the `pagedkv` command: dispatch to one subcommand per file.
+ * pagedkv.c - the `pagedkv` command: dispatch to one subcommand per folder, `help`,
+ * `version`.
+ *
+ * Invariants: `pagedkv help CMD` is `pagedkv CMD --help` (the same function prints
+ * both); `pagedkv version`, `-V` and `--version` print the same line. The command
+ * line is kept (cli_set_command_line) before a subcommand's parser permutes it, for
+ * the JSON envelope.
  */
 #include <stdio.h>
 #include <string.h>
@@ -18,8 +24,8 @@ static const command commands[] = {
     {"bench",    cmd_bench,    "decode throughput next to DRAM bandwidth and a naive kernel"},
     {"mem",      cmd_mem,      "KV-cache memory for a geometry: the formula and the paged figure"},
     {"inspect",  cmd_inspect,  "print a session file's header and verify its checksums"},
-    {"soak",     cmd_soak,     "model-based soak: random operations under a tight budget"},
-    {"quality",  cmd_quality,  "what each K/V dtype costs: KL vs an f32 cache, top-1, attention error"},
+    {"quality",  cmd_quality,  "what each K/V dtype costs: KL vs an f32 cache, top-1, "
+                               "attention error"},
 };
 
 static void usage(FILE *f)
@@ -29,30 +35,61 @@ static void usage(FILE *f)
             pkv_version());
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].what);
-    fprintf(f, "\n'pagedkv COMMAND --help' describes a command's options. Every command\n"
+    fprintf(f, "  help      'pagedkv help COMMAND' = 'pagedkv COMMAND --help'\n"
+               "  version   the version (also -V, --version)\n"
+               "\n'pagedkv COMMAND --help' describes a command's options. Every command\n"
                "takes --opt VALUE or --opt=VALUE, short options as -n5 or -n 5, and -h.\n"
-               "Exit status: 0 ok, 1 a runtime failure, 2 a usage error.\n");
+               "--json writes one JSON object whose first keys are the same for every\n"
+               "command: tool, command, version, isa, host, cpu, online_cpus, argv.\n"
+               "Exit status: 0 ok, 1 a runtime failure, 2 a usage error. man pagedkv has\n"
+               "every command's help in one page.\n");
+}
+
+static const command *find(const char *name)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(name, commands[i].name) == 0)
+            return &commands[i];
+    return NULL;
 }
 
 int main(int argc, char **argv)
 {
+    cli_set_command_line(argc, argv);
     if (argc < 2) {
         usage(stderr);
         return CLI_USAGE;
     }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-        strcmp(argv[1], "help") == 0) {
+    const char *w = argv[1];
+    if (strcmp(w, "--help") == 0 || strcmp(w, "-h") == 0 ||
+        (strcmp(w, "help") == 0 && argc == 2)) {
         usage(stdout);
         return CLI_OK;
     }
-    if (strcmp(argv[1], "--version") == 0) {
+    if (strcmp(w, "--version") == 0 || strcmp(w, "-V") == 0 || strcmp(w, "version") == 0) {
+        if (argc > 2) {
+            fprintf(stderr, "pagedkv: %s takes no arguments ('%s' is extra)\n", w, argv[2]);
+            return CLI_USAGE;
+        }
         printf("pagedkv %s\n", pkv_version());
         return CLI_OK;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
-            return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "pagedkv: unknown command '%s'\n", argv[1]);
+    if (strcmp(w, "help") == 0) {
+        const command *c = find(argv[2]);
+        if (!c || argc > 3) {
+            fprintf(stderr, c ? "pagedkv help: one command at a time ('%s' is extra)\n"
+                              : "pagedkv help: unknown command '%s'\n",
+                    c ? argv[3] : argv[2]);
+            usage(stderr);
+            return CLI_USAGE;
+        }
+        char *help_argv[] = {argv[2], "--help", NULL};
+        return c->fn(2, help_argv);
+    }
+    const command *c = find(w);
+    if (c)
+        return c->fn(argc - 1, argv + 1);
+    fprintf(stderr, "pagedkv: unknown command '%s'\n", w);
     usage(stderr);
     return CLI_USAGE;
 }

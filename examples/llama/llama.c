@@ -15,6 +15,7 @@
  */
 #include "llama.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,7 +176,7 @@ pkv_status llama_load(llama_model *m, const char *path, char *err, size_t errlen
     memset(m, 0, sizeof *m);
     FILE *f = fopen(path, "rb");
     if (!f) {
-        snprintf(err, errlen, "cannot open model '%s'", path);
+        snprintf(err, errlen, "cannot open model '%s': %s", path, strerror(errno));
         return PKV_EIO;
     }
     pkv_status st = PKV_ECORRUPT;
@@ -236,7 +237,8 @@ pkv_status llama_load(llama_model *m, const char *path, char *err, size_t errlen
         goto out;
     }
     if (fread(m->data, sizeof(float), m->n_floats, f) != m->n_floats) {
-        snprintf(err, errlen, "cannot read the weights of '%s'", path);
+        snprintf(err, errlen, "cannot read the weights of '%s': %s", path,
+                 ferror(f) ? strerror(errno) : "the file ended early");
         st = PKV_EIO;
         goto out;
     }

@@ -61,7 +61,7 @@ pkv_config llama_kv_config(const llama_config *c, uint32_t block_tokens, pkv_dty
 pkv_status llama_kv_engine(const llama_config *c, uint32_t block_tokens, pkv_dtype dt,
                            uint32_t threads, pkv_engine **out);
 
-/* The engine's RoPE for model c (SPEC §14): lc [c->n_layers] is filled with llama2.c's
+/* The engine's RoPE for model c (docs/rope.md): lc [c->n_layers] is filled with llama2.c's
  * rotation (PKV_ROPE_NORM, theta 10000, every dim of a head) and set as cfg's
  * layer_cfg, keeping any window, sinks or soft-cap already in lc. The generator then
  * sets its llama_state's rope_in_attn: the engine turns each key at its position, and

@@ -9,6 +9,7 @@
 #include "tokenizer.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,7 +104,7 @@ static pkv_status read_file(const char *path, unsigned char **data, size_t *size
     *size = 0;
     FILE *f = fopen(path, "rb");
     if (!f) {
-        snprintf(err, errlen, "cannot open tokenizer '%s'", path);
+        snprintf(err, errlen, "cannot open tokenizer '%s': %s", path, strerror(errno));
         return PKV_EIO;
     }
     struct stat st;
@@ -126,9 +127,10 @@ static pkv_status read_file(const char *path, unsigned char **data, size_t *size
         return PKV_ENOMEM;
     }
     if (n && fread(buf, 1, n, f) != n) {
+        const char *why = ferror(f) ? strerror(errno) : "the file ended early";
         free(buf);
         fclose(f);
-        snprintf(err, errlen, "cannot read tokenizer '%s'", path);
+        snprintf(err, errlen, "cannot read tokenizer '%s': %s", path, why);
         return PKV_EIO;
     }
     fclose(f);

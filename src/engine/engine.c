@@ -181,9 +181,8 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
     }
     const char *isa = NULL;
     if (pkvi_kernels_check_force(&isa) != PKV_OK)
-        return reject(why, n, PKV_EINVAL,
-                      "PKV_FORCE_ISA=%s: this CPU (and OS) cannot run it, or it is not "
-                      "one of scalar, avx2, avx512", isa);
+        return reject(why, n, PKV_EINVAL, "PKV_FORCE_ISA=%s: %s", isa,
+                      pkvi_kernels_force_reason(isa));
     uint32_t l2;
     if (pkvi_prefetch_l2(&l2) != PKV_OK)
         return reject(why, n, PKV_EINVAL, "PKV_PREFETCH=%s: not one of l1, l2",

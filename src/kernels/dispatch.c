@@ -1,15 +1,17 @@
 /*
  * kernels/dispatch.c - which kernel table an engine uses.
  *
- * Owns: pkvi_kernels_select, pkvi_isa_supported and pkvi_prefetch_l2. Does not own the kernels
- * (ref.c, avx2.c, avx512.c) nor where the choice is stored (engine.c keeps it).
+ * Owns: pkvi_kernels_select, pkvi_isa_supported, pkvi_kernels_force_reason and
+ * pkvi_prefetch_l2. Does not own the kernels (ref.c, avx2.c, avx2vnni.c, avx512.c,
+ * avx512vnni.c) nor where the choice is stored (engine.c keeps it).
  *
  * Invariants:
  *   - An ISA is usable only if the CPU reports every instruction set its file is
  *     compiled for (cpuid) AND the OS saves the registers it uses (XCR0 via XGETBV,
  *     after checking OSXSAVE): a CPU with AVX-512 under an OS or hypervisor that does
  *     not enable ZMM state must not run the AVX-512 kernel.
- *   - A table entry whose attend is NULL (a build without that kernel) is unavailable.
+ *   - Only the tables this build contains (meson's `kernels` option: PKV_KERNEL_<TABLE>
+ *     in pkv_config.h) are named, supported or selected; the scalar one always is.
  *   - No global state: the CPU is asked on every call (once per engine creation).
  *     PKV_FORCE_ISA and PKV_PREFETCH are read here, at engine creation, never later.
  *   - A build with PKV_AVX512_EMULATED (meson's avx512_emulation, tests only) has
@@ -22,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The AVX tables exist only where meson compiled avx2.c and avx512.c (x86-64; 32-bit
- * x86 is refused at configure time). Testing the compiler's architecture macro instead
- * would name tables a build does not contain. */
+/* cpuid is asked only in an x86-64 build (32-bit x86 is refused at configure time); a
+ * table is referenced only where meson compiled its file. Testing the compiler's
+ * macros instead would name tables a build does not contain. */
 #if PKV_HAVE_X86_KERNELS
 #if !defined(__x86_64__)
 #error "PKV_HAVE_X86_KERNELS is set for a target that is not x86-64"
@@ -102,8 +104,7 @@ static unsigned cpu_level(void)
 
 #if PKVI_X86
 /* AMD family 19h with AVX-512: Zen 4 (Zen 3, the same family, has no AVX-512). Zen 5
- * (family 1Ah) keeps T0: T1 made f16 at 128k tokens 1.4x slower there (docs/perf-log.md,
- * "A Zen 5 host"). */
+ * (family 1Ah) keeps T0 (docs/performance.md, decision table: PKV_PREFETCH). */
 static bool cpu_zen4(void)
 {
     uint32_t a, b, c, d;
@@ -135,45 +136,71 @@ pkv_status pkvi_prefetch_l2(uint32_t *out)
     return PKV_OK;
 }
 
+/* Every table's name, built here or not (pkvi_kernels_force_reason tells them apart). */
+static const char *const table_names[] = {"scalar", "avx2", "avx2vnni", "avx512", "avx512vnni"};
+
 const pkvi_kernels *pkvi_kernels_named(const char *isa)
 {
     if (!isa)
         return NULL;
     if (strcmp(isa, "scalar") == 0)
         return &pkvi_kernels_scalar;
-#if PKVI_X86
+#if PKV_KERNEL_AVX2
     if (strcmp(isa, "avx2") == 0)
         return &pkvi_kernels_avx2;
+#endif
+#if PKV_KERNEL_AVX2VNNI
     if (strcmp(isa, "avx2vnni") == 0)
         return &pkvi_kernels_avx2vnni;
+#endif
+#if PKV_KERNEL_AVX512
     if (strcmp(isa, "avx512") == 0)
         return &pkvi_kernels_avx512;
+#endif
+#if PKV_KERNEL_AVX512VNNI
     if (strcmp(isa, "avx512vnni") == 0)
         return &pkvi_kernels_avx512vnni;
 #endif
     return NULL;
 }
 
-bool pkvi_isa_supported(const char *isa)
+/* Whether the host (CPU and OS) can run the table named isa, built or not. */
+static bool host_runs(const char *isa)
 {
-    const pkvi_kernels *k = pkvi_kernels_named(isa);
-    if (!k || !k->attend || !k->store_row)
-        return false;
-    if (k == &pkvi_kernels_scalar)
+    if (strcmp(isa, "scalar") == 0)
         return true;
 #if PKVI_X86
     const unsigned level = cpu_level();
-    if (k == &pkvi_kernels_avx2)
+    if (strcmp(isa, "avx2") == 0)
         return level >= CPU_AVX2;
-    if (k == &pkvi_kernels_avx2vnni)
+    if (strcmp(isa, "avx2vnni") == 0)
         return level >= CPU_AVX2 && cpu_avx_vnni();
     /* a test build's emulated kernels need AVX2 only */
-    if (k == &pkvi_kernels_avx512)
+    if (strcmp(isa, "avx512") == 0)
         return level >= (PKV_AVX512_EMULATED ? CPU_AVX2 : CPU_AVX512);
-    if (k == &pkvi_kernels_avx512vnni)
+    if (strcmp(isa, "avx512vnni") == 0)
         return level >= (PKV_AVX512_EMULATED ? CPU_AVX2 : CPU_AVX512VNNI);
 #endif
     return false;
+}
+
+bool pkvi_isa_supported(const char *isa)
+{
+    return pkvi_kernels_named(isa) != NULL && host_runs(isa);
+}
+
+const char *pkvi_kernels_force_reason(const char *isa)
+{
+    if (!isa || !*isa || pkvi_isa_supported(isa))
+        return NULL;
+    bool known = false;
+    for (size_t i = 0; i < sizeof table_names / sizeof table_names[0]; i++)
+        known = known || strcmp(isa, table_names[i]) == 0;
+    if (!known)
+        return "not a kernel table (scalar, avx2, avx2vnni, avx512, avx512vnni)";
+    if (!pkvi_kernels_named(isa))
+        return "this build does not contain that table (it was not built: meson -Dkernels)";
+    return "this CPU (and OS) cannot run it";
 }
 
 const pkvi_kernels *pkvi_kernels_for_dtype(const pkvi_kernels *k, pkv_dtype dt)

@@ -4,7 +4,8 @@
  * kernels per ISA chosen once per engine (dispatch.c).
  *
  * Owns nothing at run time. A kernel never allocates, locks, logs or fails; ref.c is
- * the specification every SIMD file (avx2.c, avx512.c) is tested against.
+ * the specification every SIMD table (avx2.c, avx2vnni.c, avx512.c, avx512vnni.c) is
+ * tested against.
  */
 #ifndef PAGEDKV_KERNELS_H
 #define PAGEDKV_KERNELS_H
@@ -21,15 +22,18 @@
 #define PKVI_PF 1
 #endif
 /* Full unrolling of the micro-kernels' constant loops over small arrays of vectors, so
- * the arrays live in registers: gcc's `GCC unroll` (without it gcc -O2 runs avx512.c
- * 3.5x slower than -O3) and clang's own spelling. clang 14 accepts `GCC unroll 16` but
- * did not unroll these loops with it: the accumulators stayed on the stack, a load and
- * a store around every FMA, and the AVX2 f16 decode ran 2.4x slower than gcc's. */
+ * the arrays live in registers: gcc's `GCC unroll` and clang's own spelling (clang 14
+ * accepts `GCC unroll 16` but does not unroll these loops with it: the accumulators
+ * stay on the stack). docs/performance.md, decision table: PKVI_UNROLL. */
 #if defined(__clang__)
 #define PKVI_UNROLL _Pragma("clang loop unroll(full)")
 #else
 #define PKVI_UNROLL _Pragma("GCC unroll 16")
 #endif
+/* The SIMD files' function specifier: their micro-kernels and the walk (walk.h) are
+ * inlined into one out-of-line function per dtype and path, where the dtype, the head
+ * and token blocks and the tile's shape are constants. */
+#define PKVI_INLINE static inline __attribute__((always_inline))
 /* Tokens scored per softmax tile inside a kernel (stack scratch of
  * PKVI_TILE * heads-per-group floats). */
 #define PKVI_TILE 16u
@@ -121,14 +125,18 @@ PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_for_dtype(const pkvi_kernels *k, pk
 /* PKV_EINVAL when PKV_FORCE_ISA names an ISA this host cannot run (or none at all);
  * *name is the variable's value (NULL when unset). */
 PKVI_HIDDEN pkv_status pkvi_kernels_check_force(const char **name);
+/* Why PKV_FORCE_ISA=isa cannot be honoured - not a table's name, a table this build
+ * does not contain (meson's `kernels` option), or one the host cannot run - as a
+ * static string; NULL when it can. */
+PKVI_HIDDEN const char *pkvi_kernels_force_reason(const char *isa);
 /* The table of an ISA name this build contains ("scalar", "avx2", "avx2vnni", "avx512",
- * "avx512vnni"), whether or not the host can run it; NULL for a name it does not
- * contain. */
+ * "avx512vnni": the scalar one and those meson's `kernels` option built), whether or not
+ * the host can run it; NULL for a name it does not contain. */
 PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_named(const char *isa);
 /* Where the SIMD walks' software prefetches of the unit ahead go (pkvi_kparams.pf_l2):
  * 1 (L2, T1) on Zen 4, where T1 fills L2 only and leaves the L1 miss buffers to the
- * demand loads (128k tokens of a llama3-8b layer, f16, one thread: 57-73 -> 32-33 ms),
- * else 0 (L1, T0: measured best on Zen 5 and Intel, docs/perf-log.md). PKV_PREFETCH=l1
+ * demand loads, else 0 (L1, T0); docs/performance.md, decision table: PKV_PREFETCH.
+ * PKV_PREFETCH=l1
  * or l2 forces it; any other non-empty value is PKV_EINVAL. Results never change. */
 PKVI_HIDDEN pkv_status pkvi_prefetch_l2(uint32_t *out);
 /* Whether the host can run `isa` ("scalar" always). */

@@ -5,10 +5,12 @@
  * maximum, and the int32 -> int8 pack in value order. Two callers: qdot256.h's
  * qd_quant_query (each head's q on the integer-dot path, every decode call) and
  * qstore256.h's qs_store_block (K/V rows, on append and prefill). Included by those
- * two headers, after the including .c file defines AI; no state, no allocation.
+ * two headers; no state, no allocation.
  */
 #ifndef PKV_KERNELS_QBLOCK256_H
 #define PKV_KERNELS_QBLOCK256_H
+
+#include "kernels/kernels.h"
 
 #include <immintrin.h>
 
@@ -21,11 +23,8 @@
  * largest |v| so far (NaN and infinite lanes included: the caller looks at *fin first),
  * and *fin is cleared by a lane that is not finite, so a NaN or an infinity anywhere in
  * the block is caught. Start with *mx = 0 and *fin = 1. One step a vector, inside the
- * callers' load loops, as the code was before it was shared: the integer-dot walks
- * compile to a little different code all the same (register choices, a 64-byte smaller
- * frame), and `bench_ab` against the walks before (4096 tokens, one thread, both
- * orders, avx512vnni and forced avx2) timed Q8 and Q4 integer within 1%, its noise. */
-AI void qb_scan(__m256 v, __m256 absm, __m256 fmax, __m256 *mx, int *fin)
+ * callers' load loops. */
+PKVI_INLINE void qb_scan(__m256 v, __m256 absm, __m256 fmax, __m256 *mx, int *fin)
 {
     const __m256 a = _mm256_and_ps(v, absm);
     *fin &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ)) == 0xff;
@@ -33,7 +32,7 @@ AI void qb_scan(__m256 v, __m256 absm, __m256 fmax, __m256 *mx, int *fin)
 }
 
 /* The largest of 8 lanes (no NaN among them). */
-AI float qb_hmax(__m256 v)
+PKVI_INLINE float qb_hmax(__m256 v)
 {
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
@@ -43,7 +42,7 @@ AI float qb_hmax(__m256 v)
 /* 32 int32 codes (values 8u .. 8u + 7 in c[u]), each within [-128, 127], as 32 bytes in
  * value order: the two signed-saturating packs interleave 128-bit lanes, and the
  * dword permutation undoes it. */
-AI __m256i qb_pack_i8(const __m256i c[4])
+PKVI_INLINE __m256i qb_pack_i8(const __m256i c[4])
 {
     const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]),
                                          _mm256_packs_epi32(c[2], c[3]));

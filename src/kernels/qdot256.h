@@ -1,13 +1,16 @@
 /*
- * kernels/qdot256.h - the integer-dot scores of quant_dot = 1 in 256-bit vectors
- * (AVX2 instructions; avx512.c compiles them too, with its own flags): qk_heads_int,
- * the function walk.h calls for PKVI_WALK_QUANT_DOT. Included by avx2.c and avx512.c
- * after they define AI and pf_line. ref.c is the definition.
+ * kernels/qdot256.h - the integer-dot scores of quant_dot = 1 in 256-bit vectors (AVX2
+ * instructions; the AVX-512 files compile them too, with their own flags):
+ * qk_heads_int, and q's quantization (qd_quant_query). ref.c is the definition. A file
+ * with wider vectors passes qk_heads_int a function that scores a row's leading pairs
+ * of whole blocks first (avx512.c, avx512vnni.c: qd_wide_blocks). No state.
  */
 #ifndef PKV_KERNELS_QDOT256_H
 #define PKV_KERNELS_QDOT256_H
 
-#include "qblock256.h" /* qb_scan, qb_hmax, qb_pack_i8 */
+#include "kernels/kernels.h"
+#include "kernels/qblock256.h"
+#include "kernels/walk.h" /* pf_line */
 #include "base/quant.h"
 
 #include <immintrin.h>
@@ -24,7 +27,7 @@
  * lane, converted (exactly: < 2^24) and times dk * dq, is summed with fused
  * multiply-adds across blocks. So a score differs from ref.c's only by the order of
  * the f32 additions of its block terms. */
-AI __m256i kblock_bytes(pkv_dtype dt, const char *blk)
+PKVI_INLINE __m256i kblock_bytes(pkv_dtype dt, const char *blk)
 {
     if (dt == PKV_Q8)
         return _mm256_loadu_si256((const void *)(blk + 2));
@@ -35,14 +38,14 @@ AI __m256i kblock_bytes(pkv_dtype dt, const char *blk)
 /* The last block of m < 32 values: its bytes copied into a zeroed block first (rows
  * end there: nothing past them is read). q is 0 past m, so what the copy leaves in
  * those lanes adds 0. */
-AI __m256i kblock_bytes_tail(pkv_dtype dt, const char *blk, uint32_t m)
+PKVI_INLINE __m256i kblock_bytes_tail(pkv_dtype dt, const char *blk, uint32_t m)
 {
     _Alignas(32) char tmp[34] = {0};
     memcpy(tmp, blk, 2 + (dt == PKV_Q8 ? m : (m + 1) / 2));
     return kblock_bytes(dt, tmp);
 }
 
-AI float kblock_scale(const char *blk)
+PKVI_INLINE float kblock_scale(const char *blk)
 {
     uint16_t h;
     memcpy(&h, blk, sizeof h);
@@ -51,9 +54,8 @@ AI float kblock_scale(const char *blk)
 
 /* lane i of the result = sum of the 8 int32 lanes of v[i], exact (|isum| < 2^20, any
  * order). The two 128-bit halves are added after vextracti128, not combined with two
- * vperm2i128; measured together with qk_heads_int's dq layout (docs/perf-log.md), not
- * apart. */
-AI __m256i qd_hsum8i(const __m256i v[8])
+ * vperm2i128. */
+PKVI_INLINE __m256i qd_hsum8i(const __m256i v[8])
 {
     const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]),
                                          _mm256_hadd_epi32(v[2], v[3]));
@@ -65,7 +67,7 @@ AI __m256i qd_hsum8i(const __m256i v[8])
 }
 
 /* The f16 scale of K row t's block blk, as 16 bits */
-AI uint32_t kblock_scale_bits(const char *blk)
+PKVI_INLINE uint32_t kblock_scale_bits(const char *blk)
 {
     uint16_t h;
     memcpy(&h, blk, sizeof h);
@@ -76,10 +78,10 @@ AI uint32_t kblock_scale_bits(const char *blk)
  * over finite values (a NaN or an infinity makes the block's scale NaN), dq = a / 127,
  * qi = clamp(rint(x / dq), -127, 127) by the same correctly rounded division and
  * round-to-nearest-even, so the same bits; past n, and in a block whose scale is not
- * positive, qi is 0. The kernel quantizes each call's heads (walk.h prep_head): as a
- * scalar loop this was 15 us per call of a llama3-8b layer (32 heads), a call per
- * split-K chunk of 512 tokens. */
-AI void qd_quant_query(uint32_t n, const float *x, int8_t *qi, float *qs)
+ * positive, qi is 0. The kernel quantizes each call's heads (walk.h prep_head), once
+ * per split-K chunk: in vector code, since a scalar loop was a visible part of every
+ * chunk's time. */
+PKVI_INLINE void qd_quant_query(uint32_t n, const float *x, int8_t *qi, float *qs)
 {
     const __m256 absm = QB_ABSM, fmax = QB_FMAX;
     for (uint32_t i = 0, b = 0; i < n; i += 32, b++) {
@@ -116,7 +118,7 @@ AI void qd_quant_query(uint32_t n, const float *x, int8_t *qi, float *qs)
 
 /* The f16 K scales sb[0..TB) of one block in the 8 lanes i = h * TB + t of the
  * transposed reduction (lane i: dk of token t). */
-AI __m128i qd_lane_scales(const uint32_t *sb, const int TB)
+PKVI_INLINE __m128i qd_lane_scales(const uint32_t *sb, const int TB)
 {
     if (TB == 8)
         return _mm_setr_epi16((short)sb[0], (short)sb[1], (short)sb[2], (short)sb[3],
@@ -129,16 +131,12 @@ AI __m128i qd_lane_scales(const uint32_t *sb, const int TB)
     return _mm_set1_epi16((short)sb[0]);
 }
 
-#if PKVI_QD_WIDE
-/* An including file with wider vectors scores the leading whole blocks itself:
- * qd_wide_blocks folds blocks [0, b) into acc, exactly as the loop below would, and
- * returns b. */
-AI uint32_t qd_wide_blocks(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
-                           const float *dqv, size_t dpad, uint32_t nb, size_t row_bytes,
-                           const int HB, const int TB, __m256 *acc);
-/* How many blocks qd_wide_blocks scores for head_dim d (nb blocks). */
-AI uint32_t qd_wide_count(uint32_t d, uint32_t nb);
-#endif
+/* A row's leading pairs of whole blocks scored by a file with wider vectors: blocks
+ * [0, b) folded into acc exactly as qk_block_int's loop would fold them, b returned
+ * (qd_wide_blocks of the AVX-512 files). */
+typedef uint32_t (*qd_wide_fn)(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
+                               const float *dqv, size_t dpad, uint32_t nb, size_t row_bytes,
+                               int HB, int TB, __m256 *acc);
 
 /* Integer-dot scores of HB heads (qi rows dpad apart, qs rows nb apart) with TB
  * consecutive K rows; writes s[h * PKVI_TILE + t]. HB * TB == 8 or (TB == 1, any HB).
@@ -148,10 +146,10 @@ AI uint32_t qd_wide_count(uint32_t d, uint32_t nb);
  * to the 8 scores in block order: ref.c's arithmetic, bit for bit. dqv holds, per
  * block b, the 8 lanes' dq_b (0 in lanes past HB * TB): qk_heads_int lays them out once
  * per tile, not once per block of every token pair. */
-AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
-                     const float *dqv, const int32_t *qbv, size_t dpad, uint32_t nb, float *s,
-                     const char *pf, const bool l2,
-                     size_t row_bytes, const int HB, const int TB)
+PKVI_INLINE void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *qi,
+                              const float *dqv, const int32_t *qbv, size_t dpad, uint32_t nb, float *s,
+                              const char *pf, const bool l2, size_t row_bytes, const int HB,
+                              const int TB, const qd_wide_fn wide)
 {
     if (pf)
         for (size_t off = 0; off < TB * row_bytes; off += 64)
@@ -159,10 +157,7 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
     const size_t bb = pkvi_quant_block_bytes(dt);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
-    uint32_t b0 = 0;
-#if PKVI_QD_WIDE
-    b0 = qd_wide_blocks(dt, krow, d, qi, dqv, dpad, nb, row_bytes, HB, TB, &acc);
-#endif
+    const uint32_t b0 = wide ? wide(dt, krow, d, qi, dqv, dpad, nb, row_bytes, HB, TB, &acc) : 0;
     for (uint32_t b = b0; b < nb; b++) {
         const bool full = (b + 1) * 32 <= d;
         __m256i pr[8];
@@ -203,7 +198,7 @@ AI void qk_block_int(pkv_dtype dt, const char *krow, uint32_t d, const int8_t *q
 
 /* dqv[8 * b + h * TB + t] = qs[h * nb + b] for the HB x TB lanes of qk_block_int, 0
  * in the others. */
-AI void qd_lanes(const float *qs, uint32_t nb, float *dqv, const int HB, const int TB)
+PKVI_INLINE void qd_lanes(const float *qs, uint32_t nb, float *dqv, const int HB, const int TB)
 {
     for (uint32_t b = 0; b < nb; b++) {
         PKVI_UNROLL
@@ -220,8 +215,8 @@ AI void qd_lanes(const float *qs, uint32_t nb, float *dqv, const int HB, const i
 /* Q4 (kblock_bytes): qbv[8 * b + h * TB + t] = 8 * the sum of head h's 32 integers of
  * block b, for blocks [b0, nb), 0 in the lanes past HB * TB: the lanes of
  * qk_block_int's reduction, by the same tree (qd_hsum8i). |8 * sum| < 2^15: exact. */
-AI void qd_lane_bias(const int8_t *qi, size_t dpad, uint32_t b0, uint32_t nb, int32_t *qbv,
-                     const int HB, const int TB)
+PKVI_INLINE void qd_lane_bias(const int8_t *qi, size_t dpad, uint32_t b0, uint32_t nb, int32_t *qbv,
+                              const int HB, const int TB)
 {
     const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
     for (uint32_t b = b0; b < nb; b++) {
@@ -241,34 +236,17 @@ AI void qd_lane_bias(const int8_t *qi, size_t dpad, uint32_t b0, uint32_t nb, in
     }
 }
 
-#if PKVI_QD_TILE
-/* An including file may score a whole tile at once where every block of the row is
- * whole: qd_tile_scores writes s[h * PKVI_TILE + t] for the n rows and HB heads as
- * qk_block_int would (the same bits) and returns true, or returns false and writes
- * nothing. Defined by that file before it includes this one. */
-AI bool qd_tile_scores(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
-                       uint32_t n, const int8_t *qi, const float *qs, size_t dpad,
-                       uint32_t nb, float *s, const char *pf, const bool l2, const int HB);
-#endif
-
-AI void qk_heads_int(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
-                     uint32_t n, const int8_t *qi, const float *qs, size_t dpad, uint32_t nb,
-                     float *s, const char *pf, const bool l2, const int HB)
+/* The integer-dot scores of n rows for HB heads into s [HB][PKVI_TILE]: blocks of TB = 8
+ * / HB tokens, then one token at a time. wide: a file's scoring of a row's leading
+ * pairs of whole blocks (NULL for none), b0 the blocks it scores (0 for none). */
+PKVI_INLINE void qk_heads_int(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t d,
+                              uint32_t n, const int8_t *qi, const float *qs, size_t dpad, uint32_t nb,
+                              float *s, const char *pf, const bool l2, const int HB,
+                              const qd_wide_fn wide, const uint32_t b0)
 {
-#if PKVI_QD_TILE
-    if (qd_tile_scores(dt, krow, row_bytes, d, n, qi, qs, dpad, nb, s, pf, l2, HB))
-        return;
-#endif
     const int TB = 8 / HB;
     _Alignas(32) float dqv[8 * (PKVI_MAX_HEAD_DIM / 32)];
     _Alignas(32) int32_t qbv[8 * (PKVI_MAX_HEAD_DIM / 32)]; /* Q4: qd_lane_bias */
-    /* the first block qk_block_int's own loop scores (after the including file's wide
-     * ones) */
-#if PKVI_QD_WIDE
-    const uint32_t b0 = qd_wide_count(d, nb);
-#else
-    const uint32_t b0 = 0;
-#endif
     uint32_t t = 0;
     if (n >= (uint32_t)TB) {
         qd_lanes(qs, nb, dqv, HB, TB);
@@ -276,7 +254,7 @@ AI void qk_heads_int(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t 
             qd_lane_bias(qi, dpad, b0, nb, qbv, HB, TB);
         for (; t + (uint32_t)TB <= n; t += (uint32_t)TB)
             qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, qbv, dpad, nb, s + t,
-                         pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, TB);
+                         pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, TB, wide);
     }
     if (t < n) {
         qd_lanes(qs, nb, dqv, HB, 1);
@@ -284,7 +262,7 @@ AI void qk_heads_int(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t 
             qd_lane_bias(qi, dpad, b0, nb, qbv, HB, 1);
         for (; t < n; t++)
             qk_block_int(dt, krow + t * row_bytes, d, qi, dqv, qbv, dpad, nb, s + t,
-                         pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, 1);
+                         pf ? pf + t * row_bytes : NULL, l2, row_bytes, HB, 1, wide);
     }
 }
 

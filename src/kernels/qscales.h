@@ -1,15 +1,14 @@
 /*
  * kernels/qscales.h - the f16 scales of a tile's Q8/Q4 blocks, four rows to a 64-bit
- * word built in general registers, for the SIMD kernels to move into a vector.
- *
- * Where this was a gather (AVX-512) or 16 two-byte stores read back as one vector
- * (AVX2: a store forwarding that fails), the vector units now see a move per four
- * scales: docs/perf-log.md, "Block scales without a gather". Included by avx2.c and
- * avx512.c where they use it, after they define AI and PKVI_UNROLL is known (its place
- * in the file changed gcc 12's code for the Q4 walk by 2-4%, so it stays there).
+ * word built in general registers, for the SIMD kernels to move into a vector: where
+ * this was a gather (AVX-512) or 16 two-byte stores read back as one vector (AVX2: a
+ * store forwarding that fails), the vector units see a move per four scales
+ * (docs/performance.md, decision table: qscales). No state.
  */
 #ifndef PKV_KERNELS_QSCALES_H
 #define PKV_KERNELS_QSCALES_H
+
+#include "kernels/kernels.h"
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -17,7 +16,7 @@
 
 /* Rows r0 .. r0+3 of a tile whose first row's block is at blk0, row_bytes apart: their
  * block's scale bits, row r0's in the low 16; 0 for rows at or past n (not read). */
-AI long long block_scales4(const char *blk0, size_t row_bytes, uint32_t r0, uint32_t n)
+PKVI_INLINE long long block_scales4(const char *blk0, size_t row_bytes, uint32_t r0, uint32_t n)
 {
     uint64_t x = 0;
     if (r0 + 4 <= n) { /* four whole rows (every tile but a page's last): no row tests */
@@ -40,7 +39,7 @@ AI long long block_scales4(const char *blk0, size_t row_bytes, uint32_t r0, uint
 }
 
 /* Rows a .. a+3 in the low 64 bits, rows b .. b+3 in the high. */
-AI __m128i block_scales8(const char *blk0, size_t row_bytes, uint32_t n, uint32_t a, uint32_t b)
+PKVI_INLINE __m128i block_scales8(const char *blk0, size_t row_bytes, uint32_t n, uint32_t a, uint32_t b)
 {
     return _mm_insert_epi64(_mm_cvtsi64_si128(block_scales4(blk0, row_bytes, a, n)),
                             block_scales4(blk0, row_bytes, b, n), 1);

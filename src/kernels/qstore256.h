@@ -4,30 +4,31 @@
  * store_row do for the block types. quant.c (pkvi_quant_store_row) is the definition:
  * every block gets its scale, its scale search and its codes by the same IEEE single
  * operations in the same order, so the same bytes (tests/test_kernels.c,
- * quant_store_bitwise). Included by avx2.c and avx512.c after they define AI.
+ * quant_store_bitwise). Used by avx2.c's and avx512.c's store_row; no state.
  *
  * Why vectors: the scale search rounds each of a block's 32 values against 8 candidate
  * scales, one correctly rounded division each. quant.c, built for the baseline ISA,
  * does that 4 lanes at a time and converts each candidate between f32 and f16 in
  * software; here the 8 candidates are the 8 lanes of one vector (F16C converts all 8
- * at once), so a value costs one vdivps and five to seven other operations. A row of
- * 128 stores in about a quarter of quant.c's time (docs/numerics.md, "The store in
- * vectors").
+ * at once), so a value costs one vdivps and five to seven other operations
+ * (docs/performance.md, decision table: qstore256).
  */
 #ifndef PKV_KERNELS_QSTORE256_H
 #define PKV_KERNELS_QSTORE256_H
 
-#include "qblock256.h" /* qb_scan, qb_hmax, qb_pack_i8 */
+#include "kernels/kernels.h"
+#include "kernels/qblock256.h" /* qb_scan, qb_hmax, qb_pack_i8 */
 #include "base/quant.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 /* quant.c's code_of on 8 lanes: clamp to [lo, hi] (minps and maxps are the selects
  * `y < hi ? y : hi` and `y > lo ? y : lo`), then round to the nearest integer, ties to
  * even: vroundps, which for |y| < 2^22 is what quant.c's adding and taking away of
  * 1.5 * 2^23 gives. */
-AI __m256 qs_code(__m256 y, __m256 lo, __m256 hi)
+PKVI_INLINE __m256 qs_code(__m256 y, __m256 lo, __m256 hi)
 {
     return _mm256_round_ps(_mm256_max_ps(_mm256_min_ps(y, hi), lo),
                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -36,7 +37,7 @@ AI __m256 qs_code(__m256 y, __m256 lo, __m256 hi)
 /* Each lane's squared error of the block under its scale d, summed over the values in
  * order. Without `clamp` the codes are not clamped: the caller has shown that no code
  * of any lane reaches past the clamp's bounds by rounding (see qs_search). */
-AI __m256 qs_err(const float *x, uint32_t m, __m256 d, __m256 lo, __m256 hi, bool clamp)
+PKVI_INLINE __m256 qs_err(const float *x, uint32_t m, __m256 d, __m256 lo, __m256 hi, bool clamp)
 {
     __m256 e = _mm256_setzero_ps();
     for (uint32_t j = 0; j < m; j++) {
@@ -51,7 +52,7 @@ AI __m256 qs_err(const float *x, uint32_t m, __m256 d, __m256 lo, __m256 hi, boo
 }
 
 /* The least of 8 lanes (no NaN among them). */
-AI float qs_hmin(__m256 v)
+PKVI_INLINE float qs_hmin(__m256 v)
 {
     __m128 h = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_min_ps(h, _mm_movehl_ps(h, h));
@@ -64,8 +65,8 @@ AI float qs_hmin(__m256 v)
  * d_0 has the same error as the lane before it or lane 0, and the first least error is
  * taken, so the scale chosen is the same. Each lane's error is summed over the values
  * in order, as there. */
-AI uint16_t qs_search(pkv_dtype t, const float *x, uint32_t m, float a, uint16_t h0,
-                     __m256 lo, __m256 hi)
+PKVI_INLINE uint16_t qs_search(pkv_dtype t, const float *x, uint32_t m, float a, uint16_t h0,
+                              __m256 lo, __m256 hi)
 {
     const float d0 = _cvtsh_ss(h0);
     const __m256 grow = _mm256_setr_ps(1.0f, 1.0f + 1.0f / 64, 1.0f + 2.0f / 64,
@@ -95,7 +96,7 @@ AI uint16_t qs_search(pkv_dtype t, const float *x, uint32_t m, float a, uint16_t
 }
 
 /* One block of m (1..32) values at dst, as quant.c's store_block writes it. */
-AI void qs_store_block(pkv_dtype t, unsigned char *dst, const float *src, uint32_t m)
+PKVI_INLINE void qs_store_block(pkv_dtype t, unsigned char *dst, const float *src, uint32_t m)
 {
     _Alignas(32) float pad[32];
     const float *x = src;
@@ -168,7 +169,7 @@ AI void qs_store_block(pkv_dtype t, unsigned char *dst, const float *src, uint32
 }
 
 /* pkvi_quant_store_row: n values as blocks of 32, the last possibly shorter. */
-AI void qs_store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
+PKVI_INLINE void qs_store_row(pkv_dtype t, void *dst, const float *src, uint32_t n)
 {
     unsigned char *p = dst;
     for (uint32_t i = 0; i < n; i += 32) {

@@ -93,9 +93,12 @@ const pkvi_rope_kernels pkvi_rope_scalar = {"scalar", combine_scalar, rotate_sca
 
 const pkvi_rope_kernels *pkvi_rope_kernels_for(const char *isa)
 {
-#if PKV_HAVE_X86_KERNELS
+    /* a VNNI table runs its base table's code, and so do its rotations */
+#if PKV_KERNEL_AVX512
     if (strncmp(isa, "avx512", 6) == 0)
         return &pkvi_rope_avx512;
+#endif
+#if PKV_KERNEL_AVX2
     if (strncmp(isa, "avx2", 4) == 0)
         return &pkvi_rope_avx2;
 #endif

@@ -61,8 +61,8 @@ typedef struct {
 } pkvi_rope_kernels;
 
 PKVI_HIDDEN extern const pkvi_rope_kernels pkvi_rope_scalar;
-PKVI_HIDDEN extern const pkvi_rope_kernels pkvi_rope_avx2;   /* x86-64 builds */
-PKVI_HIDDEN extern const pkvi_rope_kernels pkvi_rope_avx512; /* x86-64 builds */
+PKVI_HIDDEN extern const pkvi_rope_kernels pkvi_rope_avx2;   /* builds with the avx2 table */
+PKVI_HIDDEN extern const pkvi_rope_kernels pkvi_rope_avx512; /* builds with the avx512 table */
 
 /* The rotation kernels that go with the decode kernels named isa (the engine's: a
  * forced scalar engine rotates with the scalar ones too). */

@@ -1,10 +1,11 @@
 /*
  * bench/bench.c - `pagedkv bench`: decode throughput in GB/s of K/V streamed, next to
  * the DRAM read bandwidth, a naive implementation and the library's own scalar
- * reference, all measured in the same run (SPEC §4, §6); plus prefill tokens/s next
- * to a peak FMA rate measured in the same run.
+ * reference, all measured in the same run (docs/performance.md; docs/tools.md); plus prefill
+ * tokens/s next to a peak FMA rate measured in the same run.
  *
- * Owns: the options and the measurement loops; the probes they time against (DRAM
+ * Owns: the measurement loops and the progress lines (the options are
+ * bench/options.c's); the probes they time against (DRAM
  * bandwidth, peak FMA, the naive decode) are bench/probe.c's, the table and the JSON
  * bench/report.c's (the results in between: bench.h). Uses only the public API;
  * the scalar reference is reached the public way, PKV_FORCE_ISA=scalar set around
@@ -37,8 +38,8 @@
  *     independent int8 dot-product streams (bench/probe.h), 2 operations a
  *     multiply-add. Both in the instruction set of the kernels in use (pkv_stats.isa:
  *     under PKV_FORCE_ISA=avx2 an AVX-512 host is held to AVX2's peaks).
- *   - roofline (SPEC §9): per row, the DRAM bound kv_bytes / bw (bw of the same
- *     rounds) and the compute bound ctx * arithmetic per position / peak (bench.h's
+ *   - roofline (docs/performance.md, "What bounds decode"): per row, the DRAM bound kv_bytes / bw
+ *     (bw of the same rounds) and the compute bound ctx * arithmetic per position / peak (bench.h's
  *     bench_arith: f32 FLOPs over the FMA peak plus int8 operations over the int8
  *     peak); the larger of the two times is the roofline, "binds" names it, and the
  *     row's fraction is roofline time / measured time. Paths: exact for every dtype,
@@ -50,6 +51,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -62,254 +64,6 @@
 #include "common/opt.h"
 
 static const char *const CMD = "bench";
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-"usage: pagedkv bench [options]\n"
-"\n"
-"Decode throughput of one layer in GB/s of K/V streamed (2 * kv_heads * ctx *\n"
-"row_bytes(head_dim) bytes per decode; f16: 2 bytes a value, q8/q4: 8.5/4.5 bits\n"
-"with their scales at head_dim 128), next to the DRAM read bandwidth measured in the\n"
-"same run with the same number of threads, the library's scalar reference kernel\n"
-"(PKV_FORCE_ISA=scalar) and a naive implementation (plain loops over contiguous f32,\n"
-"no paging); then pkv_prefill tokens/s and its FLOP rate next to a measured peak FMA\n"
-"rate. Medians over --reps rounds that interleave bandwidth, ours and naive, and\n"
-"every row of a context (dtype, path) where their sessions fit in memory at once.\n"
-"Then the roofline of every row (SPEC §9): the DRAM bound (its bytes over the\n"
-"bandwidth of the same rounds) and the compute bound (its arithmetic over the FMA\n"
-"peak, and for the integer path the int8 dot peak, both measured in this run), which\n"
-"one binds, the fraction of that bound the decode reaches and its time relative to\n"
-"f16; and the in-cache fraction of the compute bound (--in-cache tokens). Q8/Q4 run\n"
-"on the exact path and, where the engine accepts pkv_config.quant_dot = 1, on the\n"
-"integer path (otherwise the report says why it is unavailable).\n"
-"\n"
-"options:\n"
-"  --model-preset LIST  comma-separated presets (default llama3-8b; 'all' = llama3-8b,\n"
-"                       mqa,mha,d64,d256); one layer of each is measured\n"
-"  --ctx LIST           context lengths (default 4096,32768,131072; k/m suffixes)\n"
-"  --dtype LIST         f16,bf16,f32,q8,q4 (default all five)\n"
-"  --threads LIST       thread counts (default 1 and the number of online CPUs;\n"
-"                       0 = all online CPUs)\n"
-"  --reps N             rounds per figure (default 7; scalar and naive use <= %u,\n"
-"                       fewer once they have taken %.0f s)\n"
-"  --block-tokens N     tokens per page (default: the library's)\n"
-"  --prefill N          prompt length of the prefill measurement, run with the first\n"
-"                       --dtype (default 4096; 0 skips it)\n"
-"  --bw-mib N           bandwidth probe buffer in MiB (default 2048)\n"
-"  --in-cache N         tokens of the in-cache measurement (default 4096; 0 skips it)\n"
-"  --no-scalar          skip the scalar reference\n"
-"  --no-naive           skip the naive implementation\n"
-"  --scalar-max-ctx N   skip the scalar reference above this context (default 32768:\n"
-"                       its ratio is flat in the context and 128k costs ~20 s; 0 = no limit)\n"
-"  --in-turn            time the rows of a context one after another (what bench does\n"
-"                       when their sessions do not fit in memory at once, below)\n"
-"  --force              run even when the largest context's buffers (below) exceed\n"
-"                       the memory available now (MemAvailable)\n"
-"  --json               one JSON object on stdout instead of the table\n"
-"  --help               this text\n"
-"\n"
-"Before allocating anything, bench adds up the most it will hold at once: the\n"
-"bandwidth buffer, the K/V of the largest context in the largest dtype and, for the\n"
-"naive kernel, its f32 copy and scores. Above the memory available now (MemAvailable\n"
-"in /proc/meminfo, what a shared machine's other programs leave) it refuses (exit 2)\n"
-"unless --force: bench has no budget and no spill. Where every row's session of a\n"
-"context fits in 3/4 of MemAvailable, they live together and are timed round by\n"
-"round; otherwise one at a time (the table's first line says which).\n"
-"\n"
-"spill mode (SPEC §5: spill and restore next to the disk's own speed):\n"
-"  --spill              instead of decode: two sessions of --spill-mib MiB each on an\n"
-"                       engine whose budget holds one; alternating decodes spill one\n"
-"                       and restore the other. GB/s of spill+restore I/O next to a plain\n"
-"                       sequential write+read of the same bytes, both backends\n"
-"  --spill-dir DIR      where the spill file and the plain file go (default /tmp)\n"
-"  --spill-mib N        MiB per session (default 256); --reps and --json apply\n"
-"  (--spill --json keys: tool, version, spill_dir, spill {mib_per_session, reps,\n"
-"  backends (list of {backend, spill_restore_gbs, plain_seq_gbs, ratio})})\n"
-"\n"
-"JSON keys (decode mode): tool, version, isa, online_cpus, reps, bw_buffer_bytes, llc_bytes,\n"
-"rows_together (true: each round timed every row of a context), peak_fma (list of\n"
-"{threads, gflops}), peak_int8 ({kind, list of {threads, gops}}), integer_path (list of\n"
-"{dtype, available, reason}), decode (list of {preset, heads, kv_heads, head_dim,\n"
-"block_tokens, ctx, dtype, path, threads, kv_bytes, ours_us, ours_gbs, bw_gbs, ours_ratio,\n"
-"warm_us, warm_gflops, warm_fma_ratio,\n"
-"scalar_us, scalar_gbs, scalar_bw_gbs, scalar_ratio, naive_us, naive_gbs, naive_ratio,\n"
-"bytes_per_pos, flops_per_pos, int_ops_per_pos, dram_bound_us, compute_bound_us,\n"
-"binds (\"dram\" or \"compute\"), roofline_frac, vs_f16};\n"
-"ratio = GB/s over the bandwidth of the same rounds; skipped figures are null),\n"
-"in_cache (list of {preset, dtype, path, threads, tokens, us, gflops, compute_bound_us,\n"
-"frac}),\n"
-"prefill (list of {preset, dtype, threads, tokens, seconds, tokens_per_s, gflops,\n"
-"peak_gflops, ratio, cold_seconds, cold_gflops}: the warm median and the first run).\n"
-"\n"
-"exit status: 0 ok, 1 the library or the system failed, 2 usage error.\n",
-            SLOW_REPS, SLOW_BUDGET);
-}
-
-/* ---- option parsing ------------------------------------------------------------------ */
-
-/* Split s at commas into at most MAX_LIST non-empty items, each handed to fn.
- * 0 on error (an empty item included: "4k,,8k" is a typo, not two contexts). */
-static int each_item(const char *s, int (*fn)(const char *item, void *ctx), void *ctx)
-{
-    char buf[512];
-    if (!s || !*s || strlen(s) >= sizeof buf)
-        return 0;
-    int n = 0;
-    for (const char *p = s;; p++) {
-        const char *end = strchr(p, ',');
-        const size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == 0 || ++n > MAX_LIST)
-            return 0;
-        memcpy(buf, p, len);
-        buf[len] = '\0';
-        if (!fn(buf, ctx))
-            return 0;
-        if (!end)
-            return 1;
-        p = end;
-    }
-}
-
-static int add_preset(const char *item, void *ctx)
-{
-    bench_opts *o = ctx;
-    if (strcmp(item, "all") == 0) {
-        static const char *const all[] = {"llama3-8b", "mqa", "mha", "d64", "d256"};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            if (o->n_presets >= MAX_LIST || !(o->presets[o->n_presets++] = cli_preset_find(all[i])))
-                return 0;
-        return 1;
-    }
-    const cli_preset *p = cli_preset_find(item);
-    if (!p || o->n_presets >= MAX_LIST)
-        return 0;
-    o->presets[o->n_presets++] = p;
-    return 1;
-}
-
-static int add_ctx(const char *item, void *ctx)
-{
-    bench_opts *o = ctx;
-    uint64_t v;
-    if (!cli_parse_u64(item, &v) || v == 0 || v > (1ull << 32))
-        return 0;
-    o->ctx[o->n_ctx++] = v;
-    return 1;
-}
-
-static int add_dtype(const char *item, void *ctx)
-{
-    bench_opts *o = ctx;
-    return cli_parse_dtype(item, &o->dtypes[o->n_dtypes++]);
-}
-
-
-/* A thread count; 0 means all online CPUs, as everywhere in pagedkv. */
-static int add_threads(const char *item, void *ctx)
-{
-    bench_opts *o = ctx;
-    uint32_t v;
-    if (!cli_parse_u32(item, &v) || v > BENCH_MAX_THREADS)
-        return 0;
-    o->threads[o->n_threads++] = v ? v : bench_online_cpus();
-    return 1;
-}
-
-/* The list options (OPT_CALL): a repeated option replaces the earlier list. */
-static bool list_presets(const char *v, void *dst)
-{
-    ((bench_opts *)dst)->n_presets = 0;
-    return each_item(v, add_preset, dst);
-}
-
-static bool list_ctx(const char *v, void *dst)
-{
-    ((bench_opts *)dst)->n_ctx = 0;
-    return each_item(v, add_ctx, dst);
-}
-
-static bool list_dtypes(const char *v, void *dst)
-{
-    ((bench_opts *)dst)->n_dtypes = 0;
-    return each_item(v, add_dtype, dst);
-}
-
-static bool list_threads(const char *v, void *dst)
-{
-    ((bench_opts *)dst)->n_threads = 0;
-    return each_item(v, add_threads, dst);
-}
-
-/* CLI_OK to run; CLI_HELP after --help; CLI_USAGE on a bad argument (message printed). */
-static int parse(int argc, char **argv, bench_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    uint64_t reps = 7, bt = 0, prefill = 4096, in_cache = 4096;
-    o->bw_mib = 2048;
-    o->scalar_max_ctx = 32768;
-    o->naive_max_bytes = 4ull << 30;
-    o->scalar = o->naive = true;
-    const cli_opt opts_[] = {
-        {.name = "model-preset", .kind = OPT_CALL, .dst = o, .call = list_presets,
-         .what = "a comma-separated list of presets (" CLI_PRESET_NAMES ") or 'all'"},
-        {.name = "preset", .kind = OPT_CALL, .dst = o, .call = list_presets,
-         .what = "a comma-separated list of presets (" CLI_PRESET_NAMES ") or 'all'"},
-        {.name = "ctx", .kind = OPT_CALL, .dst = o, .call = list_ctx,
-         .what = "a comma-separated list of up to 16 context lengths in 1..2^32"},
-        {.name = "dtype", .kind = OPT_CALL, .dst = o, .call = list_dtypes,
-         .what = "a comma-separated list of f32, f16, bf16, q8, q4"},
-        {.name = "threads", .kind = OPT_CALL, .dst = o, .call = list_threads,
-         .what = "a comma-separated list of thread counts in 0..256 (0 = all CPUs; "
-                 "bench's limit)"},
-        {.name = "reps", .kind = OPT_U64, .dst = &reps, .lo = 1, .hi = 1000},
-        {.name = "block-tokens", .kind = OPT_U64, .dst = &bt, .lo = 0, .hi = UINT32_MAX},
-        {.name = "prefill", .kind = OPT_U64, .dst = &prefill, .lo = 0, .hi = 1u << 20},
-        {.name = "bw-mib", .kind = OPT_U64, .dst = &o->bw_mib, .lo = 1, .hi = 1u << 20},
-        {.name = "in-cache", .kind = OPT_U64, .dst = &in_cache, .lo = 0, .hi = 1u << 20},
-        {.name = "scalar-max-ctx", .kind = OPT_U64, .dst = &o->scalar_max_ctx, .lo = 0,
-         .hi = UINT64_MAX},
-        {.name = "no-scalar", .kind = OPT_CLEAR, .dst = &o->scalar},
-        {.name = "no-naive", .kind = OPT_CLEAR, .dst = &o->naive},
-        {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
-        {.name = "in-turn", .kind = OPT_FLAG, .dst = &o->in_turn},
-        {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
-    };
-    int rc = cli_parse(CMD, argc, argv, opts_, sizeof opts_ / sizeof opts_[0], usage, NULL,
-                       0, NULL);
-    if (rc != CLI_OK)
-        return rc;
-    o->reps = (uint32_t)reps;
-    o->block_tokens = (uint32_t)bt;
-    o->prefill_tokens = (uint32_t)prefill;
-    o->in_cache = (uint32_t)in_cache;
-    if (o->n_presets == 0 && !(o->presets[o->n_presets++] = cli_preset_find("llama3-8b")))
-        return cli_fail(CMD, "preset table lacks llama3-8b");
-    static const uint64_t def_ctx[] = {4096, 32768, 131072};
-    if (o->n_ctx == 0)
-        for (; o->n_ctx < 3; o->n_ctx++)
-            o->ctx[o->n_ctx] = def_ctx[o->n_ctx];
-    static const pkv_dtype def_dt[] = {PKV_F16, PKV_BF16, PKV_F32, PKV_Q8, PKV_Q4};
-    if (o->n_dtypes == 0)
-        for (; o->n_dtypes < 5; o->n_dtypes++)
-            o->dtypes[o->n_dtypes] = def_dt[o->n_dtypes];
-    if (o->n_threads == 0) {
-        o->threads[o->n_threads++] = 1;
-        if (bench_online_cpus() > 1)
-            o->threads[o->n_threads++] = bench_online_cpus();
-    }
-    /* the engine's limits, for every preset and dtype (the thread counts are within
-     * bench's own 256) */
-    for (uint32_t pi = 0; pi < o->n_presets; pi++)
-        for (uint32_t di = 0; di < o->n_dtypes; di++) {
-            const cli_preset *p = o->presets[pi];
-            const pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim,
-                                            o->block_tokens, o->dtypes[di], 1);
-            if (cli_check_limits(CMD, &c, NULL) != CLI_OK)
-                return CLI_USAGE;
-        }
-    return CLI_OK;
-}
 
 /* The most bench holds at once, in bytes (UINT64_MAX on overflow): the bandwidth
  * buffer, plus for the worst preset and context the K/V of the sessions that live at
@@ -351,6 +105,27 @@ static uint64_t peak_bytes(const bench_opts *o, bool all)
         }
     const uint64_t bw = o->bw_mib << 20;
     return worst > UINT64_MAX - bw ? UINT64_MAX : worst + bw;
+}
+
+/* ---- progress ---------------------------------------------------------------------------- */
+
+/* "pagedkv bench: [k/N] what (T s so far)" on stderr as a step begins; nothing with
+ * --quiet. A step is one context and thread count of a preset, its in-cache rows, or
+ * its prefill. */
+static void step(bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void step(bench *b, const char *fmt, ...)
+{
+    bench_opts *o = b->o;
+    o->step++;
+    if (o->quiet)
+        return;
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "pagedkv bench: [%u/%u] %s (%.0f s so far)\n", o->step, o->steps, what,
+            cli_now() - o->t0);
 }
 
 /* ---- one row of the table ------------------------------------------------------------- */
@@ -434,7 +209,8 @@ static uint32_t bench_variants(const bench *b, bench_variant *vs)
 /* Rows ng of one preset, context and thread count T (the ti-th), built together and
  * timed round by round: in each round, for each row in turn, the bandwidth sweep, one
  * timed decode and the warm ones. So a shared machine's drift, which moves separate
- * runs minutes apart by up to 1.7x (docs/perf-log.md), falls on every row of a round
+ * runs minutes apart by up to 1.7x (docs/performance.md, "The hosts"), falls on every
+ * row of a round
  * alike, and the rows' ratios to each other (vs f16) are of the same moments. nj:
  * the naive kernel, timed in every other round beside the first row (or NULL: the
  * caller passes it with the first rows of each thread count only). The scalar
@@ -618,6 +394,10 @@ static int run_ctx(bench *b, const cli_preset *p, uint64_t ctx)
                 }
         bench_variant vs[2 * MAX_LIST];
         const uint32_t nv = bench_variants(b, vs);
+        step(b, "%s, %llu tokens, %u thread%s: %u row%s%s%s", p->name, (unsigned long long)ctx,
+             T, T > 1 ? "s" : "", nv, nv > 1 ? "s" : "", do_naive ? ", the naive kernel" : "",
+             o->scalar && (o->scalar_max_ctx == 0 || ctx <= o->scalar_max_ctx)
+                 ? ", the scalar reference" : "");
         /* the rows timed together: all of them, a round at a time, where their sessions
          * fit in memory at once (b->together), else one at a time */
         const uint32_t group = b->together ? nv : 1;
@@ -659,6 +439,8 @@ static int run_prefill(bench *b, const cli_preset *p)
     }
     bench_fill_uniform(&seed, Q, (size_t)n * h * d);
     bench_fill_uniform(&seed, KV, (size_t)n * 2 * g * d);
+    step(b, "%s, prefill of %u tokens (%s) x %u thread count(s)", p->name, n,
+         pkv_dtype_name(o->dtypes[0]), o->n_threads);
     for (uint32_t di = 0; di < 1; di++)
         for (uint32_t ti = 0; ti < o->n_threads; ti++) {
             if (b->n_pre >= sizeof b->pre / sizeof b->pre[0])
@@ -721,6 +503,8 @@ static int run_incache(bench *b, const cli_preset *p)
     bench_fill_uniform(&seed, q, (size_t)h * d);
     bench_variant vs[2 * MAX_LIST];
     const uint32_t nv = bench_variants(b, vs);
+    step(b, "%s, in-cache rows: %u tokens, %u row(s) x %u thread count(s)", p->name,
+         o->in_cache, nv, o->n_threads);
     for (uint32_t ti = 0; ti < o->n_threads; ti++)
         for (uint32_t vi = 0; vi < nv; vi++) {
             const pkv_dtype dt = vs[vi].dt;
@@ -760,39 +544,13 @@ done:
     return rc;
 }
 
-/* `--spill` mode: its own small option set, then tools/bench/spill.c. -1: not asked. */
-static int spill_mode(int argc, char **argv)
-{
-    bool spill = false, json = false;
-    const char *dir = "/tmp";
-    uint64_t mib = 256, reps = 5;
-    for (int i = 1; i < argc; i++)
-        spill |= strcmp(argv[i], "--spill") == 0;
-    if (!spill)
-        return -1;
-    const cli_opt opts_[] = {
-        {.name = "spill", .kind = OPT_FLAG, .dst = &spill},
-        {.name = "json", .kind = OPT_FLAG, .dst = &json},
-        {.name = "spill-dir", .kind = OPT_STRING, .dst = &dir},
-        {.name = "spill-mib", .kind = OPT_U64, .dst = &mib, .lo = 1, .hi = 1u << 20},
-        {.name = "reps", .kind = OPT_U64, .dst = &reps, .lo = 1, .hi = 1000},
-    };
-    int rc = cli_parse(CMD, argc, argv, opts_, sizeof opts_ / sizeof opts_[0], usage, NULL,
-                       0, NULL);
-    if (rc != CLI_OK)
-        return rc == CLI_HELP ? CLI_OK : rc;
-    if (cli_check_dir(CMD, "--spill-dir", dir) != CLI_OK)
-        return CLI_USAGE;
-    return bench_spill(dir, mib, (int)reps, json);
-}
-
 int cmd_bench(int argc, char **argv)
 {
-    int sm = spill_mode(argc, argv);
+    int sm = bench_spill_mode(argc, argv);
     if (sm >= 0)
         return sm;
     bench_opts o;
-    int rc = parse(argc, argv, &o);
+    int rc = bench_parse(argc, argv, &o);
     if (rc != CLI_OK)
         return rc == CLI_HELP ? CLI_OK : rc;
     const uint64_t avail = cli_avail_mem_bytes();
@@ -835,8 +593,8 @@ int cmd_bench(int argc, char **argv)
         b->peak[i] = bench_fma_peak(o.threads[i], b->isa);
         b->peak_int8[i] = bench_int8_peak(o.threads[i], b->isa);
     }
-    /* the integer path (SPEC §9) of each block type: measured where the engine takes
-     * quant_dot = 1 for the first preset's geometry, otherwise reported unavailable */
+    /* the integer path (docs/numerics.md, section 7) of each block type: measured where the engine
+     * takes quant_dot = 1 for the first preset's geometry, otherwise reported unavailable */
     for (pkv_dtype dt = PKV_Q8; dt <= PKV_Q4; dt++) {
         const cli_preset *p = o.presets[0];
         pkv_config c = cli_config(1, p->heads, p->kv_heads, p->head_dim, o.block_tokens, dt,
@@ -845,6 +603,15 @@ int cmd_bench(int argc, char **argv)
         b->int_ok[dt] = pkv_config_explain(&c, b->int_why[dt], sizeof b->int_why[dt]) ==
                         PKV_OK;
     }
+    o.t0 = cli_now();
+    o.steps = o.n_presets * (o.n_ctx * o.n_threads + (o.in_cache > 0) + (o.prefill_tokens > 0));
+    if (!o.quiet)
+        fprintf(stderr, "pagedkv bench: %u step(s): %u context(s) x %u thread count(s)%s%s "
+                        "per preset, %u rounds, a %llu MiB bandwidth buffer%s\n", o.steps,
+                o.n_ctx, o.n_threads, o.in_cache ? ", in-cache rows" : "",
+                o.prefill_tokens ? ", a prefill" : "", o.reps,
+                (unsigned long long)o.bw_mib,
+                o.full ? " (--full)" : "; --full for the long run");
     for (uint32_t pi = 0; pi < o.n_presets && rc == CLI_OK; pi++) {
         for (uint32_t ci = 0; ci < o.n_ctx && rc == CLI_OK; ci++)
             rc = run_ctx(b, o.presets[pi], o.ctx[ci]);

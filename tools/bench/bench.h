@@ -1,7 +1,7 @@
 /*
- * bench.h - what the two halves of `pagedkv bench` share: bench/bench.c parses the
- * options and measures (decode rows, prefill rows, the peak FMA rate), bench/report.c
- * prints them as a table or one JSON object.
+ * bench.h - what the parts of `pagedkv bench` share: bench/options.c parses the
+ * options, bench/bench.c measures (decode rows, prefill rows, the peak FMA rate),
+ * bench/report.c prints them as a table or one JSON object.
  *
  * Owns: the options and the results of a run. Does not own: the probes
  * (bench/probe.h), the spill mode (bench/spill.c), anything in the library.
@@ -23,8 +23,9 @@
 
 #define MAX_LIST 16
 /* naive and scalar measurements repeat at most this often, and stop repeating once
- * they have taken SLOW_BUDGET seconds (at least one run): they are 10-100x slower
- * than ours and would dominate the run time at long contexts. */
+ * they have taken SLOW_BUDGET seconds (at least one run): they are an order of
+ * magnitude slower than ours (docs/performance.md, "Streaming by context length")
+ * and would dominate the run time at long contexts. */
 #define SLOW_REPS 3u
 #define SLOW_BUDGET 1.0
 
@@ -42,10 +43,13 @@ typedef struct {
     uint64_t bw_mib, scalar_max_ctx, naive_max_bytes;
     bool json, scalar, naive, force;
     bool in_turn;                  /* --in-turn: rows one after another, always */
+    bool full, quiet;              /* --full: the long run's defaults; --quiet */
+    uint32_t steps, step;          /* progress: groups of rows to time, this one */
+    double t0;                     /* cli_now() at the start, for the progress lines */
 } bench_opts;
 
-/* Decode paths: the exact one (every dtype) and SPEC §9's integer dot products
- * (pkv_config.quant_dot = 1; Q8/Q4 pages, where the engine accepts it). */
+/* Decode paths: the exact one (every dtype) and the integer dot products (docs/numerics.md, section
+ * 7) (pkv_config.quant_dot = 1; Q8/Q4 pages, where the engine accepts it). */
 enum { BENCH_EXACT = 0, BENCH_INTEGER = 1 };
 static inline const char *bench_path_name(uint32_t path)
 {
@@ -117,7 +121,7 @@ typedef struct {
 } bench_incache_row;
 
 typedef struct {
-    const bench_opts *o;
+    bench_opts *o;
     bench_bw bw;
     bench_incache_row inc[512];
     uint32_t n_inc;
@@ -141,6 +145,13 @@ typedef struct {
     pkv_dtype dt;
     uint32_t path;
 } bench_variant;
+
+/* bench/options.c. bench_parse: the decode mode's options into o; CLI_OK to run,
+ * CLI_HELP after --help, CLI_USAGE on a bad argument (message printed).
+ * bench_spill_mode: with --spill on the command line, its options and the run
+ * (bench_spill); -1 without --spill. */
+int bench_parse(int argc, char **argv, bench_opts *o);
+int bench_spill_mode(int argc, char **argv);
 
 /* Logical CPUs online, at most BENCH_MAX_THREADS. */
 uint32_t bench_online_cpus(void);

@@ -16,6 +16,7 @@
 #include "common/cli.h"
 #include "common/json.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,22 +50,27 @@ static pkv_status fill(pkv_session *s, uint64_t tokens, float *kv)
     return PKV_OK;
 }
 
-/* Plain sequential write then read of `bytes` in 1 MiB requests; seconds of each. */
+/* Plain sequential write then read of `bytes` in 1 MiB requests; seconds of each.
+ * -1 after a message that names the file and the OS's reason. */
 static int plain_io(const char *dir, uint64_t bytes, double *w_s, double *r_s)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/.pagedkv-bench-XXXXXX", dir);
     int fd = mkstemp(path);
-    if (fd < 0)
+    if (fd < 0) {
+        cli_fail("bench", "spill: cannot create '%s': %s", path, strerror(errno));
         return -1;
+    }
     unlink(path);
     const size_t chunk = 1u << 20;
     char *buf = aligned_alloc(4096, chunk);
     if (!buf) {
         close(fd);
+        cli_fail("bench", "spill: out of memory");
         return -1;
     }
     memset(buf, 0x5a, chunk);
+    errno = 0;
     double t0 = cli_now();
     for (uint64_t off = 0; off < bytes; off += chunk)
         if (pwrite(fd, buf, chunk, (off_t)off) != (ssize_t)chunk)
@@ -79,6 +85,8 @@ static int plain_io(const char *dir, uint64_t bytes, double *w_s, double *r_s)
     close(fd);
     return 0;
 fail:
+    cli_fail("bench", "spill: plain I/O on '%s' (unlinked): %s", path,
+             errno ? strerror(errno) : "a short write or read");
     free(buf);
     close(fd);
     return -1;
@@ -123,10 +131,13 @@ static int run_backend(const char *dir, uint64_t mib, int reps, spill_result *re
         pkv_status s4 = pkv_decode(ta, 0, q, o);
         double t2 = cli_now();
         double w, rd;
-        if (s1 || s2 || s3 || s4 || plain_io(dir, bytes, &w, &rd) != 0) {
-            cli_fail("bench", "spill: a decode or the plain I/O failed");
+        if (s1 || s2 || s3 || s4) {
+            cli_fail("bench", "spill: a decode failed: %s",
+                     pkv_status_str(s1 ? s1 : s2 ? s2 : s3 ? s3 : s4));
             goto out;
         }
+        if (plain_io(dir, bytes, &w, &rd) != 0)
+            goto out;
         double spill_s = (t1 - t0) - (t2 - t1); /* two switches minus two decodes */
         sw[r] = 4.0 * (double)bytes / (spill_s > 1e-9 ? spill_s : 1e-9) / 1e9;
         pl[r] = 2.0 * (double)bytes / (w + rd) / 1e9;
@@ -171,8 +182,7 @@ int bench_spill(const char *dir, uint64_t mib, int reps, bool json)
         /* the top-level keys of every `bench --json`, then the spill figures */
         json_writer w = {stdout, true, true}, *W = &w;
         json_open(W, NULL, '{');
-        json_str(W, "tool", "pagedkv bench");
-        json_str(W, "version", pkv_version());
+        cli_json_envelope(W, "bench", NULL);
         json_str(W, "spill_dir", dir);
         json_open(W, "spill", '{');
         json_u64(W, "mib_per_session", mib);

@@ -1,5 +1,6 @@
 /* cli.c - see cli.h. */
 #include "common/cli.h"
+#include "common/opt.h"
 
 #include <errno.h>
 #include <math.h>
@@ -107,9 +108,20 @@ int cli_parse_dtype(const char *s, pkv_dtype *out)
     return 0;
 }
 
+/* The program a message names: "pagedkv CMD", or the name cli_set_program gave. */
+static const char *program;
+
+void cli_set_program(const char *name)
+{
+    program = name;
+}
+
 static void vmsg(const char *cmd, const char *fmt, va_list ap)
 {
-    fprintf(stderr, "pagedkv%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+    if (program)
+        fprintf(stderr, "%s: ", program);
+    else
+        fprintf(stderr, "pagedkv%s%s: ", cmd ? " " : "", cmd ? cmd : "");
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
 }
@@ -120,7 +132,10 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     va_start(ap, fmt);
     vmsg(cmd, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "Try 'pagedkv %s --help'.\n", cmd ? cmd : "");
+    if (program)
+        fprintf(stderr, "Try '%s --help'.\n", program);
+    else
+        fprintf(stderr, "Try 'pagedkv %s --help'.\n", cmd ? cmd : "");
     return CLI_USAGE;
 }
 
@@ -199,10 +214,10 @@ int cli_check_engine_memory(const char *cmd, const pkv_config *c, const char *bu
     if (c->spill_dir && cli_check_dir(cmd, dir_opt, c->spill_dir) != CLI_OK)
         return CLI_USAGE;
     if (c->spill_dir && !c->mem_budget && dir_needs_budget)
-        return cli_usage_error(cmd, "%s without %s: nothing would ever be spilled (give "
-                                    "%s BYTES, the resident limit beyond which pages go "
-                                    "to the spill directory)", dir_opt, budget_opt,
-                               budget_opt);
+        return cli_needs_error(cmd, dir_opt, budget_opt,
+                               "without a budget nothing is ever spilled (the budget is "
+                               "the resident limit beyond which pages go to the spill "
+                               "directory)");
     /* the page size the library resolves for this geometry, from a bare engine */
     pkv_config bare = *c;
     bare.mem_budget = 0;
@@ -279,8 +294,8 @@ int cli_check_limits(const char *cmd, const pkv_config *c, const char *geometry_
                                     "the engine's limit of %u%s", qh, c->n_heads, kv,
                                c->n_kv_heads, c->n_heads / c->n_kv_heads,
                                CLI_MAX_GROUP_HEADS, from);
-    /* page bytes = g * bt * (row_bytes(d) + row_bytes(dv)) (SPEC §9: rows of the block
-     * types carry their scales); the factors are < 2^32 and a row of <= 4096 values is
+    /* page bytes = g * bt * (row_bytes(d) + row_bytes(dv)) (docs/numerics.md, section 6: rows of
+     * the block types carry their scales); the factors are < 2^32 and a row of <= 4096 values is
      * < 2^15 bytes, so two products of two fit in 64 bits and the last is checked */
     const uint64_t bt = c->block_tokens ? c->block_tokens : 16u;
     if (c->head_dim_v > CLI_MAX_HEAD_DIM)
@@ -321,7 +336,105 @@ int cli_memory_guard(const char *cmd, const char *what, uint64_t need, uint64_t 
                            (unsigned long long)limit, cli_bytes(limit, b2));
 }
 
-/* The tool's one piece of process-wide state: a signal handler can reach nothing else. */
+/* The command line as main got it: process-wide, set once before any subcommand runs,
+ * read by the JSON envelope. */
+static const char *const *cmd_argv;
+static int cmd_argc;
+
+void cli_set_command_line(int argc, char **argv)
+{
+    /* a copy of the pointers: getopt_long permutes argv, the strings stay where they are */
+    static const char *copy[256];
+    cmd_argc = argc < 256 ? argc : 255;
+    for (int i = 0; i < cmd_argc; i++)
+        copy[i] = argv[i];
+    copy[cmd_argc] = NULL;
+    cmd_argv = copy;
+}
+
+const char *const *cli_command_line(int *argc)
+{
+    *argc = cmd_argc;
+    return cmd_argv;
+}
+
+const char *cli_host_name(void)
+{
+    static char name[256];
+    if (!name[0] && (gethostname(name, sizeof name - 1) != 0 || !name[0]))
+        snprintf(name, sizeof name, "?");
+    return name;
+}
+
+const char *cli_cpu_name(void)
+{
+    static char name[256];
+    if (name[0])
+        return name;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && !name[0] && fgets(line, sizeof line, f)) {
+        const char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) != 0 || !colon)
+            continue;
+        colon++;
+        while (*colon == ' ' || *colon == '\t')
+            colon++;
+        snprintf(name, sizeof name, "%s", colon);
+        name[strcspn(name, "\n")] = '\0';
+    }
+    if (f)
+        fclose(f);
+    if (!name[0])
+        snprintf(name, sizeof name, "?");
+    return name;
+}
+
+uint32_t cli_online_cpus(void)
+{
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : (uint32_t)n;
+}
+
+const char *cli_default_isa(void)
+{
+    static const char *isa;
+    if (isa)
+        return isa;
+    const pkv_config c = cli_config(1, 1, 1, 8, 0, PKV_F16, 1);
+    pkv_engine *e = NULL;
+    pkv_stats st;
+    if (pkv_engine_create(&c, &e) == PKV_OK && pkv_engine_stats(e, &st) == PKV_OK)
+        isa = st.isa;   /* a string of the library's, not the engine's */
+    pkv_engine_destroy(e);
+    return isa ? isa : "?";
+}
+
+void cli_json_envelope(json_writer *W, const char *cmd, const char *isa)
+{
+    json_str(W, "tool", program ? program : "pagedkv");
+    json_str(W, "command", cmd);
+    json_str(W, "version", pkv_version());
+    json_str(W, "isa", isa ? isa : cli_default_isa());
+    json_str(W, "host", cli_host_name());
+    json_str(W, "cpu", cli_cpu_name());
+    json_u64(W, "online_cpus", cli_online_cpus());
+    int argc = 0;
+    const char *const *argv = cli_command_line(&argc);
+    json_open(W, "argv", '[');
+    for (int i = 0; i < argc; i++)
+        json_str(W, NULL, argv[i]);
+    json_close(W, ']');
+}
+
+const char *cli_run_where(char *buf, size_t cap, uint32_t threads, const char *isa)
+{
+    snprintf(buf, cap, "%u thread(s), %s kernels, host %s (%s)", threads,
+             isa ? isa : cli_default_isa(), cli_host_name(), cli_cpu_name());
+    return buf;
+}
+
+/* The SIGINT flag, process-wide: a signal handler can reach nothing else. */
 static volatile sig_atomic_t sigint_seen;
 static struct sigaction sigint_old;
 
@@ -496,11 +609,11 @@ uint64_t cli_variant_pages_held(const cli_variant *v, bool windowed, uint64_t n,
 int cli_variant_check(const char *cmd, const cli_variant *v)
 {
     if (!v->window && v->sinks)
-        return cli_usage_error(cmd, "--sinks %u needs --window: sink tokens are what a "
-                                    "windowed layer keeps besides its window", v->sinks);
+        return cli_needs_error(cmd, "--sinks", "--window", "sink tokens are what a "
+                               "windowed layer keeps besides its window");
     if (!v->window && v->rollback)
-        return cli_usage_error(cmd, "--rollback %u needs --window: a full layer keeps "
-                                    "every position anyway", v->rollback);
+        return cli_needs_error(cmd, "--rollback", "--window", "a full layer keeps every "
+                               "position anyway");
     return CLI_OK;
 }
 

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "common/json.h"
 #include "pagedkv.h"
 
 #define CLI_OK 0
@@ -23,7 +24,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_stress(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
-int cmd_soak(int argc, char **argv);
 int cmd_quality(int argc, char **argv);
 
 /* `pagedkv bench --spill`: spill/restore GB/s next to plain sequential I/O in `dir`,
@@ -43,7 +43,7 @@ const cli_preset *cli_presets(uint32_t *n);             /* the table */
  * *(const char **)dst; false for an unknown name. */
 bool cli_opt_preset(const char *value, void *dst);
 
-/* ---- attention variants (SPEC §8) ----------------------------------------------
+/* ---- attention variants (docs/variants.md) ----------------------------------------------
  * What --window, --sinks, --rollback, --softcap, --head-dim-v and the variant presets
  * of stress, mem and generate mean, in one place. */
 
@@ -83,13 +83,13 @@ static inline bool cli_variant_any(const cli_variant *v)
 }
 /* Layers of v that are windowed, out of `layers`. */
 uint32_t cli_variant_windowed_layers(const cli_variant *v, uint32_t layers);
-/* SPEC §8's ceiling of pages one windowed layer holds at block size bt:
+/* docs/variants.md's ceiling of pages one windowed layer holds at block size bt:
  * ceil(sinks / bt) + ceil((window + rollback) / bt) + 1. */
 uint64_t cli_variant_page_ceiling(const cli_variant *v, uint32_t bt);
-/* Pages a layer of length n holds under SPEC §8's release rule: the sink pages and
+/* Pages a layer of length n holds under docs/variants.md's release rule: the sink pages and
  * every page with a position >= n - window - rollback (n - 1 reads back to
  * n - window; a truncate of up to rollback moves that back by rollback); all
- * ceil(n / bt) pages for a full layer. Derived from the SPEC, not from the library:
+ * ceil(n / bt) pages for a full layer. Derived from docs/variants.md, not from the library:
  * stress checks the engine against it. */
 uint64_t cli_variant_pages_held(const cli_variant *v, bool windowed, uint64_t n,
                                 uint32_t bt);
@@ -115,13 +115,13 @@ pkv_config cli_config(uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32
                       uint32_t block_tokens, pkv_dtype dtype, uint32_t threads);
 
 /* Bytes of one position of one layer of config c: n_kv_heads K rows of head_dim and V
- * rows of head_dim_v (0 = head_dim), each pkv_row_bytes (SPEC §9: the block types'
- * scales included; for f32/f16/bf16 it is 2 * g * d * dtype_size). 0 for an unknown
+ * rows of head_dim_v (0 = head_dim), each pkv_row_bytes (docs/numerics.md, section 6: the block
+ * types' scales included; for f32/f16/bf16 it is 2 * g * d * dtype_size). 0 for an unknown
  * dtype. */
 uint64_t cli_token_layer_bytes(const pkv_config *c);
 /* layers * ctx * batch * cli_token_layer_bytes(c): the unpaged K/V of batch sessions
- * of ctx tokens (SPEC §1's formula for the per-value types). PKV_ERANGE on overflow,
- * PKV_OK otherwise. */
+ * of ctx tokens (the size formula of docs/memory.md, for the per-value types). PKV_ERANGE on
+ * overflow, PKV_OK otherwise. */
 pkv_status cli_kv_bytes(const pkv_config *c, uint64_t ctx, uint64_t batch, uint64_t *out);
 
 /* splitmix64: the next value of the stream whose state is *s (any seed). The tools'
@@ -135,7 +135,10 @@ int cli_parse_u32(const char *s, uint32_t *out);
 int cli_parse_double(const char *s, double *out);
 int cli_parse_dtype(const char *s, pkv_dtype *out);
 
-/* "pagedkv CMD: <message>\n" on stderr; returns CLI_USAGE / CLI_FAIL for chaining. */
+/* "pagedkv CMD: <message>\n" on stderr; returns CLI_USAGE / CLI_FAIL for chaining.
+ * A program of its own on these conventions (the soak) calls cli_set_program first:
+ * its messages are then "NAME: <message>" and the hint "Try 'NAME --help'". */
+void cli_set_program(const char *name);
 int cli_usage_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -195,6 +198,28 @@ int cli_memory_guard(const char *cmd, const char *what, uint64_t need, uint64_t 
 void cli_sigint_catch(void);
 bool cli_interrupted(void);
 void cli_sigint_restore(void);
+
+/* ---- the command line, the host, the JSON envelope ------------------------------
+ * cli_set_command_line keeps argv as main got it (before a parser permutes it);
+ * cli_command_line gives it back (count in *argc). The tool's only other
+ * process-wide state besides the SIGINT flag. */
+void cli_set_command_line(int argc, char **argv);
+const char *const *cli_command_line(int *argc);
+/* The host's name (gethostname, "?" if unknown), the CPU's model name
+ * (/proc/cpuinfo's first "model name", "?" if none), the online CPUs. */
+const char *cli_host_name(void);
+const char *cli_cpu_name(void);
+uint32_t cli_online_cpus(void);
+/* The kernels an engine of this process picks (pkv_stats.isa of a small engine:
+ * PKV_FORCE_ISA applies); "?" if none can be made. A string of the library's. */
+const char *cli_default_isa(void);
+/* The first fields of every --json document, in this order and with these names:
+ * tool ("pagedkv", or cli_set_program's name), command (cmd), version (pkv_version()),
+ * isa (the kernels the run used; NULL: cli_default_isa()), host, cpu, online_cpus,
+ * argv (the command line as main got it, a list of strings). W must have just opened the top-level object. */
+void cli_json_envelope(json_writer *W, const char *cmd, const char *isa);
+/* "threads T, ISA, host H (CPU)", for plots: what ran where (buf of cap bytes). */
+const char *cli_run_where(char *buf, size_t cap, uint32_t threads, const char *isa);
 
 double cli_now(void);                  /* monotonic seconds */
 uint64_t cli_peak_rss_bytes(void);     /* getrusage ru_maxrss */

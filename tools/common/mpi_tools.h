@@ -1,6 +1,6 @@
 /*
  * mpi_tools.h - the MPI halves of `pagedkv stress --mpi` (stress/mpi.c) and `pagedkv
- * generate --mpi` (generate/mpi.c), SPEC §11. Built only when meson finds MPI; without
+ * generate --mpi` (generate/mpi.c), docs/sharding.md. Built only when meson finds MPI; without
  * it mpi_none.c gives the same entry points, which say so and exit 2.
  *
  * Owns: nothing but the entry points. stress/stress.c and generate/generate.c hand the whole

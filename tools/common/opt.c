@@ -120,6 +120,12 @@ static int bad_option(const char *cmd, int c, char **argv, const cli_opt *opts, 
     return cli_usage_error(cmd, "unknown option '%s'", name);
 }
 
+int cli_needs_error(const char *cmd, const char *opt, const char *needed, const char *why)
+{
+    return cli_usage_error(cmd, "%s needs %s%s%s", opt, needed, why ? ": " : "",
+                           why ? why : "");
+}
+
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, size_t n,
               void (*usage)(FILE *f), const char **operands, int max_operands,
               int *n_operands)
@@ -149,6 +155,7 @@ int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, size_
     if (n_operands)
         *n_operands = 0;
     int count = 0;
+    bool given[MAX_OPTS] = {false};
     optind = 0;   /* glibc: start afresh (a process may parse twice, e.g. bench) */
     opterr = 0;   /* the messages are ours */
     for (;;) {
@@ -169,8 +176,27 @@ int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, size_
                 o = &opts[i];
         if (!o)
             return cli_fail(cmd, "internal error: getopt_long returned %d", c);
+        if (o->refused) {
+            char nm[64];
+            return cli_usage_error(cmd, "%s %s", shown(o, c < 256, nm, sizeof nm),
+                                   o->refused);
+        }
         if (store(cmd, o, c < 256, takes_value(o) ? optarg : NULL) != CLI_OK)
             return CLI_USAGE;
+        given[o - opts] = true;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!given[i] || !opts[i].needs)
+            continue;
+        bool have = false;
+        for (size_t j = 0; j < n && !have; j++)
+            have = given[j] && opts[j].name && strcmp(opts[j].name, opts[i].needs) == 0;
+        if (!have) {
+            char a[64], b[64];
+            snprintf(b, sizeof b, "--%s", opts[i].needs);
+            return cli_needs_error(cmd, shown(&opts[i], false, a, sizeof a), b,
+                                   opts[i].why);
+        }
     }
     for (int i = optind; i < argc; i++) {
         if (max_operands == 0)

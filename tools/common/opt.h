@@ -8,14 +8,18 @@
  * (getopt_long's rule), the built-in `-h`/`--help`, and the wording of every usage
  * error: "pagedkv CMD: --name: 'VALUE' is not WHAT", then a hint to run --help,
  * exit status CLI_USAGE (cli.h).
- * Does not own: what the options mean, checks that involve several options (each
- * command does those after cli_parse), or the usage text (the command's).
+ * Does not own: what the options mean, checks that involve the values of several
+ * options (each command does those after cli_parse, in the words of cli_needs_error
+ * where one option needs another), or the usage text (the command's).
  *
  * Invariants
  *   - A value is stored only after it passed its check, so a failed parse leaves the
  *     destination of the offending option as the command initialised it.
  *   - For integers the message states the range really accepted: [lo, hi], and the
  *     option's `note` (e.g. "the engine's limit") when the range has a reason.
+ *   - An option given without the option its `needs` names is refused after the
+ *     scan, in cli_needs_error's words ("--A needs --B: why"), before any work; an
+ *     option with `refused` set is known but refused in this mode, in its words.
  */
 #ifndef PKV_TOOLS_OPT_H
 #define PKV_TOOLS_OPT_H
@@ -50,6 +54,9 @@ typedef struct {
     bool *seen;              /* set to true when the option is given; may be NULL */
     bool (*call)(const char *value, void *dst);   /* OPT_CALL */
     const char *what;        /* OPT_CALL: "a comma-separated list of ..." */
+    const char *needs;       /* long name of an option that must be given too; NULL */
+    const char *why;         /* with needs: why it needs it, for the message */
+    const char *refused;     /* known here but refused: why ("... with --mpi") */
 } cli_opt;
 
 /* Parse argv[1..argc) of subcommand `cmd` against opts[0..n). Operands go to
@@ -61,5 +68,11 @@ typedef struct {
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, size_t n,
               void (*usage)(FILE *f), const char **operands, int max_operands,
               int *n_operands);
+
+/* The one wording of "this option needs that one", for every command and every case
+ * (a missing option, or one whose value does not give what the first needs):
+ * "pagedkv CMD: OPT needs NEEDED: WHY" and the --help hint on stderr; CLI_USAGE.
+ * opt and needed as the user writes them ("--sinks", "--window"); why may be NULL. */
+int cli_needs_error(const char *cmd, const char *opt, const char *needed, const char *why);
 
 #endif

@@ -7,18 +7,23 @@
  * Invariants
  *   - Every coordinate written is finite: non-finite points, and points <= 0 on a log
  *     axis, are skipped before mapping; an empty or degenerate range is widened.
- *   - Ticks lie inside the axis range, and the axis range holds every drawn point
- *     with a margin of AXIS_PAD of the axis at each end (none at a zero end of a
- *     linear axis): axes end near the data. A log axis narrower than one tick step
- *     is widened to the powers around it.
+ *   - Ticks lie inside the axis range, and the axis range holds every drawn point: a
+ *     linear axis with a margin of AXIS_PAD of the axis at each end (none at a zero
+ *     end), so that it ends near the data.
  *   - Each panel says how it was laid out, for programs reading the file:
  *     data-x-scale / data-y-scale ("linear" or "log") and data-x-range / data-y-range
  *     (the axis ends in data units), data-plot (the plot area: left, top, right,
  *     bottom in the panel's pixels).
  *   - All text goes through xml_text(), so a series name cannot break the document.
+ *   - Every title line's estimated width (svg_text_width) is at most its room: wrapped
+ *     at spaces, then set smaller (down to MIN_PX) until the longest line fits; a word
+ *     longer than the room at MIN_PX is cut with an ellipsis.
+ *   - A log axis ends on round values enclosing the data, and both ends are ticks
+ *     with labels; a regular tick too close to an end to be read apart gives way.
  */
 #include "common/svg.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -26,13 +31,15 @@
  * below, and the legend on the right, outside the data. */
 enum {
     PAGE_W = 1000,
-    TITLE_H = 40,
-    PANEL_H = 400,
+    PANEL_H = 410,
     PLOT_L = 92,
     PLOT_R = PAGE_W - 280,
-    PLOT_T = 42,
+    PLOT_T = 52,
     PLOT_B = PANEL_H - 62,
-    MAX_TICKS = 24
+    MAX_TICKS = 24,
+    MARGIN = 12,          /* left and right of a title line */
+    MIN_PX = 8,           /* titles shrink no further */
+    MAX_LINES = 8         /* lines of one title at most */
 };
 
 static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
@@ -65,6 +72,126 @@ static void xml_text(FILE *f, const char *s)
         }
     }
 }
+
+/* ---- text that fits ---------------------------------------------------------------- */
+
+/* DejaVu Sans advance widths of ASCII 32..126, in 1/2048 em: the first font the document
+ * names, and wider than Helvetica and Arial, so an estimate from it is an upper bound
+ * for the usual fallbacks. */
+static const unsigned short dejavu[95] = {
+    651,  821,  942,  1716, 1303, 1946, 1597, 563,  799,  799,  1024, 1716, 651,  739,
+    651,  690,  1303, 1303, 1303, 1303, 1303, 1303, 1303, 1303, 1303, 1303, 690,  690,
+    1716, 1716, 1716, 1087, 2048, 1401, 1405, 1430, 1577, 1294, 1178, 1587, 1540, 604,
+    604,  1343, 1141, 1767, 1532, 1612, 1235, 1612, 1423, 1300, 1251, 1499, 1401, 2025,
+    1403, 1251, 1403, 799,  690,  799,  1716, 1024, 1024, 1255, 1300, 1126, 1300, 1260,
+    721,  1300, 1298, 569,  569,  1186, 569,  1995, 1298, 1253, 1300, 1300, 842,  1067,
+    803,  1298, 1212, 1675, 1212, 1212, 1075, 1303, 690,  1303, 1716};
+
+double svg_text_width(const char *s, double px, bool bold)
+{
+    double units = 0;
+    for (const unsigned char *p = (const unsigned char *)s; p && *p; p++) {
+        if (*p >= 32 && *p < 127)
+            units += dejavu[*p - 32];
+        else if ((*p & 0xc0) != 0x80)   /* the first byte of any other character */
+            units += 2048;
+    }
+    /* DejaVu Sans Bold is up to 15% wider than the book face */
+    return units / 2048.0 * px * (bold ? 1.15 : 1.0);
+}
+
+/* Text of one title, laid out: n lines at font size px. */
+typedef struct {
+    char line[MAX_LINES][512];
+    size_t n;
+    double px;
+} fitted;
+
+/* Wrap s at spaces into lines of at most `room` pixels at px. False when more than
+ * MAX_LINES would be needed or a word alone is wider than the room (that word then
+ * has a line of its own). */
+static bool wrap(fitted *t, const char *s, double px, bool bold, double room)
+{
+    t->n = 0;
+    t->px = px;
+    bool ok = true;
+    const char *p = s ? s : "";
+    while (*p == ' ')
+        p++;
+    while (*p) {
+        if (t->n == MAX_LINES)
+            return false;
+        char *l = t->line[t->n++];
+        size_t len = 0;
+        l[0] = '\0';
+        /* whole words while they fit; the first word of a line always */
+        while (*p) {
+            const size_t w = strcspn(p, " ");
+            if (len + 1 + w >= sizeof t->line[0])
+                break;
+            char probe[sizeof t->line[0]];
+            snprintf(probe, sizeof probe, "%s%s%.*s", l, len ? " " : "", (int)w, p);
+            if (len && svg_text_width(probe, px, bold) > room)
+                break;
+            ok = ok && svg_text_width(probe, px, bold) <= room;
+            snprintf(l, sizeof t->line[0], "%s", probe);
+            len = strlen(l);
+            p += w;
+            while (*p == ' ')
+                p++;
+        }
+        if (!len) {   /* a word longer than a line's storage: its head */
+            snprintf(l, sizeof t->line[0], "%.*s", (int)sizeof t->line[0] - 1, p);
+            p += strlen(l);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+/* s laid out in `room` pixels: at px in at most max_lines lines if it can be, else
+ * smaller, down to MIN_PX, in as many lines as it takes (MAX_LINES at most, the rest
+ * dropped); a line still too wide is cut short with an ellipsis. */
+static void fit(fitted *t, const char *s, double px, bool bold, double room, size_t max_lines)
+{
+    for (double size = px; size >= MIN_PX; size *= 0.92)
+        if (wrap(t, s, size, bold, room) && t->n <= max_lines)
+            return;
+    if (wrap(t, s, MIN_PX, bold, room))
+        return;
+    for (size_t i = 0; i < t->n; i++) {
+        char *l = t->line[i];
+        size_t len = strlen(l);
+        if (svg_text_width(l, MIN_PX, bold) <= room)
+            continue;
+        const double dots = svg_text_width("...", MIN_PX, bold);
+        while (len > 0 && svg_text_width(l, MIN_PX, bold) + dots > room) {
+            do   /* back to the start of a UTF-8 character */
+                len--;
+            while (len > 0 && ((unsigned char)l[len] & 0xc0) == 0x80);
+            l[len] = '\0';
+        }
+        if (len + 4 > sizeof t->line[0])
+            l[len = sizeof t->line[0] - 4] = '\0';
+        strcat(l, "...");
+    }
+}
+
+/* The lines of t, centred on x, the first baseline at y, line height lh. */
+static void draw_fitted(FILE *f, const fitted *t, const char *cls, double x, double y,
+                        double lh, double room, bool bold)
+{
+    for (size_t i = 0; i < t->n; i++) {
+        fprintf(f, "<text class=\"%s\" data-room=\"%.0f\" x=\"%.1f\" y=\"%.1f\" "
+                   "text-anchor=\"middle\" font-size=\"%.1f\"%s>",
+                cls, room, x, y + (double)i * lh, t->px,
+                bold ? " font-weight=\"bold\"" : "");
+        xml_text(f, t->line[i]);
+        fputs("</text>\n", f);
+    }
+}
+
+/* ---- axes ------------------------------------------------------------------------------ */
 
 /* Heckbert's "nice number": 1, 2, 5 or 10 times a power of ten near x. */
 static double nice_num(double x, bool round_it)
@@ -146,17 +273,31 @@ static void log_ticks(axis_layout *a, double base, int k, bool mid, double lo, d
     }
 }
 
-static void layout_log(axis_layout *a, double lo, double hi)
+/* The end of a log axis at or below v (down) or at or above it: two significant
+ * digits (base 10: 0.0033, 2100) or a quarter-step of a power of 2 (base 2: 1, 1.25,
+ * 1.5 or 1.75 times 2^k: 3K, 1.75 MiB), so that the end is labelled with a short
+ * number and sits within a factor 1.25 of the data. */
+static double round_end(double v, double base, bool down)
+{
+    if (base == 2.0) {
+        const double p = exp2(floor(log2(v))), m = v / p;   /* m in [1, 2) */
+        const double q = down ? floor(m * 4 + 1e-9) : ceil(m * 4 - 1e-9);
+        return q / 4 * p;
+    }
+    const double p = pow(10.0, floor(log10(v)) - 1), m = v / p;   /* m in [10, 100) */
+    return (down ? floor(m + 1e-9) : ceil(m - 1e-9)) * p;
+}
+
+/* bars: bar series are drawn from the axis' lower end, so that end lies a factor 4
+ * below the data, or the smallest bar would have no height. */
+static void layout_log(axis_layout *a, double lo, double hi, bool bars)
 {
     const double base = a->ax->format == SVG_FMT_NUMBER ? 10.0 : 2.0;
-    if (!(hi > lo)) {
-        lo /= base;
-        hi *= base;
-    }
-    /* the margin, in log space */
-    const double pad = pow(hi / lo, AXIS_PAD);
-    lo /= pad;
-    hi *= pad;
+    /* the ends: short round values enclosing the data, both labelled */
+    lo = round_end(bars ? lo / 4 : lo, base, true);
+    hi = round_end(hi, base, false);
+    if (!(hi > lo))
+        hi = round_end(lo * 1.5, base, false);
     const double span = log(hi / lo) / log(base);
     static const int steps10[] = {1, 2, 3, 5, 10};
     static const int steps2[] = {1, 2, 5, 10, 20, 30};
@@ -169,14 +310,18 @@ static void layout_log(axis_layout *a, double lo, double hi)
             break;
         }
     log_ticks(a, base, k, base == 10.0 && span <= 2.0, lo, hi);
-    if (a->n_ticks < 2) {
-        /* less than one step wide: widen to the powers around the data */
-        lo = pow(base, floor(log(lo) / log(base) + 1e-9));
-        hi = pow(base, ceil(log(hi) / log(base) - 1e-9));
-        if (hi <= lo)
-            hi = lo * base;
-        log_ticks(a, base, 1, base == 10.0, lo, hi);
-    }
+    /* both ends are ticks; a regular tick closer to an end than 1/20 of the axis
+     * gives way, so that no two labels run into each other */
+    const double near = log(hi / lo) / 20.0;
+    size_t n = 0;
+    double t[MAX_TICKS];
+    t[n++] = lo;
+    for (size_t i = 0; i < a->n_ticks && n < MAX_TICKS - 1; i++)
+        if (log(a->ticks[i] / lo) > near && log(hi / a->ticks[i]) > near)
+            t[n++] = a->ticks[i];
+    t[n++] = hi;
+    memcpy(a->ticks, t, n * sizeof *t);
+    a->n_ticks = n;
     a->lo = lo;
     a->hi = hi;
     a->step = 0.0;
@@ -221,8 +366,11 @@ static void layout_axis(axis_layout *a, const svg_axis *ax, const svg_panel *p, 
         lo = ax->log ? 1.0 : 0.0;
         hi = ax->log ? 10.0 : 1.0;
     }
+    bool bars = false;
+    for (size_t s = 0; s < p->n_series; s++)
+        bars = bars || p->series[s].bars;
     if (ax->log)
-        layout_log(a, lo, hi);
+        layout_log(a, lo, hi, bars && !is_x);
     else
         layout_linear(a, lo, hi);
 }
@@ -341,11 +489,14 @@ static void draw_axes(FILE *f, const axis_layout *xa, const axis_layout *ya,
             22, cy, 22, cy);
     xml_text(f, p->y.label);
     fputs("</text>\n", f);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"15\" "
-               "font-weight=\"bold\">",
-            (PLOT_L + PLOT_R) / 2, PLOT_T - 14);
-    xml_text(f, p->title);
-    fputs("</text>\n", f);
+    /* the title over the plot area, centred on it, in the page's width around it */
+    const double cx = (PLOT_L + PLOT_R) / 2.0;
+    const double room = 2 * fmin(cx, PAGE_W - cx) - 2 * MARGIN;
+    static fitted t;   /* 4 KiB: not on the stack of every panel */
+    fit(&t, p->title, 15, true, room, 2);
+    const double lh = t.px * 1.2;
+    draw_fitted(f, &t, "panel-title", cx, PLOT_T - 14 - lh * (double)(t.n - 1), lh, room,
+                true);
 }
 
 /* Bars of series se, the bi-th of nb bar series: 80% of each slot (one x unit: a
@@ -436,7 +587,8 @@ static void draw_legend(FILE *f, const svg_panel *p, const char *const *colors)
     fputs("</g>\n", f);
 }
 
-int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_panels)
+int svg_write(FILE *f, const char *title, const char *note, const svg_panel *panels,
+              size_t n_panels)
 {
     if (!f || (!panels && n_panels))
         return -1;
@@ -447,17 +599,24 @@ int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_pane
             if (panels[i].series[s].n && (!panels[i].series[s].x || !panels[i].series[s].y))
                 return -1;
     }
-    int height = TITLE_H + (int)n_panels * PANEL_H;
+    /* the page title and the note under it, as many lines as they take */
+    static fitted tt, nt;
+    const double room = PAGE_W - 2 * MARGIN;
+    fit(&tt, title, 15, false, room, 3);
+    fit(&nt, note, 12, false, room, 3);
+    const double tlh = tt.px * 1.25, nlh = nt.px * 1.3;
+    const int title_h = (int)ceil(14 + tlh * (double)tt.n + nlh * (double)nt.n);
+    int height = title_h + (int)n_panels * PANEL_H;
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, "
                "sans-serif\" font-size=\"12\">\n",
             PAGE_W, height, PAGE_W, height);
     fputs("<rect x=\"0\" y=\"0\" width=\"100%\" height=\"100%\" fill=\"white\"/>\n", f);
-    fprintf(f, "<text x=\"%d\" y=\"26\" text-anchor=\"middle\" font-size=\"15\">",
-            PAGE_W / 2);
-    xml_text(f, title);
-    fputs("</text>\n", f);
+    draw_fitted(f, &tt, "title", PAGE_W / 2.0, 6 + tlh, tlh, room, false);
+    fputs("<g fill=\"#555\">\n", f);
+    draw_fitted(f, &nt, "note", PAGE_W / 2.0, 6 + tlh * (double)tt.n + nlh, nlh, room, false);
+    fputs("</g>\n", f);
     size_t next_color = 0;
     for (size_t i = 0; i < n_panels; i++) {
         const svg_panel *p = &panels[i];
@@ -467,7 +626,7 @@ int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_pane
         fprintf(f, "<g class=\"panel\" transform=\"translate(0 %d)\" data-x-scale=\"%s\" "
                    "data-y-scale=\"%s\" data-x-range=\"%.6g %.6g\" "
                    "data-y-range=\"%.6g %.6g\" data-plot=\"%d %d %d %d\">\n",
-                TITLE_H + (int)i * PANEL_H, p->x.log ? "log" : "linear",
+                title_h + (int)i * PANEL_H, p->x.log ? "log" : "linear",
                 p->y.log ? "log" : "linear", xa.lo, xa.hi, ya.lo, ya.hi, PLOT_L, PLOT_T,
                 PLOT_R, PLOT_B);
         fprintf(f, "<defs><clipPath id=\"plot%zu\"><rect x=\"%d\" y=\"%d\" width=\"%d\" "
@@ -494,16 +653,20 @@ int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_pane
     return ferror(f) ? -1 : 0;
 }
 
-int svg_write_file(const char *path, const char *title, const svg_panel *panels,
-                   size_t n_panels)
+int svg_write_file(const char *path, const char *title, const char *note,
+                   const svg_panel *panels, size_t n_panels)
 {
     if (!path)
         return -1;
     FILE *f = fopen(path, "w");
     if (!f)
         return -1;
-    int rc = svg_write(f, title, panels, n_panels);
-    if (fclose(f) != 0)
+    int rc = svg_write(f, title, note, panels, n_panels);
+    int err = rc ? errno : 0;   /* the first failure's reason, for the caller's message */
+    if (fclose(f) != 0 && !rc) {
         rc = -1;
+        err = errno;
+    }
+    errno = err ? err : errno;
     return rc;
 }

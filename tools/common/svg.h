@@ -10,6 +10,14 @@
  *
  * Every series of a panel is drawn as <g class="series"><title>NAME</title>...</g>,
  * so a program (or a test) can find the series in the file by name.
+ *
+ * Text fits its room: the page title, the note under it and each panel's title are
+ * wrapped at spaces to the width they have (the page, the plot area), and set smaller
+ * where a line would still not fit. The width of a line is estimated from DejaVu
+ * Sans's advance widths (the first font the document asks for, and wider than the
+ * others it names), so a line that fits by the estimate fits on the page. Each such
+ * line is a <text class="title|note|panel-title" data-room="PX"> whose room is the
+ * width it had to fit in.
  */
 #ifndef PKV_SVG_H
 #define PKV_SVG_H
@@ -27,7 +35,10 @@ typedef enum {
 
 typedef struct {
     const char *label;  /* axis title with its unit, e.g. "context length (tokens)" */
-    bool log;           /* logarithmic axis; points with a value <= 0 are not drawn */
+    bool log;           /* logarithmic axis; points with a value <= 0 are not drawn.
+                           Its ends are round values (powers of 2 for bytes and
+                           counts, 1-2-5 steps for numbers) enclosing the data, each
+                           labelled */
     svg_format format;
     bool from_zero;     /* linear axis: include 0 in the range */
     /* A categorical x axis (bar charts): x value i stands for categories[i], drawn at
@@ -55,11 +66,17 @@ typedef struct {
     size_t n_series;
 } svg_panel;
 
-/* Write a complete SVG document: `title` on top, then the panels. Non-finite points
- * are skipped. Returns 0, or -1 on bad arguments or a write error. */
-int svg_write(FILE *f, const char *title, const svg_panel *panels, size_t n_panels);
-/* svg_write to a new file at path (truncated); -1 if it cannot be written. */
-int svg_write_file(const char *path, const char *title, const svg_panel *panels,
-                   size_t n_panels);
+/* Write a complete SVG document: `title` on top, `note` (NULL: none) in smaller type
+ * under it (what ran where: threads, kernels, host; "interrupted"), then the panels.
+ * Non-finite points are skipped. Returns 0, or -1 on bad arguments or a write error. */
+int svg_write(FILE *f, const char *title, const char *note, const svg_panel *panels,
+              size_t n_panels);
+/* svg_write to a new file at path (truncated); -1 if it cannot be written, with errno
+ * saying why (for the caller's strerror). */
+int svg_write_file(const char *path, const char *title, const char *note,
+                   const svg_panel *panels, size_t n_panels);
+/* The estimated width in pixels of UTF-8 text s at font size px (bold: the bold face),
+ * as the layout uses it. */
+double svg_text_width(const char *s, double px, bool bold);
 
 #endif

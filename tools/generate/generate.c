@@ -44,9 +44,9 @@
  * differences of about that dtype's machine epsilon eps (2^-10, 2^-7) are
  * legitimate: stories260K shows up to ~1 eps x max|logit|, hence 4 eps. */
 #define E2E_REL 1e-3
-/* --check warns of its cost above this many multiply-adds (the double-precision
- * oracle ran 1.3e9 a second on the 2-core development VM: synthetic -n 256, 1.15e10
- * in 8.9 s), and reports progress every CHECK_PROGRESS_SECS of checking. */
+/* --check warns of its cost above this many multiply-adds (about a second of the
+ * double-precision oracle: docs/performance.md, decision table: CHECK_WARN_OPS), and
+ * reports progress every CHECK_PROGRESS_SECS of checking. */
 #define CHECK_WARN_OPS 1e9
 #define CHECK_PROGRESS_SECS 5.0
 
@@ -73,13 +73,15 @@ static void usage(FILE *f)
         "  --sessions N        N continuations of one prompt, forked after the prompt so\n"
         "                      they share its pages (default 1)\n"
         "  --prefix-cache      with --sessions: sessions 2..N are not forks but requests\n"
-        "                      that take the prompt from the prefix cache (SPEC §10) and\n"
-        "                      run the model over the rest; reports hits, tokens reused\n"
-        "                      and the prefill time saved (the text is the same)\n"
+        "                      that take the prompt from the prefix cache\n"
+        "                      (docs/prefix-cache.md) and run the model over the rest;\n"
+        "                      reports hits, tokens reused and the prefill time saved\n"
+        "                      (the text is the same)\n"
         "  --threads N         engine threads (default 0 = online CPUs)\n"
-        "  --window W          every layer a sliding window of W positions (SPEC §8;\n"
-        "                      0 = full causal): the cache holds at most ceil(S/bt) +\n"
-        "                      ceil((W+R)/bt) + 1 pages a layer, however long the run\n"
+        "  --window W          every layer a sliding window of W positions (0 = full\n"
+        "                      causal; docs/variants.md): the cache holds at most\n"
+        "                      ceil(S/bt) + ceil((W+R)/bt) + 1 pages a layer, however\n"
+        "                      long the run\n"
         "  --sinks S           with --window: the first S positions are attended too\n"
         "  --rollback R        with --window: R more positions kept for truncates\n"
         "  --softcap C         attention logits become C*tanh(s/C) (0 = none)\n"
@@ -98,6 +100,8 @@ static void usage(FILE *f)
         "                      2^-8 x, bf16 and q8: 2^-5 x, q4: 2^-3 x) or a greedy\n"
         "                      token differs beyond\n"
         "                      a near-tie\n"
+        "  --save FILE         after the run, write session 0 to FILE (pkv_session_save,\n"
+        "                      its token ids recorded): `pagedkv inspect FILE` reads it\n"
         "  --json              one JSON object on stdout instead of text and figures\n"
         "  --mpi               sharded by heads over MPI ranks (mpirun -np R ...): the\n"
         "                      same text; its options: pagedkv generate --mpi --help\n"
@@ -138,6 +142,7 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
         {.name = "check", .kind = OPT_FLAG, .dst = &o->check},
         {.name = "check-e2e", .kind = OPT_FLAG, .dst = &o->check_e2e},
         {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
+        {.name = "save", .kind = OPT_STRING, .dst = &o->save_path},
         {.name = "prefix-cache", .kind = OPT_FLAG, .dst = &o->prefix_cache},
         {.name = "window", .kind = OPT_U32, .dst = &o->v.window, .lo = 0, .hi = UINT32_MAX},
         {.name = "sinks", .kind = OPT_U32, .dst = &o->v.sinks, .lo = 0, .hi = UINT32_MAX},
@@ -151,12 +156,19 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
                        NULL);
     if (rc != CLI_OK)
         return rc;
+    if (o->prefix_cache && o->sessions < 2)
+        return cli_needs_error(CMD, "--prefix-cache", "--sessions N (N >= 2)",
+                               "sessions 2..N take the prompt from the prefix cache that "
+                               "session 1 fills; one session has nothing to reuse");
     if (o->prefix_cache && o->check) /* --check's history follows forks */
         return cli_usage_error(CMD, "--prefix-cache does not combine with --check "
                                "(--check-e2e does)");
     if (o->context_shift && (o->check || o->check_e2e)) /* both recompute from position 0 */
         return cli_usage_error(CMD, "--context-shift does not combine with --check or "
                                "--check-e2e");
+    /* the file is written after the run: a path that cannot take it fails now */
+    if (o->save_path && cli_check_output_file(CMD, "--save", o->save_path) != CLI_OK)
+        return CLI_USAGE;
     return cli_variant_check(CMD, &o->v);
 }
 
@@ -315,7 +327,7 @@ static int gen_setup(gen *g)
         g->lc = alloc3(c->n_layers, 1, 1, sizeof *g->lc);
     if (oom || !g->lc)
         return cli_fail(CMD, "out of memory");
-    /* the engine turns keys and queries (SPEC §14): what a context shift needs */
+    /* the engine turns keys and queries (docs/rope.md): what a context shift needs */
     llama_kv_rope(c, g->lc, &cfg);
     g->st.rope_in_attn = true;
     if (cli_check_limits(CMD, &cfg, o->model_path ? o->model_path : "the synthetic model") !=
@@ -403,9 +415,14 @@ static pkv_status check_rows(gen *g, uint32_t s, uint32_t layer, uint32_t T,
                  pkv_status_str(st));
         return st;
     }
+    /* max |V| as a compare, not fmax(): Debian 12's aarch64 gcc (12.2) crashes in its
+     * -O3 vectorizer on an fmax reduction of fabs (docs/performance.md, decision
+     * table: aarch64-fmax) */
     double vmax = 0;
-    for (size_t i = 0; i < (size_t)T * c->kv_dim; i++)
-        vmax = fmax(vmax, fabs((double)hv[i]));
+    for (size_t i = 0; i < (size_t)T * c->kv_dim; i++) {
+        const double a = fabs((double)hv[i]);
+        vmax = a > vmax ? a : vmax;
+    }
     double tol = CHECK_REL * vmax;
     for (uint32_t t = first; t < T; t++) {
         const float *a = out + (size_t)(t - first) * c->dim;
@@ -697,9 +714,10 @@ static int gen_e2e(gen *g)
             const float *dl = g->dense_logits + (size_t)k * V;
             const float *pl = g->rec_logits + ((size_t)s * g->gen_cap + k) * V;
             double mx = 1.0, diff = 0.0;
-            for (uint32_t i = 0; i < V; i++) {
-                mx = fmax(mx, fabs((double)dl[i]));
-                diff = fmax(diff, fabs((double)dl[i] - (double)pl[i]));
+            for (uint32_t i = 0; i < V; i++) {   /* compares, not fmax(): check_rows */
+                const double a = fabs((double)dl[i]), e = fabs((double)dl[i] - (double)pl[i]);
+                mx = a > mx ? a : mx;
+                diff = e > diff || isnan(e) ? e : diff;
             }
             double tol = rel * mx;
             g->e2e_maxdiff = fmax(g->e2e_maxdiff, diff);
@@ -733,6 +751,39 @@ static int gen_e2e(gen *g)
     return CLI_OK;
 }
 
+/* --save: session 0 to its file, its forwarded token ids recorded first (a
+ * version-3 file, whose prefix `inspect` reports). A window releases pages: then the
+ * ids are not recorded (pkv_session_set_tokens would refuse nothing, but a windowed
+ * session's file is about its pages). */
+static int gen_save(gen *g)
+{
+    const char *path = g->o->save_path;
+    pkv_session *s = g->sess[0];
+    const uint64_t n = pkv_session_len(s, 0);
+    pkv_status st = PKV_OK;
+    if (!g->o->v.window && n > 0) {
+        int32_t *ids = malloc((size_t)n * sizeof *ids);
+        if (!ids)
+            return cli_fail(CMD, "out of memory");
+        for (uint64_t i = 0; i < n; i++)
+            ids[i] = (int32_t)g->tok[i];
+        st = pkv_session_set_tokens(s, n, ids);
+        free(ids);
+    }
+    if (st == PKV_OK)
+        st = pkv_session_save(s, path);
+    if (st != PKV_OK) {
+        char why[256] = "";
+        pkv_engine_last_error(g->eng, why, sizeof why);
+        return cli_fail(CMD, "cannot save session 0 to '%s': %s%s%s", path,
+                        pkv_status_str(st), why[0] ? ": " : "", why);
+    }
+    if (!g->o->json)
+        fprintf(stderr, "session 0 (%llu positions) saved to %s: `pagedkv inspect %s` "
+                        "reads it\n", (unsigned long long)n, path, path);
+    return CLI_OK;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     if (mpi_tools_requested(argc, argv)) /* sharded by heads over MPI: generate/mpi.c */
@@ -750,6 +801,8 @@ int cmd_generate(int argc, char **argv)
         rc = gen_run(g);
     if (rc == CLI_OK && o.check_e2e)
         rc = gen_e2e(g);
+    if (rc == CLI_OK && o.save_path)
+        rc = gen_save(g);
     if (rc == CLI_OK)
         rc = gen_report(g);
     gen_free(g);

@@ -28,7 +28,7 @@
 #include "tokenizer.h"
 
 /* --check: |paged - dense| <= CHECK_REL * max|V| per output, the library's own
- * accuracy contract (SPEC §4; for f16/bf16 against the reference on rounded K/V). */
+ * accuracy contract (docs/numerics.md; for f16/bf16 against the reference on rounded K/V). */
 #define CHECK_REL 1e-5
 
 /* --prefix-cache (generate/sessions.c): what sessions 1..N-1 took from the cache */
@@ -42,13 +42,14 @@ typedef struct {
 
 typedef struct {
     const char *model_path, *tok_path, *prompt;
+    const char *save_path;          /* --save FILE: session 0 written there, or NULL */
     uint32_t steps, block_tokens, sessions, threads;
     double temperature, topp;
     uint64_t seed;
     pkv_dtype dtype;
     bool dtype_set, check, check_e2e, json;
     bool prefix_cache;              /* --prefix-cache: sessions 1.. from the cache */
-    bool context_shift;             /* --context-shift: a full context drops half (SPEC §14) */
+    bool context_shift;             /* --context-shift: a full context drops half (docs/rope.md) */
     uint32_t keep;                  /* --keep: positions a context shift keeps at the start */
     cli_variant v;                  /* --window, --sinks, --rollback, --softcap */
 } gen_opts;

@@ -1,6 +1,6 @@
 /*
  * generate/mpi.c - `pagedkv generate --mpi`: the tiny Llama sharded by heads (tensor
- * parallel, SPEC §11) over the ranks of `mpirun -np R`.
+ * parallel, docs/sharding.md) over the ranks of `mpirun -np R`.
  *
  * Owns: the head split, the attention callback that runs a rank's heads through its
  * own engine and gathers every rank's heads, and a one-session generation loop that
@@ -53,7 +53,12 @@ static void usage(FILE *f)
         "  --dtype T            K/V storage (default f32 with --model, else f16)\n"
         "  --block-tokens N     tokens per page (default: the library's)\n"
         "  --threads N          engine threads per rank (default 1)\n"
-        "  --help               this text\n");
+        "  --timeout S          give up when the other ranks have not answered for S\n"
+        "                       seconds (a rank stopped or died): a message, exit 1\n"
+        "                       (default 120). Waits sleep: no rank spins meanwhile\n"
+        "  --help               this text\n\n"
+        "generate's options of several sessions, variants, checks and JSON (--sessions,\n"
+        "--prefix-cache, --window, --check, --json, ...) are refused with --mpi.\n");
 }
 
 typedef struct {
@@ -62,6 +67,7 @@ typedef struct {
     double temperature, topp;
     uint64_t seed;
     pkv_dtype dtype;
+    double timeout;            /* --timeout, seconds */
     bool dtype_set, mpi;
 } mg_opts;
 
@@ -134,8 +140,8 @@ static pkv_status attn(void *ctx, uint32_t layer, uint32_t n, float *q,
         a->counts[r] = (int)(n * a->all[r].nh * hs);
         a->displs[r] = r ? a->displs[r - 1] + a->counts[r - 1] : 0;
     }
-    MPI_Allgatherv(a->ob, (int)(n * a->me.nh * hs), MPI_FLOAT, a->gath,
-                   a->counts, a->displs, MPI_FLOAT, MPI_COMM_WORLD);
+    mpi_allgatherv(a->ob, (int)(n * a->me.nh * hs), MPI_FLOAT, a->gath, a->counts,
+                   a->displs, MPI_FLOAT, "gathering every rank's attention heads");
     a->bytes += (uint64_t)n * a->me.nh * hs * sizeof(float);
     a->gathers++;
     for (int r = 0; r < a->R; r++)
@@ -319,7 +325,7 @@ static int run(const void *opts, int rank, int R)
     memset(&mem, 0, sizeof mem);
     pkv_session_memory(s, &mem);
     uint64_t resident[2] = {mem.bytes_resident, a.bytes}, sum[2] = {0, 0};
-    MPI_Reduce(resident, sum, 2, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    mpi_reduce_sum_u64(resident, sum, 2, 0, "adding up the ranks' memory");
     if (rank == 0) {
         printf("\n");
         fflush(stdout);
@@ -367,6 +373,11 @@ int mpi_generate(int argc, char **argv)
     o.topp = 0.9;
     o.seed = 42;
     o.threads = 1;
+    o.timeout = MPI_COMMON_TIMEOUT_DEFAULT;
+    static const char *const not_sharded = "does not combine with --mpi (pagedkv generate "
+                                           "--mpi --help)";
+    const char *ignored_s = NULL;
+    bool ignored_b = false;
     const cli_opt opts[] = {
         {.name = "mpi", .kind = OPT_FLAG, .dst = &o.mpi},
         {.name = "model", .kind = OPT_STRING, .dst = &o.model_path},
@@ -385,10 +396,22 @@ int mpi_generate(int argc, char **argv)
          .hi = UINT32_MAX},
         {.name = "threads", .kind = OPT_U32, .dst = &o.threads, .lo = 0,
          .hi = CLI_MAX_THREADS},
+        {.name = "timeout", .kind = OPT_DOUBLE, .dst = &o.timeout, .dlo = 0.1, .dhi = 1e7},
+        {.name = "sessions", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "prefix-cache", .kind = OPT_FLAG, .dst = &ignored_b,
+         .refused = not_sharded},
+        {.name = "window", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "sinks", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "rollback", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "softcap", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "check", .kind = OPT_FLAG, .dst = &ignored_b, .refused = not_sharded},
+        {.name = "check-e2e", .kind = OPT_FLAG, .dst = &ignored_b, .refused = not_sharded},
+        {.name = "json", .kind = OPT_FLAG, .dst = &ignored_b, .refused = not_sharded},
+        {.name = "save", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
     };
     int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
                        NULL);
     if (rc != CLI_OK)
         return rc == CLI_HELP ? CLI_OK : rc;
-    return mpi_common_main(CMD, argc, argv, run, &o);
+    return mpi_common_main(CMD, argc, argv, o.timeout, run, &o);
 }

@@ -154,18 +154,18 @@ int gen_report(gen *g)
     json_writer w = {stdout, true, true}, *W = &w;
     if (o->json) {
         json_open(W, NULL, '{');
+        cli_json_envelope(W, CMD, es.isa);
         json_open(W, "model", '{');
         json_str(W, "source", o->model_path ? o->model_path : "synthetic");
-        JSON_U64S(W, {"dim", c->dim}, {"hidden_dim", c->hidden_dim}, {"n_layers", c->n_layers},
-                  {"n_heads", c->n_heads}, {"n_kv_heads", c->n_kv_heads},
-                  {"head_dim", c->head_size}, {"vocab_size", c->vocab_size},
+        JSON_U64S(W, {"dim", c->dim}, {"hidden_dim", c->hidden_dim}, {"layers", c->n_layers},
+                  {"heads", c->n_heads}, {"kv_heads", c->n_kv_heads},
+                  {"head_dim", c->head_size}, {"vocab", c->vocab_size},
                   {"seq_len", c->seq_len}, {"params", llama_param_count(c)});
         json_close(W, '}');
         json_open(W, "cache", '{');
         json_str(W, "dtype", pkv_dtype_name(cfg.kv_dtype));
         JSON_U64S(W, {"block_tokens", cfg.block_tokens}, {"page_bytes", es.page_bytes},
-                  {"n_threads", cfg.n_threads});
-        json_str(W, "isa", es.isa);
+                  {"threads", cfg.n_threads});
         JSON_U64S(W, {"window", o->v.window}, {"sinks", o->v.sinks},
                   {"rollback", o->v.rollback});
         json_num(W, "softcap", o->v.softcap);
@@ -206,7 +206,7 @@ int gen_report(gen *g)
                     cli_bytes(m.bytes_overhead, b4));
             if (o->v.window)
                 fprintf(stderr, "    window %u (sinks %u, rollback %u): at most %llu pages "
-                                "held in a layer, SPEC §8 ceiling %llu\n", o->v.window,
+                                "held in a layer, page ceiling %llu\n", o->v.window,
                         o->v.sinks, o->v.rollback, (unsigned long long)max_layer_pages(g, s),
                         (unsigned long long)cli_variant_page_ceiling(&o->v,
                                                                      cfg.block_tokens));
@@ -254,6 +254,13 @@ int gen_report(gen *g)
         fputc('\n', stdout);
         return CLI_OK;
     }
+    if (!o->model_path)
+        fprintf(stderr, "model: the built-in synthetic one (random weights): its output is "
+                        "token ids, not text; --model and --tokenizer run a real model "
+                        "(README.md, \"A real model\")\n");
+    else if (!g->have_tok)
+        fprintf(stderr, "model: %s without --tokenizer: its output is token ids\n",
+                o->model_path);
     for (uint32_t s = 0; s < g->N; s++)
         say_stop(g, s);
     fprintf(stderr, "engine: %llu pages in use = %s for %u session(s) (%s if nothing "

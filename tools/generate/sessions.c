@@ -1,5 +1,5 @@
 /*
- * generate/sessions.c - `pagedkv generate --sessions N --prefix-cache` (SPEC §10):
+ * generate/sessions.c - `pagedkv generate --sessions N --prefix-cache` (docs/prefix-cache.md):
  * sessions 1..N-1 are not forks of session 0 but requests of their own, as a server
  * sees them: each asks the prefix cache for the prompt (pkv_session_from_prefix) and
  * runs the model only over the positions the cache did not have (at least the last
@@ -9,6 +9,7 @@
  * The text must not change: every session samples from the logits of its own
  * forward, which are compared with session 0's bit for bit (logits_identical).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,10 +79,16 @@ void gen_prefix_report(const gen *g, json_writer *W)
     if (!x->on)
         return;
     const uint32_t later = g->N - 1;
-    /* what the later sessions would have cost cold: session 0's prefill each */
+    /* what the later sessions would have cost cold: session 0's prefill each; a saving
+     * is claimed only where something was reused */
     const double cold = x->t_cold * later, saved = cold - x->t_tail;
     pkv_stats es;
+    pkv_config cfg;
     pkv_engine_stats(g->eng, &es);
+    const uint32_t bt = pkv_engine_config(g->eng, &cfg) == PKV_OK ? cfg.block_tokens : 0;
+    /* the cache shares whole pages of at most P - 1 positions: a prompt of one page or
+     * less can never hit */
+    const bool short_prompt = bt && g->P <= bt;
     if (W) {
         json_open(W, "prefix_cache", '{');
         json_u64(W, "lookups", es.prefix_lookups);
@@ -90,14 +97,31 @@ void gen_prefix_report(const gen *g, json_writer *W)
         json_u64(W, "tokens_prefilled", x->computed);
         json_fmt(W, "prefill_seconds_cold", "%.6f", cold);
         json_fmt(W, "prefill_seconds", "%.6f", x->t_tail);
-        json_fmt(W, "prefill_seconds_saved", "%.6f", saved);
+        if (x->hits)
+            json_fmt(W, "prefill_seconds_saved", "%.6f", saved);
+        else
+            json_str(W, "prefill_seconds_saved", NULL);
+        json_bool(W, "prompt_within_one_page", short_prompt);
         json_bool(W, "logits_identical", x->identical);
         json_close(W, '}');
         return;
     }
+    if (!x->hits) {
+        fprintf(stderr, "prefix cache: none of %u later session(s) hit: nothing reused, no "
+                        "prefill saved; first logits %s session 0's\n", later,
+                x->identical ? "bitwise equal to" : "DIFFERENT from");
+        if (short_prompt)
+            fprintf(stderr, "prefix cache: the prompt's %u positions (BOS included) fit in "
+                            "one page of %u tokens: the cache shares whole pages and leaves "
+                            "the last position to the model, so a prompt needs more than %u "
+                            "positions to be reused (a longer -i, or --block-tokens)\n",
+                    g->P, bt, bt);
+        return;
+    }
     fprintf(stderr, "prefix cache: %u of %u later session(s) hit, %llu prompt tokens reused, "
-                    "%llu prefilled; their prefill %.3f ms instead of %.3f ms (%.3f ms "
-                    "saved); first logits %s session 0's\n", x->hits, later,
+                    "%llu prefilled; their prefill %.3f ms instead of %.3f ms (%s %.3f ms); "
+                    "first logits %s session 0's\n", x->hits, later,
             (unsigned long long)x->reused, (unsigned long long)x->computed, x->t_tail * 1e3,
-            cold * 1e3, saved * 1e3, x->identical ? "bitwise equal to" : "DIFFERENT from");
+            cold * 1e3, saved >= 0 ? "saved" : "lost", fabs(saved) * 1e3,
+            x->identical ? "bitwise equal to" : "DIFFERENT from");
 }

@@ -11,10 +11,13 @@
  * Exit status: 0 the file is sound; 1 it is not (or cannot be read), the reason on
  *   stderr; 2 a usage error (cli.h).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/cli.h"
 #include "common/json.h"
@@ -106,6 +109,7 @@ static void print_json(const char *path, const pkv_file_info *in, const uint64_t
 {
     json_writer w = {stdout, true, false}, *W = &w;
     json_open(W, NULL, '{');
+    cli_json_envelope(W, "inspect", NULL);
     json_str(W, "file", path);
     json_bool(W, "sound", st == PKV_OK);
     json_str(W, "status", status_name(st));
@@ -113,8 +117,8 @@ static void print_json(const char *path, const pkv_file_info *in, const uint64_t
     JSON_U64S(W, {"file_bytes", in->file_bytes});
     json_bool(W, "header_sound", in->header_sound);
     if (in->header_sound) {
-        JSON_U64S(W, {"version", in->version}, {"n_layers", in->n_layers},
-                  {"n_heads", in->n_heads}, {"n_kv_heads", in->n_kv_heads},
+        JSON_U64S(W, {"file_version", in->version}, {"layers", in->n_layers},
+                  {"heads", in->n_heads}, {"kv_heads", in->n_kv_heads},
                   {"head_dim", in->head_dim});
         json_str(W, "dtype", pkv_dtype_name(in->kv_dtype));
         JSON_U64S(W, {"block_tokens", in->block_tokens});
@@ -178,6 +182,15 @@ int cmd_inspect(int argc, char **argv)
         if (!(len = malloc(sizeof *len * info.n_layers)))
             return cli_fail(CMD, "out of memory");
         st = pkv_session_file_check(path[0], &info, len, info.n_layers);
+    }
+    /* not opened: the library's reason is its own words; the OS's is more precise */
+    if (st == PKV_EIO && info.file_bytes == 0) {
+        int fd = open(path[0], O_RDONLY);
+        if (fd < 0)
+            snprintf(info.reason, sizeof info.reason, "cannot open '%s': %s", path[0],
+                     strerror(errno));
+        else
+            close(fd);
     }
     if (json)
         print_json(path[0], &info, len, st);

@@ -1,8 +1,9 @@
 /*
  * mem/mem.c - `pagedkv mem`: how much KV-cache memory a model geometry costs, as the
- * SPEC §1 formula and as the paged cache really stores it (SPEC §3, §6).
+ * size formula (docs/memory.md) and as the paged cache really stores it (docs/design.md, "Page
+ * layout").
  *
- * Owns: option parsing and presentation of the figures, and the --measure run.
+ * Owns: option parsing, the figures, and the --measure run (report.c prints them).
  * Does not own: any arithmetic the library defines. The formula is
  *   pkv_kv_cache_bytes(); the page size and the resolved block size are read back from
  *   a real engine (pkv_engine_stats, pkv_engine_config), so the tool can never drift
@@ -10,14 +11,14 @@
  *
  * Figures (all uint64, overflow-checked; "batch" sessions of "ctx" tokens each):
  *   formula         2 * layers * g * d * ctx * batch * bytes_per_value; with variants
- *                   (SPEC §8) sum over layers of positions * g * (d + dv) * bpv * batch,
- *                   and for the block types (SPEC §9: Q8, Q4, whose rows carry a scale
- *                   per 32 values) positions * g * (row_bytes(d) + row_bytes(dv)),
+ *                   (docs/variants.md) sum over layers of positions * g * (d + dv) * bpv * batch,
+ *                   and for the block types (docs/numerics.md, section 6: Q8, Q4, whose rows carry
+ *                   a scale per 32 values) positions * g * (row_bytes(d) + row_bytes(dv)),
  *                   positions = ctx for a full layer, min(ctx, sinks + window +
  *                   rollback) for a windowed one (what a decode can still read)
  *   pages/layer     ceil(ctx / block_tokens); a windowed layer's pages come from a
  *                   real one-layer engine of that config (probe_window_pages), next to
- *                   SPEC §8's ceiling ceil(sinks/bt) + ceil((window+rollback)/bt) + 1
+ *                   docs/variants.md's ceiling ceil(sinks/bt) + ceil((window+rollback)/bt) + 1
  *   mla             deepseek-v3: the latent the model caches (kv_lora_rank + rope key
  *                   = head_dim values a token), what pagedkv stores (K row and V row:
  *                   head_dim + head_dim_v) and naive MLA's per-head K/V
@@ -42,6 +43,7 @@
 #include "common/cli.h"
 #include "common/json.h"
 #include "common/opt.h"
+#include "mem/mem.h"
 
 static const char *const CMD = "mem";
 
@@ -49,9 +51,29 @@ static const char *const CMD = "mem";
  * size is really allocated (and touched) in RAM. */
 #define MEASURE_LIMIT_BYTES (1ull << 30)
 
-/* Bookkeeping per page assumed by the estimate: a page pointer and a data pointer per
- * block-table entry, plus one page descriptor. */
-#define TABLE_BYTES_PER_PAGE (2u * sizeof(void *) + 32u)
+
+/* text from column `at` of a line already started there, wrapped at spaces to `width`
+ * columns, the continuation lines indented to `at` too. */
+static void print_wrapped(FILE *f, const char *text, int at, int width)
+{
+    int col = at;
+    for (const char *p = text; *p;) {
+        const int w = (int)strcspn(p, " ");
+        if (col > at && col + 1 + w > width) {
+            fprintf(f, "\n%*s", at, "");
+            col = at;
+        } else if (col > at) {
+            fputc(' ', f);
+            col++;
+        }
+        fwrite(p, 1, (size_t)w, f);
+        col += w;
+        p += w;
+        while (*p == ' ')
+            p++;
+    }
+    fputc('\n', f);
+}
 
 static void usage(FILE *f)
 {
@@ -59,7 +81,7 @@ static void usage(FILE *f)
 "usage: pagedkv mem --layers N --kv-heads N --head-dim N --ctx N [options]\n"
 "       pagedkv mem --model-preset NAME --ctx N [options]\n"
 "\n"
-"KV-cache memory of a model geometry: the SPEC §1 formula\n"
+"KV-cache memory of a model geometry: the size formula (docs/memory.md)\n"
 "  2 * layers * kv_heads * head_dim * ctx * batch * bytes_per_value\n"
 "and the paged figure, layers * ceil(ctx / block_tokens) * page_bytes * batch, with\n"
 "page_bytes read back from a real engine of that geometry.\n"
@@ -71,8 +93,8 @@ static void usage(FILE *f)
 "  --head-dim N        dimension of one head\n"
 "  --ctx N             tokens per session (k/m/g suffixes: x1024, x2^20, x2^30)\n"
 "  --batch N           sessions (default 1)\n"
-"  --dtype T           stored K/V type: f32, f16 (default), bf16, q8 or q4 (SPEC §9:\n"
-"                      blocks of 32 values with an f16 scale each)\n"
+"  --dtype T           stored K/V type: f32, f16 (default), bf16, q8 or q4 (q8, q4:\n"
+"                      blocks of 32 values with an f16 scale each; docs/numerics.md)\n"
 "  --block-tokens N    tokens per page (default: the library's, 0 = the same)\n"
 "  --head-dim-v N      width of V rows (default: --head-dim); MLA: kv_lora_rank\n"
 "  --window W          sliding window of W positions on every layer (or on the\n"
@@ -96,17 +118,24 @@ static void usage(FILE *f)
     const cli_variant_preset *vp = cli_variant_presets(&n);
     fprintf(f, "\nvariant presets, real models' layer patterns (docs/variants.md):\n");
     for (uint32_t i = 0; i < n; i++) {
-        char vd[200];
-        fprintf(f, "  %-12s like %s: %u layers, %u heads, %u kv-heads, head-dim %u", vp[i].name,
-                vp[i].like, vp[i].layers, vp[i].heads, vp[i].kv_heads, vp[i].head_dim);
-        if (vp[i].head_dim_v)
-            fprintf(f, ", head-dim-v %u", vp[i].head_dim_v);
-        fprintf(f, "; %s\n      (%s)\n",
-                cli_variant_describe(&vp[i].v, vp[i].layers, vd, sizeof vd), vp[i].note);
+        char vd[200], line[1024];
+        int k = snprintf(line, sizeof line, "like %s: %u layers, %u heads, %u kv-heads, "
+                         "head-dim %u", vp[i].like, vp[i].layers, vp[i].heads,
+                         vp[i].kv_heads, vp[i].head_dim);
+        if (vp[i].head_dim_v && k > 0 && (size_t)k < sizeof line)
+            k += snprintf(line + k, sizeof line - (size_t)k, ", head-dim-v %u",
+                          vp[i].head_dim_v);
+        if (k > 0 && (size_t)k < sizeof line)
+            snprintf(line + k, sizeof line - (size_t)k, "; %s (%s)",
+                     cli_variant_describe(&vp[i].v, vp[i].layers, vd, sizeof vd), vp[i].note);
+        fprintf(f, "  %-12s", vp[i].name);
+        print_wrapped(f, line, 14, 80);
     }
     fprintf(f,
 "\n"
-"JSON keys (stable): preset (string or null), layers, heads, kv_heads, head_dim,\n"
+"JSON keys (stable): the envelope of every command (tool, command, version, isa,\n"
+"  host, cpu, online_cpus, argv), then preset (string or null), layers, heads,\n"
+"  kv_heads, head_dim,\n"
 "  ctx, batch, dtype, bytes_per_value (q8/q4: a fraction, scales included),\n"
 "  row_bytes_k, row_bytes_v (pkv_row_bytes of a K and a V row), bytes_per_token (all\n"
 "  layers of one session), block_tokens, formula_bytes, paged_bytes,\n"
@@ -124,7 +153,7 @@ static void usage(FILE *f)
 "  sink_logits, windowed_layers, full_layers, formula_assumes (what the formula\n"
 "  counts, in words), positions_per_windowed_layer, pages_per_windowed_layer (from\n"
 "  a real engine), probe_tokens (positions that engine took; 0: too many, the\n"
-"  SPEC rule stands in), page_ceiling (SPEC §8, per windowed layer),\n"
+"  release rule stands in), page_ceiling (docs/variants.md, per windowed layer),\n"
 "  dense_formula_bytes\n"
 "  (the formula with no window), window_saving_bytes; null without a\n"
 "  window (all five). mla: null, or (deepseek-v3) latent_bytes (head_dim values a token and\n"
@@ -136,62 +165,6 @@ static void usage(FILE *f)
 "computed ones), 2 usage error.\n");
 }
 
-typedef struct {
-    const char *preset;
-    const cli_variant_preset *vp;   /* the preset's variant pattern, or NULL */
-    uint32_t layers, heads, kv_heads, head_dim, block_tokens;
-    uint32_t head_dim_v;            /* 0 = head_dim */
-    cli_variant v;
-    uint64_t ctx, batch;
-    pkv_dtype dtype;
-    bool has_layers, has_heads, has_kv, has_dim, has_ctx, has_dv;
-    bool has_w, has_s, has_r;
-    bool json, measure, force;
-} mem_opts;
-
-/* Naive MLA: per-head K (qk_nope + qk_rope) and V (v_head_dim) values per token, head
- * and layer, DeepSeek-V3's config.json: 128 + 64 + 128 (times its 128 heads). */
-#define MLA_NAIVE_PER_HEAD (128u + 64u + 128u)
-
-typedef struct {
-    uint64_t bytes_per_value;    /* f32/f16/bf16; 0 for the block types */
-    uint64_t row_k, row_v;       /* pkv_row_bytes of a K row (d) and a V row (dv) */
-    uint64_t token_bytes;        /* one position of every layer: L * g * (row_k + row_v) */
-    uint32_t block_tokens;       /* resolved by the engine */
-    uint64_t formula;            /* SPEC §1, whole batch */
-    uint64_t formula_session;    /* the same, batch = 1 */
-    uint64_t page_bytes;         /* from pkv_engine_stats */
-    uint64_t pages_per_layer;    /* ceil(ctx / bt) */
-    uint64_t pages_per_session;  /* layers * pages_per_layer */
-    uint64_t paged_session;      /* pages_per_session * page_bytes */
-    uint64_t paged;              /* paged_session * batch */
-    uint64_t waste;              /* paged - formula */
-    bool table_ok;               /* false: the estimate overflows */
-    uint64_t table_est;          /* whole batch */
-    bool mha_ok;                 /* false: the MHA formula overflows */
-    uint64_t mha;                /* formula with g = heads, whole batch */
-    uint64_t saving;             /* mha - formula */
-    /* variants */
-    uint32_t dv;                 /* head_dim_v, resolved */
-    uint32_t windowed, full;     /* layers of each kind */
-    uint64_t win_positions;      /* min(ctx, sinks + window + rollback) */
-    uint64_t win_pages;          /* pages a windowed layer holds at ctx (engine) */
-    uint64_t win_rule_pages;     /* the same by SPEC §8's rule (cli.h) */
-    uint64_t probe_tokens;       /* positions appended to the probe engine */
-    uint64_t ceiling;            /* SPEC §8 pages per windowed layer */
-    uint64_t dense;              /* the formula without the window, whole batch */
-    bool mla;
-    uint64_t latent, naive;      /* MLA: the latent cache, per-head K/V; whole batch */
-    char assumes[256];
-} mem_figures;
-
-typedef struct {
-    pkv_memory m;                /* one session */
-    pkv_stats st;                /* engine, after the appends */
-    uint64_t peak_rss;
-    double seconds;
-    bool matches;
-} mem_measured;
 
 static bool mul64(uint64_t a, uint64_t b, uint64_t *out)
 {
@@ -300,10 +273,6 @@ static pkv_config mem_config(const mem_opts *o, pkv_layer_config **lc, float **s
     return c;
 }
 
-/* Probes longer than this many appends are not run (a window beyond the context of a
- * huge --ctx): the figure is then SPEC §8's rule, and the output says so. */
-#define PROBE_MAX_TOKENS (4u << 20)
-
 /* Pages one windowed layer holds at ctx, from a real engine: a one-layer engine of the
  * layer's config and page size, a session of zeros. Which pages a layer holds depends
  * on the positions, the page size and the layer config only, not on the heads, widths
@@ -397,7 +366,7 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
     if (!mul64(o->layers, o->kv_heads, &f->token_bytes) ||
         !mul64(f->token_bytes, f->row_k + f->row_v, &f->token_bytes))
         return overflow();
-    /* the §1 formula (bytes_per_value) holds for the per-value types alone */
+    /* the size formula (docs/memory.md) (bytes_per_value) holds for the per-value types alone */
     const bool plain = !f->windowed && f->dv == o->head_dim && f->bytes_per_value != 0;
 
     /* positions a session keeps that a decode can still read, summed over layers */
@@ -420,7 +389,7 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
         if (s != PKV_OK)
             return cli_fail(CMD, "pkv_kv_cache_bytes: %s", pkv_status_str(s));
         f->dense = f->formula;
-        snprintf(f->assumes, sizeof f->assumes, "SPEC §1: K and V of head_dim for every "
+        snprintf(f->assumes, sizeof f->assumes, "K and V of head_dim for every "
                  "position of every layer");
     } else {
         /* one position of one layer: g K rows of head_dim and V rows of head_dim_v */
@@ -433,7 +402,7 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
             return overflow();
         size_t n = 0;
         if (f->windowed)
-            n += (size_t)snprintf(f->assumes, sizeof f->assumes, "SPEC §8: %u full layer(s) "
+            n += (size_t)snprintf(f->assumes, sizeof f->assumes, "by layer: %u full layer(s) "
                                   "x %" PRIu64 " positions + %u windowed x min(ctx, sinks + "
                                   "window + rollback) = %" PRIu64 " positions; ",
                                   f->full, o->ctx, f->windowed, f->win_positions);
@@ -442,7 +411,7 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
                               "[c_t ; k_rope], V = c_t), not per-head K/V; " : "",
                               o->kv_heads, o->head_dim, f->dv);
         if (!f->bytes_per_value && n < sizeof f->assumes)
-            snprintf(f->assumes + n, sizeof f->assumes - n, "; SPEC §9: %s rows of %" PRIu64
+            snprintf(f->assumes + n, sizeof f->assumes - n, "; %s rows of %" PRIu64
                      " + %" PRIu64 " bytes (blocks of 32 values, an f16 scale each)",
                      pkv_dtype_name(o->dtype), f->row_k, f->row_v);
     }
@@ -457,8 +426,8 @@ static int compute(const mem_opts *o, pkv_engine *e, mem_figures *f)
             f->win_pages = f->win_rule_pages;
         f->ceiling = cli_variant_page_ceiling(&o->v, f->block_tokens);
         if (f->win_pages > f->ceiling)
-            return cli_fail(CMD, "a windowed layer holds %" PRIu64 " pages, beyond SPEC "
-                                 "§8's ceiling of %" PRIu64, f->win_pages, f->ceiling);
+            return cli_fail(CMD, "a windowed layer holds %" PRIu64 " pages, beyond the page "
+                                 "ceiling of %" PRIu64, f->win_pages, f->ceiling);
     }
     if (!mul64(f->full, f->pages_per_layer, &a) || !mul64(f->windowed, f->win_pages, &b) ||
         __builtin_add_overflow(a, b, &f->pages_per_session) ||
@@ -533,239 +502,6 @@ static int measure(const mem_opts *o, pkv_engine *e, const mem_figures *f,
     return CLI_OK;
 }
 
-/* "MHA", "MQA", "GQA", or NULL when the query heads were not given. */
-static const char *attention_kind(const mem_opts *o)
-{
-    if (!o->has_heads)
-        return NULL;
-    return o->kv_heads == o->heads ? "MHA" : o->kv_heads == 1 ? "MQA" : "GQA";
-}
-
-static void print_text(const mem_opts *o, const mem_figures *f, const mem_measured *r)
-{
-    char b1[32], b2[32];
-    const uint32_t hg = o->heads / o->kv_heads;
-    /* The kind of attention is known only when the query heads are: without --heads
-     * (or a preset) the figures take heads = kv-heads, which says nothing about it. */
-    const char *kind = attention_kind(o);
-    if (o->preset)
-        printf("preset          %s\n", o->preset);
-    if (kind)
-        printf("geometry        %u layers, %u heads, %u kv-heads (%s, %u quer%s per group), "
-               "head-dim %u\n", o->layers, o->heads, o->kv_heads, kind, hg,
-               hg == 1 ? "y" : "ies", o->head_dim);
-    else
-        printf("geometry        %u layers, %u kv-heads (query heads not given), head-dim %u\n",
-               o->layers, o->kv_heads, o->head_dim);
-    if (f->bytes_per_value)
-        printf("sessions        %" PRIu64 " x %" PRIu64 " tokens, %s (%" PRIu64
-               " bytes/value), block-tokens %u\n",
-               o->batch, o->ctx, pkv_dtype_name(o->dtype), f->bytes_per_value, f->block_tokens);
-    else
-        printf("sessions        %" PRIu64 " x %" PRIu64 " tokens, %s (%.4g bits/value: a "
-               "%u-value row is %" PRIu64 " bytes, blocks of 32 values with an f16 scale), "
-               "block-tokens %u\n", o->batch, o->ctx, pkv_dtype_name(o->dtype),
-               8.0 * (double)f->row_k / o->head_dim, o->head_dim, f->row_k, f->block_tokens);
-    printf("per token       %" PRIu64 " bytes (%u layers x %u kv-heads x (K row %" PRIu64
-           " + V row %" PRIu64 " bytes))\n", f->token_bytes, o->layers, o->kv_heads, f->row_k,
-           f->row_v);
-    const bool plain = !f->windowed && f->dv == o->head_dim && f->bytes_per_value != 0;
-    if (f->windowed || f->dv != o->head_dim || cli_variant_any(&o->v)) {
-        char vd[256];
-        printf("variant         %s; head-dim-v %u\n",
-               cli_variant_describe(&o->v, o->layers, vd, sizeof vd), f->dv);
-    }
-    if (o->vp)
-        printf("preset assumes  like %s: %s\n", o->vp->like, o->vp->note);
-    printf("\n");
-    if (plain)
-        printf("formula         2 * %u * %u * %u * %" PRIu64 " * %" PRIu64 " * %" PRIu64 "\n",
-               o->layers, o->kv_heads, o->head_dim, o->ctx, o->batch, f->bytes_per_value);
-    else if (f->bytes_per_value)
-        printf("formula         %s\n                (%u full x %" PRIu64 " + %u windowed x %"
-               PRIu64 " positions) * %u * (%u + %u) * %" PRIu64 " * %" PRIu64 "\n",
-               f->assumes, f->full, o->ctx, f->windowed, f->win_positions, o->kv_heads,
-               o->head_dim, f->dv, o->batch, f->bytes_per_value);
-    else
-        printf("formula         %s\n                (%u full x %" PRIu64 " + %u windowed x %"
-               PRIu64 " positions) * %u * (%" PRIu64 " + %" PRIu64 " bytes) * %" PRIu64 "\n",
-               f->assumes, f->full, o->ctx, f->windowed, f->win_positions, o->kv_heads,
-               f->row_k, f->row_v, o->batch);
-    printf("                = %" PRIu64 " bytes (%s)\n", f->formula, cli_bytes(f->formula, b1));
-    if (f->windowed)
-        printf("paged           (%u full * %" PRIu64 " + %u windowed * %" PRIu64 ") pages * %"
-               PRIu64 " bytes * %" PRIu64 "\n", f->full, f->pages_per_layer, f->windowed,
-               f->win_pages, f->page_bytes, o->batch);
-    else
-        printf("paged           %u layers * %" PRIu64 " pages * %" PRIu64 " bytes * %" PRIu64
-               "\n", o->layers, f->pages_per_layer, f->page_bytes, o->batch);
-    printf("                = %" PRIu64 " bytes (%s)\n", f->paged, cli_bytes(f->paged, b1));
-    if (!f->bytes_per_value)
-        printf("page            %" PRIu64 " bytes (%s) = %u kv-heads * %u tokens * (%" PRIu64
-               " + %" PRIu64 ") bytes a K and a V row\n", f->page_bytes,
-               cli_bytes(f->page_bytes, b1), o->kv_heads, f->block_tokens, f->row_k, f->row_v);
-    else if (f->dv == o->head_dim)
-        printf("page            %" PRIu64 " bytes (%s) = 2 * %u kv-heads * %u tokens * %u "
-               "* %" PRIu64 "\n", f->page_bytes, cli_bytes(f->page_bytes, b1), o->kv_heads,
-               f->block_tokens, o->head_dim, f->bytes_per_value);
-    else
-        printf("page            %" PRIu64 " bytes (%s) = %u kv-heads * %u tokens * (%u + %u) "
-               "* %" PRIu64 "\n", f->page_bytes, cli_bytes(f->page_bytes, b1), o->kv_heads,
-               f->block_tokens, o->head_dim, f->dv, f->bytes_per_value);
-    if (f->windowed) {
-        char how[160];
-        if (f->probe_tokens)
-            snprintf(how, sizeof how, "a real engine of this window and page size, %" PRIu64
-                     " positions appended: the pages repeat every %u", f->probe_tokens,
-                     f->block_tokens);
-        else
-            snprintf(how, sizeof how, "by the SPEC rule: a probe would append more than %u "
-                     "positions", PROBE_MAX_TOKENS);
-        printf("windowed layer  %" PRIu64 " pages held at %" PRIu64 " tokens (%s); SPEC §8 "
-               "rule %" PRIu64 ", ceiling %" PRIu64 " = ceil(%u/%u) + ceil((%u+%u)/%u) + 1\n",
-               f->win_pages, o->ctx, how, f->win_rule_pages,
-               f->ceiling, o->v.sinks, f->block_tokens, o->v.window, o->v.rollback,
-               f->block_tokens);
-        printf("vs no window    %" PRIu64 " bytes (%s) by the formula: the window saves %"
-               PRIu64 " bytes (%s)\n", f->dense, cli_bytes(f->dense, b1),
-               f->dense - f->formula, cli_bytes(f->dense - f->formula, b2));
-    }
-    if (f->mla) {
-        printf("MLA latent      %" PRIu64 " bytes (%s): the %u values a token and layer "
-               "DeepSeek caches ([c_t ; k_rope]); pagedkv stores V = c_t again, %.2fx\n",
-               f->latent, cli_bytes(f->latent, b1), o->head_dim,
-               f->latent ? (double)f->formula / (double)f->latent : 0.0);
-        printf("naive MLA       %" PRIu64 " bytes (%s): per-head K/V, %u heads x %u values; "
-               "the latent is %.1fx smaller\n", f->naive, cli_bytes(f->naive, b1), o->heads,
-               MLA_NAIVE_PER_HEAD, f->latent ? (double)f->naive / (double)f->latent : 0.0);
-    }
-    if (f->windowed)
-        printf("pages/session   %" PRIu64 " (%" PRIu64 " per full layer, %" PRIu64
-               " per windowed layer)\n", f->pages_per_session, f->pages_per_layer,
-               f->win_pages);
-    else
-        printf("pages/session   %" PRIu64 " (%" PRIu64 " per layer)\n", f->pages_per_session,
-               f->pages_per_layer);
-    printf("waste           %" PRIu64 " bytes (%s, %.3f%%): the partly filled last page "
-           "of each layer%s\n", f->waste, cli_bytes(f->waste, b1),
-           f->paged ? 100.0 * (double)f->waste / (double)f->paged : 0.0,
-           f->windowed ? " (a windowed layer's oldest page may be partly read, too)" : "");
-    if (f->table_ok)
-        printf("block tables    ~%" PRIu64 " bytes (%s, estimate: %u bytes per page; table "
-               "growth slack and decode scratch come on top)\n",
-               f->table_est, cli_bytes(f->table_est, b1), (unsigned)TABLE_BYTES_PER_PAGE);
-    else
-        printf("block tables    the estimate overflows 64 bits\n");
-    if (!kind)
-        printf("vs MHA          unknown: give --heads (query heads) to compare with MHA\n");
-    else if (hg == 1)
-        printf("vs MHA          this is MHA (kv-heads = heads); give --heads to compare "
-               "a GQA/MQA model\n");
-    else if (f->mha_ok)
-        printf("vs MHA          %" PRIu64 " bytes (%s) with kv-heads = heads = %u; "
-               "%s saves %" PRIu64 " bytes (%s, %ux less)\n",
-               f->mha, cli_bytes(f->mha, b1), o->heads, kind, f->saving,
-               cli_bytes(f->saving, b2), hg);
-    else
-        printf("vs MHA          the MHA cache (kv-heads = heads = %u) overflows 64 bits\n",
-               o->heads);
-    if (!r)
-        return;
-    printf("\nmeasured        one session, %" PRIu64 " tokens in each of %u layers, %.2f s\n",
-           o->ctx, o->layers, r->seconds);
-    printf("  tokens          %" PRIu64 "\n", r->m.tokens);
-    printf("  blocks          %" PRIu64 "   (computed %" PRIu64 ")\n", r->m.blocks,
-           f->pages_per_session);
-    printf("  bytes_resident  %" PRIu64 "   (computed paged/session %" PRIu64 ")\n",
-           r->m.bytes_resident, f->paged_session);
-    printf("  bytes_ideal     %" PRIu64 "   (computed formula/session %" PRIu64 ")\n",
-           r->m.bytes_ideal, f->formula_session);
-    /* the estimate per session: the pages of one session at the same rate */
-    printf("  bytes_overhead  %" PRIu64 "   (estimate %" PRIu64 ")\n", r->m.bytes_overhead,
-           f->pages_per_session * (uint64_t)TABLE_BYTES_PER_PAGE);
-    printf("  engine          %" PRIu64 " pages in use, allocator %" PRIu64 " bytes (%s)\n",
-           r->st.pages_in_use, r->st.bytes_allocator, cli_bytes(r->st.bytes_allocator, b1));
-    printf("  peak RSS        %" PRIu64 " bytes (%s)\n", r->peak_rss,
-           cli_bytes(r->peak_rss, b1));
-    printf("  matches         %s\n", r->matches ? "yes" : "NO");
-}
-
-static void print_json(const mem_opts *o, const mem_figures *f, const mem_measured *r)
-{
-    json_writer w = {stdout, true, false}, *W = &w;
-    json_open(W, NULL, '{');
-    json_str(W, "preset", o->preset);
-    JSON_U64S(W, {"layers", o->layers}, {"heads", o->heads}, {"kv_heads", o->kv_heads},
-              {"head_dim", o->head_dim}, {"ctx", o->ctx}, {"batch", o->batch});
-    json_str(W, "dtype", pkv_dtype_name(o->dtype));
-    if (f->bytes_per_value)
-        json_u64(W, "bytes_per_value", f->bytes_per_value);
-    else /* a block type: the mean over a K row, scales included */
-        json_num(W, "bytes_per_value", (double)f->row_k / o->head_dim);
-    JSON_U64S(W, {"row_bytes_k", f->row_k}, {"row_bytes_v", f->row_v},
-              {"bytes_per_token", f->token_bytes});
-    JSON_U64S(W, {"block_tokens", f->block_tokens},
-              {"formula_bytes", f->formula}, {"paged_bytes", f->paged},
-              {"page_bytes", f->page_bytes}, {"pages_per_layer", f->pages_per_layer},
-              {"pages_per_session", f->pages_per_session}, {"waste_bytes", f->waste});
-    if (f->table_ok)
-        json_u64(W, "block_table_bytes_est", f->table_est);
-    else
-        json_str(W, "block_table_bytes_est", NULL);
-    if (f->mha_ok) {
-        JSON_U64S(W, {"mha_formula_bytes", f->mha}, {"gqa_saving_bytes", f->saving});
-    } else {
-        json_str(W, "mha_formula_bytes", NULL);
-        json_str(W, "gqa_saving_bytes", NULL);
-    }
-    json_u64(W, "gqa_ratio", o->heads / o->kv_heads);
-    json_str(W, "attention", attention_kind(o));
-    JSON_U64S(W, {"head_dim_v", f->dv}, {"window", o->v.window}, {"sinks", o->v.sinks},
-              {"rollback", o->v.rollback}, {"window_every", o->v.every});
-    json_num(W, "softcap", o->v.softcap);
-    json_bool(W, "sink_logits", o->v.sink_logits);
-    JSON_U64S(W, {"windowed_layers", f->windowed}, {"full_layers", f->full});
-    json_str(W, "formula_assumes", f->assumes);
-    if (f->windowed) {
-        JSON_U64S(W, {"probe_tokens", f->probe_tokens},
-                  {"positions_per_windowed_layer", f->win_positions},
-                  {"pages_per_windowed_layer", f->win_pages}, {"page_ceiling", f->ceiling},
-                  {"dense_formula_bytes", f->dense},
-                  {"window_saving_bytes", f->dense - f->formula});
-    } else {
-        json_str(W, "probe_tokens", NULL);
-        json_str(W, "positions_per_windowed_layer", NULL);
-        json_str(W, "pages_per_windowed_layer", NULL);
-        json_str(W, "page_ceiling", NULL);
-        json_str(W, "dense_formula_bytes", NULL);
-        json_str(W, "window_saving_bytes", NULL);
-    }
-    if (!f->mla) {
-        json_str(W, "mla", NULL);
-    } else {
-        json_open(W, "mla", '{');
-        JSON_U64S(W, {"latent_bytes", f->latent}, {"stored_bytes", f->formula},
-                  {"naive_bytes", f->naive},
-                  {"naive_values_per_token_layer", (uint64_t)o->heads * MLA_NAIVE_PER_HEAD});
-        json_close(W, '}');
-    }
-    if (!r) {
-        json_str(W, "measured", NULL);
-    } else {
-        json_open(W, "measured", '{');
-        JSON_U64S(W, {"tokens", r->m.tokens}, {"blocks", r->m.blocks},
-                  {"bytes_resident", r->m.bytes_resident}, {"bytes_ideal", r->m.bytes_ideal},
-                  {"bytes_overhead", r->m.bytes_overhead},
-                  {"engine_pages_in_use", r->st.pages_in_use},
-                  {"engine_bytes_allocator", r->st.bytes_allocator},
-                  {"peak_rss_bytes", r->peak_rss});
-        json_fmt(W, "seconds", "%.6f", r->seconds);
-        json_bool(W, "matches", r->matches);
-        json_close(W, '}');
-    }
-    json_close(W, '}');
-    fputc('\n', stdout);
-}
 
 int cmd_mem(int argc, char **argv)
 {
@@ -785,9 +521,9 @@ int cmd_mem(int argc, char **argv)
     if (rc != CLI_OK)
         return rc;
     if (o.json)
-        print_json(&o, &f, o.measure ? &m : NULL);
+        mem_print_json(&o, &f, o.measure ? &m : NULL);
     else
-        print_text(&o, &f, o.measure ? &m : NULL);
+        mem_print_text(&o, &f, o.measure ? &m : NULL);
     if (o.measure && !m.matches)
         return cli_fail(CMD, "measured session memory disagrees with the computed figures");
     return CLI_OK;

@@ -1,7 +1,7 @@
 /*
- * quality/quality.c - `pagedkv quality` (SPEC §9): what each storage dtype costs in model
- * quality, measured the way llama.cpp users are told to measure a KV-cache format: KL
- * divergence of the next-token distributions against an f32 cache, position by
+ * quality/quality.c - `pagedkv quality` (docs/tools.md, "pagedkv quality"): what each storage dtype
+ * costs in model quality, measured the way llama.cpp users are told to measure a KV-cache format:
+ * KL divergence of the next-token distributions against an f32 cache, position by
  * position on the same tokens.
  *
  * Owns: the options, the two runs of the model mode (the f32 greedy run that decides
@@ -29,6 +29,7 @@
  * Synthetic mode (--synthetic): quality/synthetic.c. The rows both modes fill, and
  * their engines: quality/rows.c.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,10 +54,11 @@ static void usage(FILE *f)
     fprintf(f,
 "usage: pagedkv quality [OPTIONS]\n"
 "\n"
-"What each K/V storage dtype costs in quality (SPEC §9). The model (built-in, or\n"
-"--model) runs greedy with an f32 cache; that decides the tokens. Then the same tokens\n"
-"go through the model with each dtype's cache (teacher-forced, one pkv_prefill), and\n"
-"the next-token distributions are compared with the f32 run position by position.\n"
+"What each K/V storage dtype costs in quality (docs/tools.md). The model (built-in,\n"
+"or --model) runs greedy with an f32 cache; that decides the tokens. Then the same\n"
+"tokens go through the model with each dtype's cache (teacher-forced, one\n"
+"pkv_prefill), and the next-token distributions are compared with the f32 run\n"
+"position by position.\n"
 "Per dtype and path: bytes per token, KL divergence against f32 (mean, p99, max),\n"
 "top-1 agreement, and the attention-output error of the cache (each layer's output\n"
 "next to pkv_attention_reference on the same unrounded q/K/V).\n"
@@ -89,7 +91,8 @@ static void usage(FILE *f)
 "  --seed S            synthetic: random seed (default 1)\n"
 "  -h, --help          this help\n"
 "\n"
-"JSON keys: tool, version, mode (\"model\" or \"synthetic\"), kernels; model mode:\n"
+"JSON keys: the envelope of every command (tool, command, version, isa, host, cpu,\n"
+"  online_cpus, argv), then mode (\"model\" or \"synthetic\"); model mode:\n"
 "  model (path or null: built-in), tokenizer, layers, heads, kv_heads, head_dim, vocab,\n"
 "  prompts, positions (compared, all prompts), prompt_positions, stopped_at_bos (any\n"
 "  prompt), text (the first prompt's; null without a tokenizer); synthetic mode:\n"
@@ -132,6 +135,7 @@ static int parse(int argc, char **argv, q_opts *o)
     o->q_scale = 2;
     o->seed = 1;
     bool prompt_seen = false;
+    static const char *const synth_why = "it sets the attention-only synthetic run";
     static const pkv_dtype def[] = {PKV_F16, PKV_BF16, PKV_Q8, PKV_Q4};
     for (; o->n_dtypes < 4; o->n_dtypes++)
         o->dtypes[o->n_dtypes] = def[o->n_dtypes];
@@ -153,13 +157,18 @@ static int parse(int argc, char **argv, q_opts *o)
         {.name = "svg", .kind = OPT_STRING, .dst = &o->svg},
         {.name = "synthetic", .kind = OPT_FLAG, .dst = &o->synthetic},
         {.name = "ctx", .kind = OPT_U32, .dst = &o->ctx, .lo = 1, .hi = 1u << 16,
-         .note = "the double-precision reference is O(ctx^2)"},
+         .note = "the double-precision reference is O(ctx^2)",
+         .needs = "synthetic", .why = synth_why},
         {.name = "outliers", .kind = OPT_U32, .dst = &o->outliers, .lo = 0,
-         .hi = MAX_OUTLIERS},
+         .hi = MAX_OUTLIERS,
+         .needs = "synthetic", .why = synth_why},
         {.name = "outlier-scale", .kind = OPT_DOUBLE, .dst = &o->outlier_scale, .dlo = 0,
-         .dhi = 1e4},
-        {.name = "q-scale", .kind = OPT_DOUBLE, .dst = &o->q_scale, .dlo = 0, .dhi = 1e3},
-        {.name = "seed", .kind = OPT_U64, .dst = &o->seed, .lo = 0, .hi = UINT64_MAX},
+         .dhi = 1e4,
+         .needs = "synthetic", .why = synth_why},
+        {.name = "q-scale", .kind = OPT_DOUBLE, .dst = &o->q_scale, .dlo = 0, .dhi = 1e3,
+         .needs = "synthetic", .why = synth_why},
+        {.name = "seed", .kind = OPT_U64, .dst = &o->seed, .lo = 0, .hi = UINT64_MAX,
+         .needs = "synthetic", .why = synth_why},
     };
     int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
                        NULL);
@@ -201,9 +210,11 @@ static pkv_status attn_checked(void *ctx, uint32_t layer, uint32_t n, float *q,
         a->ref_st = st;
         return st;
     }
+    /* compares, not fmax() (generate.c's check_rows says why); a NaN error shows */
     for (size_t i = 0; i < (size_t)n * c->dim; i++) {
-        a->max_abs = fmax(a->max_abs, fabs((double)out[i] - (double)a->ref[i]));
-        a->ref_max = fmax(a->ref_max, fabs((double)a->ref[i]));
+        const double e = fabs((double)out[i] - (double)a->ref[i]), r = fabs((double)a->ref[i]);
+        a->max_abs = e > a->max_abs || isnan(e) ? e : a->max_abs;
+        a->ref_max = r > a->ref_max ? r : a->ref_max;
     }
     return PKV_OK;
 }
@@ -221,8 +232,8 @@ static uint32_t argmax(const float *x, uint32_t n)
 static void log_softmax(const float *x, uint32_t n, double *y)
 {
     double m = -INFINITY, s = 0;
-    for (uint32_t i = 0; i < n; i++)
-        m = fmax(m, (double)x[i]);
+    for (uint32_t i = 0; i < n; i++)   /* a compare, not fmax(): generate.c's check_rows */
+        m = (double)x[i] > m ? (double)x[i] : m;
     for (uint32_t i = 0; i < n; i++)
         s += exp((double)x[i] - m);
     const double ls = m + log(s);
@@ -292,15 +303,17 @@ static int read_prompts(const q_opts *o, char **buf, const char **list, uint32_t
     }
     FILE *f = fopen(o->prompts_path, "rb");
     if (!f)
-        return cli_fail(CMD, "cannot open --prompts %s", o->prompts_path);
+        return cli_fail(CMD, "cannot open --prompts '%s': %s", o->prompts_path,
+                        strerror(errno));
     const size_t cap = (size_t)1 << 24;
     char *t = malloc(cap + 1);
     const size_t len = t ? fread(t, 1, cap + 1, f) : 0;
     const bool bad = !t || ferror(f);
+    const char *why = !t ? strerror(ENOMEM) : strerror(errno);
     fclose(f);
     if (bad || len > cap) {
         free(t);
-        return bad ? cli_fail(CMD, "cannot read --prompts %s", o->prompts_path)
+        return bad ? cli_fail(CMD, "cannot read --prompts '%s': %s", o->prompts_path, why)
                    : cli_usage_error(CMD, "--prompts %s: larger than 16 MiB", o->prompts_path);
     }
     t[len] = '\0';
@@ -600,10 +613,8 @@ static void print_json(const q_result *R)
     const q_opts *o = R->o;
     json_writer w = {stdout, true, false}, *W = &w;
     json_open(W, NULL, '{');
-    json_str(W, "tool", "pagedkv quality");
-    json_str(W, "version", pkv_version());
+    cli_json_envelope(W, CMD, R->isa);
     json_str(W, "mode", o->synthetic ? "synthetic" : "model");
-    json_str(W, "kernels", R->isa ? R->isa : "?");
     if (o->synthetic) {
         JSON_U64S(W, {"heads", 32}, {"kv_heads", 8}, {"head_dim", 128}, {"ctx", o->ctx},
                   {"seed", o->seed});
@@ -697,9 +708,12 @@ static int write_svg(const q_result *R)
         snprintf(title, sizeof title, "attention-output error per dtype (llama3-8b layer, %u "
                  "positions, %u outlier K channels x %g)", o->ctx, o->outliers,
                  o->outlier_scale);
-    else
+    else {   /* the model by its file's name: a path says where it is, not what */
+        const char *name = o->model_path ? strrchr(o->model_path, '/') : NULL;
+        name = name ? name + 1 : o->model_path ? o->model_path : "the built-in model";
         snprintf(title, sizeof title, "KL divergence from the f32 cache per dtype (%s, %u "
-                 "positions)", o->model_path ? o->model_path : "built-in model", R->positions);
+                 "positions)", name, R->positions);
+    }
     const svg_panel panel = {
         .title = title,
         .x = {.label = "K/V storage (dtype, path)", .categories = cats, .n_categories = n},
@@ -708,8 +722,10 @@ static int write_svg(const q_result *R)
         .series = se,
         .n_series = 2,
     };
-    if (svg_write_file(o->svg, "pagedkv quality", &panel, 1) != 0)
-        return cli_fail(CMD, "cannot write --svg %s", o->svg);
+    char where[512];
+    cli_run_where(where, sizeof where, R->threads, R->isa);
+    if (svg_write_file(o->svg, "pagedkv quality", where, &panel, 1) != 0)
+        return cli_fail(CMD, "cannot write the plot to '%s': %s", o->svg, strerror(errno));
     return CLI_OK;
 }
 

@@ -56,6 +56,7 @@ typedef struct {
 typedef struct {
     const q_opts *o;
     const char *isa;
+    uint32_t threads;             /* the engines' thread count, resolved */
     q_row rows[MAX_ROWS];
     uint32_t n_rows;
     /* model mode: sums over the prompts (one without --prompts) */

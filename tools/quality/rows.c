@@ -43,7 +43,7 @@ void quality_plan_rows(q_result *R, const pkv_config *cfg, uint32_t kv_heads,
         }
 }
 
-/* An engine and session of config c; its kernels into R->isa. */
+/* An engine and session of config c; its kernels and threads into R->isa, R->threads. */
 pkv_status quality_open_engine(q_result *R, const pkv_config *c, pkv_engine **e,
                                pkv_session **s)
 {
@@ -51,8 +51,11 @@ pkv_status quality_open_engine(q_result *R, const pkv_config *c, pkv_engine **e,
     *s = NULL;
     pkv_status st = pkv_engine_create(c, e);
     pkv_stats stats;
+    pkv_config rc;
     if (st == PKV_OK && pkv_engine_stats(*e, &stats) == PKV_OK)
         R->isa = stats.isa;
+    if (st == PKV_OK && pkv_engine_config(*e, &rc) == PKV_OK)
+        R->threads = rc.n_threads;
     if (st == PKV_OK)
         st = pkv_session_create(*e, s);
     return st;

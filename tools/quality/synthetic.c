@@ -1,6 +1,6 @@
 /*
- * quality/synthetic.c - `pagedkv quality --synthetic` (SPEC §9): what each storage
- * dtype costs in attention output alone, no model.
+ * quality/synthetic.c - `pagedkv quality --synthetic` (docs/tools.md, "pagedkv quality"): what each
+ * storage dtype costs in attention output alone, no model.
  *
  * Owns: the synthetic q/K/V (with their outlier channels), its run per dtype and path,
  * and its table. Does not own: the options, the rows' plan, the JSON and the bar chart
@@ -49,9 +49,11 @@ static double rng_normal(uint64_t *s) /* Box-Muller */
 
 static double max_diff(const float *a, const float *b, size_t n)
 {
-    double m = 0;
-    for (size_t i = 0; i < n; i++)
-        m = fmax(m, fabs((double)a[i] - (double)b[i]));
+    double m = 0;   /* compares, not fmax() (generate.c's check_rows); a NaN shows */
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)a[i] - (double)b[i]);
+        m = e > m || isnan(e) ? e : m;
+    }
     return m;
 }
 
@@ -120,8 +122,10 @@ int quality_run_synthetic(q_result *R)
         goto done;
     }
     R->max_out = 0;
-    for (size_t i = 0; i < nq; i++)
-        R->max_out = fmax(R->max_out, fabs((double)raw[i]));
+    for (size_t i = 0; i < nq; i++) {   /* a compare, not fmax(): generate.c's check_rows */
+        const double v = fabs((double)raw[i]);
+        R->max_out = v > R->max_out ? v : R->max_out;
+    }
     const double mo = R->max_out > 0 ? R->max_out : 1.0;
     const pkv_config cfg = cli_config(1, h, g, d, o->block_tokens, PKV_F32, o->threads);
     if (cli_check_limits(CMD, &cfg, NULL) != CLI_OK) {

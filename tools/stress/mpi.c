@@ -1,6 +1,6 @@
 /*
  * stress/mpi.c - `pagedkv stress --mpi`: one long context sharded by position over the
- * ranks of `mpirun -np R` (context parallel, SPEC §11).
+ * ranks of `mpirun -np R` (context parallel, docs/sharding.md).
  *
  * Owns: the split of the context, the token loop of every rank, the decode of a
  * sharded context (each rank's partial states gathered to the rank that owns the query
@@ -32,7 +32,9 @@
 #include <string.h>
 
 #include "common/cli.h"
+#include "common/json.h"
 #include "common/mpi_common.h"
+#include "common/model.h"
 #include "common/mpi_tools.h"
 #include "common/opt.h"
 
@@ -40,44 +42,48 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-        "usage: mpirun -np R pagedkv stress --mpi [OPTIONS]\n\n"
-        "One context sharded by position over R ranks: rank r holds a contiguous range of\n"
-        "every layer's positions (a multiple of pkv_shard_align wide); each decode gathers\n"
-        "the ranks' partial softmax states to the rank holding the query and merges them\n"
-        "in position order - bitwise what one engine holding the whole gives, which is\n"
-        "checked on a prefix. Prints latency against context, bytes on the wire per\n"
-        "decode step and memory per rank.\n\n"
-        "  --ctx N              positions (default 65536; k/m/g suffixes)\n"
-        "  --layers L --heads H --kv-heads G --head-dim D   (default 1, 32, 8, 128)\n"
-        "  --head-dim-v N       width of V rows (default: --head-dim)\n"
-        "  --dtype T            f32, f16, bf16, q8, q4 (default f16)\n"
-        "  --block-tokens N     tokens per page (default: the library's)\n"
-        "  --window W --sinks S --softcap C   variants of every layer (SPEC §8)\n"
-        "  --sink-logits        a learned sink logit per head (seeded)\n"
-        "  --threads N          engine threads per rank (default 1)\n"
-        "  --points N           log-spaced decode points (default 12)\n"
-        "  --reps N             timed decodes per point (default 3)\n"
-        "  --check N            bitwise check on positions [0, N) against one engine on\n"
-        "                       rank 0 (default min(ctx, 16384); 0 = off)\n"
-        "  --exchange MODE      gather: every rank's chunk states go to the owner, which\n"
-        "                       folds them (default); chain: rank 0 folds its states\n"
-        "                       into one (pkv_fold_partials) and passes it on, each rank\n"
-        "                       folds its own after it, the owner finishes - one state\n"
-        "                       per hop instead of every chunk's, the same bits\n"
-        "  --seed N             seed of the rows (default 1)\n"
-        "  --json               one JSON object on stdout (rank 0)\n"
-        "  --help               this text\n\n"
-        "Exit 1 on a library error or a bitwise mismatch, 2 on a usage error.\n");
+    fputs("usage: mpirun -np R pagedkv stress --mpi [OPTIONS]\n\n"
+          "One context sharded by position over R ranks: rank r holds a contiguous range\n"
+          "of every layer's positions (a multiple of pkv_shard_align wide); each decode\n"
+          "gathers the ranks' partial softmax states to the rank holding the query and\n"
+          "merges them in position order - bitwise what one engine holding the whole\n"
+          "gives, which is checked on a prefix. Prints latency against context, bytes on\n"
+          "the wire per decode step and memory per rank. The model is described as for\n"
+          "one run on one machine (pagedkv stress --help):\n\n", f);
+    cli_model_usage(f);
+    fputs("run:\n"
+          "  --ctx N              positions (default 65536; k/m/g suffixes)\n"
+          "  --threads N          engine threads per rank (default 1)\n"
+          "  --points N           log-spaced decode points (default 12)\n"
+          "  --reps N             timed decodes per point (default 3)\n"
+          "  --check N            bitwise check on positions [0, N) against one engine on\n"
+          "                       rank 0 (default min(ctx, 16384); 0 = off)\n"
+          "  --exchange MODE      gather: every rank's chunk states go to the owner, which\n"
+          "                       folds them (default); chain: rank 0 folds its states\n"
+          "                       into one (pkv_fold_partials) and passes it on, each rank\n"
+          "                       folds its own after it, the owner finishes - one state\n"
+          "                       per hop instead of every chunk's, the same bits\n"
+          "  --seed N             seed of the rows (default 1)\n"
+          "  --timeout S          give up when the other ranks have not answered for S\n"
+          "                       seconds (a rank stopped or died): a message, exit 1\n"
+          "                       (default 120; longer than any one rank's work between\n"
+          "                       two exchanges). Waits sleep: no rank spins meanwhile\n"
+          "  --json               one JSON object on stdout (rank 0)\n"
+          "  --help               this text\n\n"
+          "stress's options of several sessions, forks, the prefix cache, a budget and\n"
+          "plots (--sessions, --fork-every, --prefix, --budget, --svg, ...) do not apply\n"
+          "to one sharded context and are refused.\n"
+          "Exit 1 on a library error or a bitwise mismatch, 2 on a usage error.\n", f);
 }
 
 typedef struct {
     uint64_t ctx, check, seed;
     uint32_t layers, heads, kv_heads, head_dim, head_dim_v, block_tokens, threads;
-    uint32_t window, sinks, points, reps;
-    double softcap;
+    uint32_t points, reps;
     pkv_dtype dtype;
-    bool mpi, sink_logits, json, check_set;
+    cli_variant v;            /* the model's variant: window pattern, sinks, cap, ... */
+    double timeout;           /* --timeout, seconds */
+    bool mpi, json, check_set;
     const char *exchange;     /* "gather" or "chain" */
 } ms_opts;
 
@@ -97,19 +103,6 @@ typedef struct {
     uint64_t states;          /* states merged per layer */
     int checked, equal;
 } ms_point;
-
-/* --dtype: any storage type the library names (quantized pages included). */
-static bool parse_dtype(const char *value, void *dst)
-{
-    for (int t = 0; t < 16; t++) {
-        const char *name = pkv_dtype_name((pkv_dtype)t);
-        if (name && pkv_row_bytes((pkv_dtype)t, 1) && strcmp(name, value) == 0) {
-            *(pkv_dtype *)dst = (pkv_dtype)t;
-            return true;
-        }
-    }
-    return false;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -141,20 +134,15 @@ static int run(const void *opts, int rank, int R)
     pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim, o->block_tokens,
                               o->dtype, o->threads);
     c.head_dim_v = o->head_dim_v;
-    pkv_layer_config *lc = calloc(o->layers, sizeof *lc);
-    float *sigma = calloc(o->heads, sizeof *sigma);
-    if (!lc || !sigma) {
-        free(lc);
-        free(sigma);
+    /* the layers as stress builds them (cli_variant_layers: a preset's pattern too),
+     * the sink logits seeded rather than zero */
+    bool oom = false;
+    float *sigma = NULL;
+    pkv_layer_config *lc = cli_variant_layers(&o->v, o->layers, o->heads, &sigma, &oom);
+    if (oom)
         return cli_fail(CMD, "out of memory");
-    }
-    fill(sigma, o->heads, o->seed, 3, 0);
-    for (uint32_t l = 0; l < o->layers; l++) {
-        lc[l].window = o->window;
-        lc[l].sink_tokens = o->sinks;
-        lc[l].softcap = (float)o->softcap;
-        lc[l].sink_logits = o->sink_logits ? sigma : NULL;
-    }
+    if (sigma)
+        fill(sigma, o->heads, o->seed, 3, 0);
     c.layer_cfg = lc;
     pkv_engine *e = NULL, *whole_e = NULL;
     pkv_session *s = NULL, *whole = NULL;
@@ -254,7 +242,7 @@ static int run(const void *opts, int rank, int R)
         uint64_t sent = 0, merged = 0;
         int fail = 0;
         for (uint32_t rep = 0; rep < o->reps; rep++) {
-            MPI_Barrier(MPI_COMM_WORLD);
+            mpi_barrier("starting a decode step");
             const double t0 = MPI_Wtime();
             sent = merged = 0;
             for (uint32_t l = 0; l < o->layers; l++) {
@@ -280,12 +268,13 @@ static int run(const void *opts, int rank, int R)
                         memset(x + 2, 0, (size_t)dv * sizeof(float));
                     }
                     if (rank > 0)
-                        MPI_Recv(mine, (int)ps, MPI_FLOAT, rank - 1, 11, MPI_COMM_WORLD,
-                                 MPI_STATUS_IGNORE);
+                        mpi_recv(mine, (int)ps, MPI_FLOAT, rank - 1, 11,
+                                 "receiving the folded state of the rank before");
                     if (rank < owner) {
                         if (pkv_fold_partials(e, got + 1, mine, mine) != PKV_OK)
                             fail = 1;
-                        MPI_Send(mine, (int)ps, MPI_FLOAT, rank + 1, 11, MPI_COMM_WORLD);
+                        mpi_send(mine, (int)ps, MPI_FLOAT, rank + 1, 11,
+                                 "passing the folded state on");
                     } else {
                         if (pkv_merge_partials(e, got + 1, mine, out + l * od) != PKV_OK)
                             fail = 1;
@@ -295,7 +284,8 @@ static int run(const void *opts, int rank, int R)
                     continue;
                 }
                 int cnt = (int)(got * ps);
-                MPI_Gather(&cnt, 1, MPI_INT, counts, 1, MPI_INT, owner, MPI_COMM_WORLD);
+                mpi_gather(&cnt, 1, MPI_INT, counts, 1, MPI_INT, owner,
+                           "gathering the state counts");
                 if (rank == owner) {
                     int total = 0;
                     for (int r = 0; r < R; r++) {
@@ -306,8 +296,8 @@ static int run(const void *opts, int rank, int R)
                     }
                     merged = (uint64_t)total / ps;
                 }
-                MPI_Gatherv(mine, cnt, MPI_FLOAT, all, counts, displs, MPI_FLOAT, owner,
-                            MPI_COMM_WORLD);
+                mpi_gatherv(mine, cnt, MPI_FLOAT, all, counts, displs, MPI_FLOAT, owner,
+                            "gathering the partial states");
                 if (rank == owner &&
                     pkv_merge_partials(e, (uint32_t)merged, all, out + l * od) != PKV_OK)
                     fail = 1;
@@ -317,17 +307,18 @@ static int run(const void *opts, int rank, int R)
         qsort(lat, o->reps, sizeof *lat, cmp_double);
         ms_point p = {.ctx = n, .owner = owner, .us = lat[o->reps / 2], .bytes = sent,
                       .states = merged};
-        MPI_Bcast(&p.us, 1, MPI_DOUBLE, owner, MPI_COMM_WORLD);
-        MPI_Bcast(&p.bytes, 1, MPI_UINT64_T, owner, MPI_COMM_WORLD);
-        MPI_Bcast(&p.states, 1, MPI_UINT64_T, owner, MPI_COMM_WORLD);
+        mpi_bcast(&p.us, 1, MPI_DOUBLE, owner, "sharing the step's latency");
+        mpi_bcast(&p.bytes, 1, MPI_UINT64_T, owner, "sharing the step's bytes");
+        mpi_bcast(&p.states, 1, MPI_UINT64_T, owner, "sharing the step's states");
         /* the bitwise check: the owner's output against one engine on rank 0 */
         if (n <= check) {
             if (owner != 0 && rank == owner)
-                MPI_Send(out, (int)(od * o->layers), MPI_FLOAT, 0, 7, MPI_COMM_WORLD);
+                mpi_send(out, (int)(od * o->layers), MPI_FLOAT, 0, 7,
+                         "sending the output to be checked");
             if (rank == 0) {
                 if (owner != 0)
-                    MPI_Recv(out, (int)(od * o->layers), MPI_FLOAT, owner, 7, MPI_COMM_WORLD,
-                             MPI_STATUS_IGNORE);
+                    mpi_recv(out, (int)(od * o->layers), MPI_FLOAT, owner, 7,
+                             "receiving the output to check");
                 p.checked = 1;
                 p.equal = 1;
                 for (uint32_t l = 0; l < o->layers; l++) {
@@ -357,35 +348,47 @@ static int run(const void *opts, int rank, int R)
     pkv_session_memory(s, &m);
     uint64_t mem[3] = {m.bytes_resident, m.bytes_overhead, held - lo[rank]};
     uint64_t *mems = rank == 0 ? calloc((size_t)R * 3, sizeof *mems) : NULL;
-    MPI_Gather(mem, 3, MPI_UINT64_T, mems, 3, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    mpi_gather(mem, 3, MPI_UINT64_T, mems, 3, MPI_UINT64_T, 0, "gathering the ranks' memory");
     if (rank == 0 && rc == CLI_OK && mems) {
         pkv_stats es;
         memset(&es, 0, sizeof es);
         pkv_engine_stats(e, &es);
         if (o->json) {
-            printf("{\"ranks\": %d, \"ctx\": %llu, \"align\": %llu, \"layers\": %u, "
-                   "\"heads\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"head_dim_v\": %u, "
-                   "\"dtype\": \"%s\", \"isa\": \"%s\", \"threads_per_rank\": %u, "
-                   "\"exchange\": \"%s\",\n"
-                   " \"rank_memory\": [", R, (unsigned long long)o->ctx,
-                   (unsigned long long)A, o->layers, o->heads, o->kv_heads, o->head_dim, dv,
-                   pkv_dtype_name(o->dtype), es.isa, o->threads, o->exchange);
-            for (int r = 0; r < R; r++)
-                printf("%s{\"rank\": %d, \"first\": %llu, \"positions\": %llu, "
-                       "\"bytes_resident\": %llu, \"bytes_overhead\": %llu}",
-                       r ? ", " : "", r, (unsigned long long)lo[r],
-                       (unsigned long long)mems[3 * r + 2], (unsigned long long)mems[3 * r],
-                       (unsigned long long)mems[3 * r + 1]);
-            printf("],\n \"points\": [");
-            for (uint32_t i = 0; i < n_pts; i++)
-                printf("%s\n  {\"ctx\": %llu, \"owner\": %d, \"p50_us\": %.1f, \"states\": "
-                       "%llu, \"bytes_per_step\": %llu, \"checked\": %s, \"bitwise_equal\": "
-                       "%s}", i ? "," : "", (unsigned long long)pts[i].ctx, pts[i].owner,
-                       pts[i].us, (unsigned long long)pts[i].states,
-                       (unsigned long long)pts[i].bytes, pts[i].checked ? "true" : "false",
-                       pts[i].checked && pts[i].equal ? "true" : "false");
-            printf("],\n \"check\": {\"prefix\": %llu, \"points\": %d, \"mismatches\": %d}}\n",
-                   (unsigned long long)check, checks, mismatches);
+            json_writer w = {stdout, true, true}, *W = &w;
+            json_open(W, NULL, '{');
+            cli_json_envelope(W, CMD, es.isa);
+            JSON_U64S(W, {"ranks", (uint64_t)R}, {"ctx", o->ctx}, {"align", A},
+                      {"layers", o->layers}, {"heads", o->heads}, {"kv_heads", o->kv_heads},
+                      {"head_dim", o->head_dim}, {"head_dim_v", dv});
+            json_str(W, "dtype", pkv_dtype_name(o->dtype));
+            JSON_U64S(W, {"threads", o->threads});
+            json_str(W, "exchange", o->exchange);
+            json_open(W, "rank_memory", '[');
+            for (int r = 0; r < R; r++) {
+                json_open(W, NULL, '{');
+                JSON_U64S(W, {"rank", (uint64_t)r}, {"first", lo[r]},
+                          {"positions", mems[3 * r + 2]}, {"bytes_resident", mems[3 * r]},
+                          {"bytes_overhead", mems[3 * r + 1]});
+                json_close(W, '}');
+            }
+            json_close(W, ']');
+            json_open(W, "points", '[');
+            for (uint32_t i = 0; i < n_pts; i++) {
+                json_open(W, NULL, '{');
+                JSON_U64S(W, {"ctx", pts[i].ctx}, {"owner", (uint64_t)pts[i].owner});
+                json_fmt(W, "p50_us", "%.1f", pts[i].us);
+                JSON_U64S(W, {"states", pts[i].states}, {"bytes_per_step", pts[i].bytes});
+                json_bool(W, "checked", pts[i].checked);
+                json_bool(W, "bitwise_equal", pts[i].checked && pts[i].equal);
+                json_close(W, '}');
+            }
+            json_close(W, ']');
+            json_open(W, "check", '{');
+            JSON_U64S(W, {"prefix", check}, {"points", (uint64_t)checks},
+                      {"mismatches", (uint64_t)mismatches});
+            json_close(W, '}');
+            json_close(W, '}');
+            fputc('\n', stdout);
         } else {
             printf("pagedkv stress --mpi: %d ranks, ctx %llu, %u layer(s) h=%u g=%u d=%u "
                    "dv=%u %s, kernels %s, exchange %s, shard "
@@ -440,52 +443,66 @@ int mpi_stress(int argc, char **argv)
     ms_opts o;
     memset(&o, 0, sizeof o);
     o.ctx = 65536;
-    o.layers = 1;
-    o.heads = 32;
-    o.kv_heads = 8;
-    o.head_dim = 128;
-    o.dtype = PKV_F16;
     o.threads = 1;
     o.points = 12;
     o.reps = 3;
     o.seed = 1;
     o.exchange = "gather";
-    const cli_opt opts[] = {
+    o.timeout = MPI_COMMON_TIMEOUT_DEFAULT;
+    cli_model m = cli_model_default();
+    /* stress's run options that one sharded context has no use for: known, refused */
+    static const char *const not_sharded = "does not combine with --mpi: one context is "
+                                           "sharded over the ranks (pagedkv stress --mpi "
+                                           "--help)";
+    const char *ignored_s = NULL;
+    bool ignored_b = false;
+    cli_opt opts[CLI_MODEL_NOPTS + 32] = {
         {.name = "exchange", .kind = OPT_STRING, .dst = &o.exchange},
         {.name = "mpi", .kind = OPT_FLAG, .dst = &o.mpi},
         {.name = "ctx", .kind = OPT_U64, .dst = &o.ctx, .lo = 1, .hi = UINT64_MAX / 4},
-        {.name = "layers", .kind = OPT_U32, .dst = &o.layers, .lo = 1, .hi = 4096},
-        {.name = "heads", .kind = OPT_U32, .dst = &o.heads, .lo = 1, .hi = 65536},
-        {.name = "kv-heads", .kind = OPT_U32, .dst = &o.kv_heads, .lo = 1, .hi = 65536},
-        {.name = "head-dim", .kind = OPT_U32, .dst = &o.head_dim, .lo = 1, .hi = 65536},
-        {.name = "head-dim-v", .kind = OPT_U32, .dst = &o.head_dim_v, .lo = 1, .hi = 65536},
-        {.name = "dtype", .kind = OPT_CALL, .dst = &o.dtype, .call = parse_dtype,
-         .what = "f32, f16, bf16, q8 or q4"},
-        {.name = "block-tokens", .kind = OPT_U32, .dst = &o.block_tokens, .lo = 1,
-         .hi = UINT32_MAX},
-        {.name = "window", .kind = OPT_U32, .dst = &o.window, .lo = 0, .hi = UINT32_MAX},
-        {.name = "sinks", .kind = OPT_U32, .dst = &o.sinks, .lo = 0, .hi = UINT32_MAX},
-        {.name = "softcap", .kind = OPT_DOUBLE, .dst = &o.softcap, .dlo = 0, .dhi = 1e30},
-        {.name = "sink-logits", .kind = OPT_FLAG, .dst = &o.sink_logits},
         {.name = "threads", .kind = OPT_U32, .dst = &o.threads, .lo = 0,
-         .hi = CLI_MAX_THREADS},
+         .hi = CLI_MAX_THREADS, .note = "0 = all CPUs; the engine's limit"},
         {.name = "points", .kind = OPT_U32, .dst = &o.points, .lo = 2, .hi = 4096},
         {.name = "reps", .kind = OPT_U32, .dst = &o.reps, .lo = 1, .hi = 1000},
         {.name = "check", .kind = OPT_U64, .dst = &o.check, .lo = 0, .hi = UINT64_MAX,
          .seen = &o.check_set},
         {.name = "seed", .kind = OPT_U64, .dst = &o.seed, .lo = 0, .hi = UINT64_MAX},
+        {.name = "timeout", .kind = OPT_DOUBLE, .dst = &o.timeout, .dlo = 0.1, .dhi = 1e7},
         {.name = "json", .kind = OPT_FLAG, .dst = &o.json},
+        {.name = "quiet", .kind = OPT_FLAG, .dst = &ignored_b},
+        {.name = "sessions", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "decode-every", .kind = OPT_STRING, .dst = &ignored_s,
+         .refused = not_sharded},
+        {.name = "fork-every", .kind = OPT_STRING, .dst = &ignored_s,
+         .refused = not_sharded},
+        {.name = "prefix", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "prefix-tail", .kind = OPT_STRING, .dst = &ignored_s,
+         .refused = not_sharded},
+        {.name = "budget", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "spill-dir", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "force", .kind = OPT_FLAG, .dst = &ignored_b, .refused = not_sharded},
+        {.name = "svg", .kind = OPT_STRING, .dst = &ignored_s, .refused = not_sharded},
+        {.name = "svg-logx", .kind = OPT_FLAG, .dst = &ignored_b, .refused = not_sharded},
     };
-    int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
-                       NULL);
+    size_t n = 0;
+    while (opts[n].name)
+        n++;
+    cli_model_opts(&m, opts + n);
+    n += CLI_MODEL_NOPTS;
+    int rc = cli_parse(CMD, argc, argv, opts, n, usage, NULL, 0, NULL);
     if (rc != CLI_OK)
         return rc == CLI_HELP ? CLI_OK : rc;
-    if (o.heads % o.kv_heads)
-        return cli_usage_error(CMD, "--heads (%u) must be a multiple of --kv-heads (%u)",
-                               o.heads, o.kv_heads);
+    if (cli_model_resolve(CMD, &m) != CLI_OK)
+        return CLI_USAGE;
+    o.layers = m.layers;
+    o.heads = m.heads;
+    o.kv_heads = m.kv_heads;
+    o.head_dim = m.head_dim;
+    o.head_dim_v = m.head_dim_v;
+    o.block_tokens = m.block_tokens;
+    o.dtype = m.dtype;
+    o.v = m.v;
     if (strcmp(o.exchange, "gather") && strcmp(o.exchange, "chain"))
         return cli_usage_error(CMD, "--exchange: '%s' is not gather or chain", o.exchange);
-    if ((o.sinks) && !o.window)
-        return cli_usage_error(CMD, "--sinks needs --window");
-    return mpi_common_main(CMD, argc, argv, run, &o);
+    return mpi_common_main(CMD, argc, argv, o.timeout, run, &o);
 }

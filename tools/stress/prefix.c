@@ -1,5 +1,5 @@
 /*
- * stress/prefix.c - `pagedkv stress --prefix P` (SPEC §10): N sessions that share a
+ * stress/prefix.c - `pagedkv stress --prefix P` (docs/prefix-cache.md): N sessions that share a
  * P-token prefix, built twice - once through the prefix cache (session 0 appends
  * the prefix and records its token ids, every later session starts from
  * pkv_session_from_prefix), once without it (every session appends the whole prefix)
@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 #include "common/cli.h"
@@ -198,18 +199,22 @@ int stress_prefix(const stress_opts *o)
         pkv_engine *probe = NULL;
         pkv_engine_create(&c, &probe);
         pkv_stats es;
+        pkv_config pc;
+        memset(&es, 0, sizeof es);
         pkv_engine_stats(probe, &es);
+        const uint32_t es_threads = pkv_engine_config(probe, &pc) == PKV_OK ? pc.n_threads
+                                                                            : o->threads;
         pkv_engine_destroy(probe);
         char b1[32], b2[32], b3[32], b4[32];
         if (o->json) {
             json_writer w = {stdout, true, true}, *W = &w;
             json_open(W, NULL, '{');
+            cli_json_envelope(W, "stress", es.isa);
             json_u64(W, "prefix", P);
             json_u64(W, "tail", o->prefix_tail);
             json_u64(W, "sessions", N);
             json_u64(W, "layers", o->layers);
             json_u64(W, "page_bytes", es.page_bytes);
-            json_str(W, "isa", es.isa);
             mode_json(W, "with_cache", &m[0], es.page_bytes);
             mode_json(W, "without_cache", &m[1], es.page_bytes);
             json_u64(W, "without_cache_bytes_computed", need);
@@ -241,7 +246,15 @@ int stress_prefix(const stress_opts *o)
                    (unsigned long long)m[0].reused,
                    (unsigned long long)(m[0].appended + m[0].reused), o->layers);
         }
-        if (o->svg) {
+        /* the stress plots' one time unit: ms */
+        double *ms = o->svg ? calloc(2 * (size_t)N + 1, sizeof *ms) : NULL;
+        if (o->svg && !ms)
+            rc = cli_fail(CMD, "out of memory for the plot");
+        for (uint32_t i = 0; ms && i < N; i++) {
+            ms[i] = m[0].secs[i] * 1e3;
+            ms[N + i] = m[1].ran ? m[1].secs[i] * 1e3 : 0;
+        }
+        if (ms) {
             svg_series mem[4] = {
                 {.name = "engine pages, with cache", .x = m[0].x, .y = m[0].pages, .n = N,
                  .line = true, .markers = true},
@@ -253,9 +266,9 @@ int stress_prefix(const stress_opts *o)
                  .n = m[1].ran ? N : 0, .line = true, .dashed = true},
             };
             svg_series tm[2] = {
-                {.name = "with cache", .x = m[0].x, .y = m[0].secs, .n = N, .line = true,
+                {.name = "with cache", .x = m[0].x, .y = ms, .n = N, .line = true,
                  .markers = true},
-                {.name = "without cache", .x = m[1].x, .y = m[1].secs, .n = m[1].ran ? N : 0,
+                {.name = "without cache", .x = m[1].x, .y = ms + N, .n = m[1].ran ? N : 0,
                  .line = true, .markers = true},
             };
             svg_panel panels[2] = {
@@ -265,12 +278,21 @@ int stress_prefix(const stress_opts *o)
                  .series = mem, .n_series = 4},
                 {.title = "time to build each session (append its uncached positions)",
                  .x = {.label = "session", .format = SVG_FMT_NUMBER},
-                 .y = {.label = "seconds", .format = SVG_FMT_NUMBER, .from_zero = true},
+                 .y = {.label = "time (ms)", .format = SVG_FMT_NUMBER, .from_zero = true},
                  .series = tm, .n_series = 2},
             };
-            if (svg_write_file(o->svg, "pagedkv stress --prefix", panels, 2) != 0)
-                rc = cli_fail(CMD, "cannot write %s", o->svg);
+            char title[256], where[512];
+            snprintf(title, sizeof title, "pagedkv stress --prefix: %u sessions sharing a "
+                     "%llu-token prefix, %llu own tokens each; %u layer(s), h %u, g %u, "
+                     "d %u, %s, %s pages", N, (unsigned long long)P,
+                     (unsigned long long)o->prefix_tail, o->layers, o->heads, o->kv_heads,
+                     o->head_dim, pkv_dtype_name(o->dtype), cli_bytes(es.page_bytes, b1));
+            cli_run_where(where, sizeof where, es_threads, es.isa);
+            if (svg_write_file(o->svg, title, where, panels, 2) != 0)
+                rc = cli_fail(CMD, "cannot write the plot to '%s': %s", o->svg,
+                              strerror(errno));
         }
+        free(ms);
     }
     free(K), free(V), free(ids), free(buf);
     return rc;

@@ -18,6 +18,7 @@
  *   - Integers are written exactly (JSON_U64S), figures with %.6g, NaN and infinity
  *     as null.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,8 +142,7 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
     json_writer w = {stdout, true, false}, *W = &w;
     double tok = (double)r->done * o->sessions, rows = tok * o->layers;
     json_open(W, NULL, '{');
-    json_str(W, "command", "stress");
-    json_str(W, "version", pkv_version());
+    cli_json_envelope(W, CMD, r->isa);
     json_open(W, "config", '{');
     JSON_U64S(W, {"ctx", o->ctx}, {"sessions", o->sessions}, {"layers", o->layers},
               {"heads", o->heads}, {"kv_heads", o->kv_heads}, {"head_dim", o->head_dim});
@@ -178,7 +178,6 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
         }
         json_close(W, '}');
     }
-    json_str(W, "isa", r->isa);
     json_str(W, "io_backend", r->io);
     JSON_U64S(W, {"tokens", r->done});
     json_key(W, "interrupted");
@@ -327,7 +326,7 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
     if (r->windowed && sr->n)
         printf("windowed: from %llu to %llu tokens (%zu points past sinks + window + "
                "rollback + a page) the windowed layers' p50 latency %.1f..%.1f us, "
-               "resident %s..%s%s; pages held per windowed layer at most %llu, SPEC "
+               "resident %s..%s%s; pages held per windowed layer at most %llu, page "
                "ceiling %llu\n",
                (unsigned long long)sr->ctx_lo, (unsigned long long)sr->ctx_hi, sr->n,
                sr->p50_lo, sr->p50_hi, cli_bytes(sr->res_lo, b1), cli_bytes(sr->res_hi, b2),
@@ -335,7 +334,7 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
                (unsigned long long)r->window_pages_max, (unsigned long long)r->ceiling);
     else if (r->windowed)
         printf("windowed: the context never passed sinks + window + rollback + a page "
-               "(%llu tokens); pages held per windowed layer at most %llu, SPEC ceiling "
+               "(%llu tokens); pages held per windowed layer at most %llu, page ceiling "
                "%llu\n", (unsigned long long)r->steady_from,
                (unsigned long long)r->window_pages_max, (unsigned long long)r->ceiling);
     if (r->windowed)   /* a line through a level latency is no K/V rate */
@@ -388,14 +387,11 @@ static int write_svg(const stress_run *r, const line_fit *fit)
     double *x = buf, *p50 = x + n, *p90 = p50 + n, *fl = p90 + n,
            *res = fl + n, *ideal = res + n, *spill = ideal + n, *rss = spill + n;
     double *bx = rss + n, *by = bx + 2;   /* the budget: a level line over the data */
-    double *cx = by + 2, *cy = cx + 2;     /* SPEC §8's ceiling of a windowed run */
-    double maxlat = 0;
-    for (size_t i = 0; i < n; i++)
-        maxlat = fmax(maxlat, r->points[i].p90);
-    bool ms = maxlat > 20000;
-    /* max is left out of the plot: one preempted decode would set the scale; the
-     * table and the JSON have it */    /* beyond 20 ms, label the axis in ms */
-    double div = ms ? 1000 : 1;
+    double *cx = by + 2, *cy = cx + 2;     /* docs/variants.md's ceiling of a windowed run */
+    /* every latency of the stress plots in one unit, ms, whatever the run's range (the
+     * text and JSON keep us); max is left out: one preempted decode would set the
+     * scale, the table and the JSON have it */
+    const double div = 1000;
     bool any_spill = false;
     for (size_t i = 0; i < n; i++) {
         const stress_point *p = &r->points[i];
@@ -449,7 +445,7 @@ static int write_svg(const stress_run *r, const line_fit *fit)
     const stress_opts *oo = &r->o;
     char ceil_name[96];
     const bool bound = r->windowed == oo->layers && r->windowed;
-    snprintf(ceil_name, sizeof ceil_name, "SPEC \xc2\xa7" "8 bound: %llu pages/layer",
+    snprintf(ceil_name, sizeof ceil_name, "page ceiling: %llu pages/layer",
              (unsigned long long)r->ceiling);
     cx[0] = n ? x[0] : 1;
     cx[1] = n ? x[n - 1] : 1;
@@ -476,28 +472,36 @@ static int write_svg(const stress_run *r, const line_fit *fit)
                    .format = SVG_FMT_COUNT, .from_zero = true};
     svg_panel panels[2] = {
         {.title = lat_title, .x = xa,
-         .y = {.label = ms ? "latency (ms)" : "latency (us)", .log = o->svg_logx,
-               .from_zero = true},
+         .y = {.label = "latency (ms)", .log = o->svg_logx, .from_zero = true},
          .series = lat, .n_series = draw_fit ? 3 : 2},
         {.title = "K/V memory of all sessions vs context", .x = xa,
          .y = {.label = "memory", .log = o->svg_logx, .format = SVG_FMT_BYTES,
                .from_zero = true},
          .series = memser, .n_series = n_mem},
     };
-    char title[256];
+    char title[512], note[768], where[512];
     char vd[200] = "";
     if (cli_variant_any(&o->v))
         cli_variant_describe(&o->v, o->layers, vd, sizeof vd);
     snprintf(title, sizeof title, "pagedkv stress: %u session(s), %u layer(s), h %u, g %u, "
-             "d %u, %s, %u tokens/page, isa %s%s%s", o->sessions, o->layers, o->heads,
-             o->kv_heads, o->head_dim, pkv_dtype_name(o->dtype), r->bt, r->isa,
-             vd[0] ? "; " : "", vd);
+             "d %u, %s, %u tokens/page%s%s%s%s", o->sessions, o->layers, o->heads,
+             o->kv_heads, o->head_dim, pkv_dtype_name(o->dtype), r->bt,
+             o->preset ? ", " : "", o->preset ? o->preset : "", vd[0] ? "; " : "", vd);
+    cli_run_where(where, sizeof where, o->threads, r->isa);
+    if (cli_interrupted())
+        snprintf(note, sizeof note, "%s; interrupted at %llu of %llu tokens", where,
+                 (unsigned long long)r->done, (unsigned long long)o->ctx);
+    else if (r->error[0])
+        snprintf(note, sizeof note, "%s; stopped by an error at %llu tokens", where,
+                 (unsigned long long)r->done);
+    else
+        snprintf(note, sizeof note, "%s", where);
     /* mixed layers: the windowed layers' own latency, level, next to the mean */
     if (r->windowed && r->windowed < o->layers) {
         lat[2] = lat[3];
         panels[0].n_series = 3;
     }
-    int rc = svg_write_file(o->svg, title, panels, 2);
+    int rc = svg_write_file(o->svg, title, note, panels, 2);
     free(wl);
     free(buf);
     return rc;
@@ -526,7 +530,7 @@ int stress_report(stress_run *r)
              : cli_interrupted()                    ? EXIT_INTERRUPTED
                                                          : CLI_OK;
     /* The report above may be in a file (--json > run.json): every reason for exit 1
-     * is said on stderr too, in the form of every other error (SPEC §6). */
+     * is said on stderr too, in the form of every other error (docs/tools.md). */
     if (r->error[0])
         cli_fail(CMD, "%s", r->error);
     if (r->mismatches)
@@ -537,6 +541,6 @@ int stress_report(stress_run *r)
         cli_fail(CMD, "fork check: %llu of %llu forks failed; the first: %s",
                  (unsigned long long)r->fork_bad, (unsigned long long)r->forks, r->fork_msg);
     if (o->svg && write_svg(r, &fit[0]) != 0)
-        rc = cli_fail(CMD, "cannot write the plot to '%s'", o->svg);
+        rc = cli_fail(CMD, "cannot write the plot to '%s': %s", o->svg, strerror(errno));
     return rc;
 }

@@ -1,5 +1,5 @@
 /*
- * stress/shift.c - `pagedkv stress --shift N` (SPEC §14): sessions whose every layer
+ * stress/shift.c - `pagedkv stress --shift N` (docs/rope.md): sessions whose every layer
  * has the engine's RoPE fill a context of --ctx positions, then shift N times the way
  * llama.cpp's context shift does - keep the first --keep positions, drop half of the
  * rest (pkv_session_discard), append until the context is full again. After every

@@ -1,6 +1,6 @@
 /*
  * stress/stress.c - `pagedkv stress`: drive sessions to long contexts and report decode
- * latency against context length and memory per session (SPEC §6).
+ * latency against context length and memory per session (docs/tools.md).
  *
  * Owns: option parsing, the token loop (append every token to every layer of every
  * session; decode at scheduled lengths), the fork checks, the memory check against
@@ -17,7 +17,7 @@
  *     pkv_kv_cache_bytes(layers, g, d, n, 1, dtype_size)); with spill,
  *     bytes_resident + bytes_spilled takes the place of bytes_resident. A mismatch is
  *     reported and makes the exit status 1.
- *   - With variants (SPEC §8) the same identities hold with a windowed layer's pages
+ *   - With variants (docs/variants.md) the same identities hold with a windowed layer's pages
  *     given by cli_variant_pages_held (which never exceeds the ceiling
  *     ceil(S/bt) + ceil((W+R)/bt) + 1) and its ideal by min(n, S + W + R) positions,
  *     each g * (d + dv) values; every windowed layer's own pages are checked too.
@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "common/cli.h"
+#include "common/model.h"
 #include "common/opt.h"
 #include "stress/stress.h"
 #include "common/mpi_tools.h"
@@ -47,23 +48,9 @@ static void usage(FILE *f)
         "Append tokens to one or more sessions up to a long context, decode at about 64\n"
         "log-spaced context lengths, and report decode latency against context length,\n"
         "append rate and memory per session, checked to the byte against the formula.\n\n"
-        "geometry (default: llama3-8b heads with 1 layer):\n"
-        "  --model-preset NAME  llama3-8b, llama3-70b, mistral-7b, llama2-7b, mqa, mha,\n"
-        "                       d64, d256, or a real model's attention pattern:\n"
-        "                       gemma2-9b, gpt-oss-20b, deepseek-v3 (docs/variants.md);\n"
-        "                       explicit flags below override it\n"
-        "  --layers L --heads H --kv-heads G --head-dim D   (H %% G == 0)\n"
-        "  --dtype T            K/V storage type: f32, f16 (default), bf16, q8, q4\n"
-        "  --block-tokens N     tokens per page (default: the library's, 16)\n"
-        "  --head-dim-v N       width of V rows (default: --head-dim; MLA: 512)\n"
-        "variants (SPEC §8; every layer, or the preset's windowed layers):\n"
-        "  --window W           sliding window: a decode reads the last W positions\n"
-        "                       (0 = full causal); memory and latency stay flat in\n"
-        "                       context, pages held are checked against the ceiling\n"
-        "                       ceil(S/bt) + ceil((W+R)/bt) + 1 per windowed layer\n"
-        "  --sinks S            with --window: the first S positions are kept too\n"
-        "  --rollback R         with --window: R more positions kept for truncates\n"
-        "  --softcap C          logit soft-cap C*tanh(s/C) on every layer (0 = none)\n"
+        );
+    cli_model_usage(f);
+    fprintf(f,
         "run:\n"
         "  --ctx N              tokens per session (default 65536; k/m/g suffixes)\n"
         "  --sessions N         sessions appended round-robin (default 1)\n"
@@ -72,11 +59,11 @@ static void usage(FILE *f)
         "  --reps N             timed decodes per session, layer and point (default 3)\n"
         "  --fork-every N       every N tokens fork each session, check copy-on-write\n"
         "                       (shared pages, bitwise-equal decode), drop the fork\n"
-        "  --prefix P           prefix cache (SPEC §10): --sessions sessions sharing a\n"
-        "                       P-token prefix, built with and without the cache; memory\n"
-        "                       and append work of both (--svg plots them)\n"
+        "  --prefix P           prefix cache (docs/prefix-cache.md): --sessions sessions\n"
+        "                       sharing a P-token prefix, built with and without the\n"
+        "                       cache; memory and append work of both (--svg plots them)\n"
         "  --prefix-tail T      with --prefix: tokens of each session's own (default 256)\n"
-        "  --shift N            context shift (SPEC §14): every layer with the engine's\n"
+        "  --shift N            context shift (docs/rope.md): every layer with the engine's\n"
         "                       RoPE, fill --ctx, then N times keep --keep positions,\n"
         "                       drop half of the rest and fill again; memory and decode\n"
         "                       time after each shift (flat), --svg plots them\n"
@@ -94,8 +81,9 @@ static void usage(FILE *f)
         "                       written)\n"
         "  --svg-logx           logarithmic context axis in the plot\n"
         "  --quiet              no progress on stderr\n"
-        "  --mpi                one context sharded over MPI ranks (mpirun -np R ...;\n"
-        "                       its own options: pagedkv stress --mpi --help)\n"
+        "  --mpi                one context sharded over MPI ranks (mpirun -np R ...):\n"
+        "                       the same model options; its run options: pagedkv\n"
+        "                       stress --mpi --help\n"
         "  --help               this text\n\n"
         "Progress goes to stderr (a bar on a terminal). Ctrl-C stops and prints the\n"
         "summary so far (exit 130). Exit 1 on a library error or a memory mismatch,\n"
@@ -106,37 +94,12 @@ static void usage(FILE *f)
 
 static int parse_opts(int argc, char **argv, stress_opts *o)
 {
-    bool set_l = false, set_h = false, set_g = false, set_d = false;
-    bool set_w = false, set_s = false, set_r = false, set_c = false, set_dv = false;
-    *o = (stress_opts){.ctx = 65536, .sessions = 1, .layers = 1, .heads = 32,
-                       .kv_heads = 8, .head_dim = 128, .dtype = PKV_F16, .seed = 1,
-                       .points = 64, .reps = 3, .prefix_tail = 256,
-                       .keep = 1};
-    const cli_opt opts[] = {
-        {.name = "model-preset", .kind = OPT_CALL, .dst = &o->preset,
-         .call = cli_opt_any_preset,
-         .what = "a preset: one of " CLI_PRESET_NAMES ", " CLI_VARIANT_PRESET_NAMES},
-        {.name = "head-dim-v", .kind = OPT_U32, .dst = &o->head_dim_v, .lo = 1,
-         .hi = CLI_MAX_HEAD_DIM, .note = "the engine's limit", .seen = &set_dv},
-        {.name = "window", .kind = OPT_U32, .dst = &o->v.window, .lo = 0, .hi = UINT32_MAX,
-         .seen = &set_w},
-        {.name = "sinks", .kind = OPT_U32, .dst = &o->v.sinks, .lo = 0, .hi = UINT32_MAX,
-         .seen = &set_s},
-        {.name = "rollback", .kind = OPT_U32, .dst = &o->v.rollback, .lo = 0,
-         .hi = UINT32_MAX, .seen = &set_r},
-        {.name = "softcap", .kind = OPT_DOUBLE, .dst = &o->v.softcap, .dlo = 0, .dhi = 1e30,
-         .seen = &set_c},
-        {.name = "layers", .kind = OPT_U32, .dst = &o->layers, .lo = 1, .hi = UINT32_MAX,
-         .seen = &set_l},
-        {.name = "heads", .kind = OPT_U32, .dst = &o->heads, .lo = 1, .hi = UINT32_MAX,
-         .seen = &set_h},
-        {.name = "kv-heads", .kind = OPT_U32, .dst = &o->kv_heads, .lo = 1,
-         .hi = CLI_MAX_KV_HEADS, .note = "the engine's limit", .seen = &set_g},
-        {.name = "head-dim", .kind = OPT_U32, .dst = &o->head_dim, .lo = 1,
-         .hi = CLI_MAX_HEAD_DIM, .note = "the engine's limit", .seen = &set_d},
-        {.name = "dtype", .kind = OPT_DTYPE, .dst = &o->dtype},
-        {.name = "block-tokens", .kind = OPT_U32, .dst = &o->block_tokens, .lo = 1,
-         .hi = UINT32_MAX},
+    *o = (stress_opts){.ctx = 65536, .sessions = 1, .seed = 1, .points = 64, .reps = 3,
+                       .prefix_tail = 256, .keep = 1};
+    cli_model m = cli_model_default();
+    static const char *const mpi_only = "it is an option of one context over MPI ranks";
+    const char *mpi_value = NULL;   /* never read: those options are refused here */
+    cli_opt opts[CLI_MODEL_NOPTS + 24] = {
         {.name = "ctx", .kind = OPT_U64, .dst = &o->ctx, .lo = 1, .hi = UINT64_MAX},
         {.name = "sessions", .kind = OPT_U32, .dst = &o->sessions, .lo = 1, .hi = 65536},
         {.name = "decode-every", .kind = OPT_U64, .dst = &o->decode_every, .lo = 0,
@@ -147,9 +110,11 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
          .hi = UINT64_MAX},
         {.name = "prefix", .kind = OPT_U64, .dst = &o->prefix, .lo = 1, .hi = 1ull << 31},
         {.name = "shift", .kind = OPT_U32, .dst = &o->shift, .lo = 1, .hi = 1u << 20},
-        {.name = "keep", .kind = OPT_U64, .dst = &o->keep, .lo = 0, .hi = UINT64_MAX},
+        {.name = "keep", .kind = OPT_U64, .dst = &o->keep, .lo = 0, .hi = UINT64_MAX,
+         .needs = "shift", .why = "it is the positions each context shift keeps"},
         {.name = "prefix-tail", .kind = OPT_U64, .dst = &o->prefix_tail, .lo = 0,
-         .hi = 1ull << 31},
+         .hi = 1ull << 31, .needs = "prefix",
+         .why = "it is the length of each session's own tokens after the shared prefix"},
         {.name = "budget", .kind = OPT_U64, .dst = &o->budget, .lo = 0, .hi = UINT64_MAX},
         {.name = "spill-dir", .kind = OPT_STRING, .dst = &o->spill_dir},
         {.name = "force", .kind = OPT_FLAG, .dst = &o->force},
@@ -158,48 +123,43 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
         {.name = "seed", .kind = OPT_U64, .dst = &o->seed, .lo = 0, .hi = UINT64_MAX},
         {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
         {.name = "svg", .kind = OPT_STRING, .dst = &o->svg},
-        {.name = "svg-logx", .kind = OPT_FLAG, .dst = &o->svg_logx},
+        {.name = "svg-logx", .kind = OPT_FLAG, .dst = &o->svg_logx, .needs = "svg",
+         .why = "it sets the context axis of the plot"},
         {.name = "quiet", .kind = OPT_FLAG, .dst = &o->quiet},
+        /* the options of `stress --mpi` alone (stress/mpi.c), refused in its words */
+        {.name = "exchange", .kind = OPT_STRING, .dst = &mpi_value, .needs = "mpi",
+         .why = mpi_only},
+        {.name = "check", .kind = OPT_STRING, .dst = &mpi_value, .needs = "mpi",
+         .why = mpi_only},
+        {.name = "timeout", .kind = OPT_STRING, .dst = &mpi_value, .needs = "mpi",
+         .why = mpi_only},
     };
-    int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
-                       NULL);
+    size_t n = 0;
+    while (opts[n].name)
+        n++;
+    cli_model_opts(&m, opts + n);
+    n += CLI_MODEL_NOPTS;
+    int rc = cli_parse(CMD, argc, argv, opts, n, usage, NULL, 0, NULL);
     if (rc != CLI_OK)
         return rc;
-    const cli_variant_preset *vp = o->preset ? cli_variant_preset_find(o->preset) : NULL;
-    if (vp) {
-        /* a real model's pattern: its geometry and variant, flags override each part */
-        const cli_variant given = o->v;
-        o->v = vp->v;
-        if (set_w) o->v.window = given.window;
-        if (set_s) o->v.sinks = given.sinks;
-        if (set_r) o->v.rollback = given.rollback;
-        if (set_c) o->v.softcap = given.softcap;
-        if (!set_l) o->layers = vp->layers;
-        if (!set_h) o->heads = vp->heads;
-        if (!set_g) o->kv_heads = vp->kv_heads;
-        if (!set_d) o->head_dim = vp->head_dim;
-        if (!set_dv) o->head_dim_v = vp->head_dim_v;
-    } else if (o->preset) {
-        const cli_preset *p = cli_preset_find(o->preset);
-        if (!p)
-            return cli_usage_error(CMD, "--model-preset: unknown model '%s'", o->preset);
-        if (!set_l) o->layers = p->layers;
-        if (!set_h) o->heads = p->heads;
-        if (!set_g) o->kv_heads = p->kv_heads;
-        if (!set_d) o->head_dim = p->head_dim;
-    }
-    if (cli_variant_check(CMD, &o->v) != CLI_OK)
+    if (cli_model_resolve(CMD, &m) != CLI_OK)
         return CLI_USAGE;
-    if (o->heads % o->kv_heads != 0)
-        return cli_usage_error(CMD, "--heads (%u) must be a multiple of --kv-heads (%u)",
-                               o->heads, o->kv_heads);
+    o->preset = m.preset;
+    o->layers = m.layers;
+    o->heads = m.heads;
+    o->kv_heads = m.kv_heads;
+    o->head_dim = m.head_dim;
+    o->head_dim_v = m.head_dim_v;
+    o->block_tokens = m.block_tokens;
+    o->dtype = m.dtype;
+    o->v = m.v;
     /* the plot is written after the run: a path that cannot take it fails now */
     if (o->svg && cli_check_output_file(CMD, "--svg", o->svg) != CLI_OK)
         return CLI_USAGE;
     pkv_config c = cli_config(o->layers, o->heads, o->kv_heads, o->head_dim,
                               o->block_tokens, o->dtype, o->threads);
     c.head_dim_v = o->head_dim_v;
-    if (cli_check_limits(CMD, &c, NULL) != CLI_OK)
+    if (cli_check_limits(CMD, &c, NULL) != CLI_OK)   /* --threads */
         return CLI_USAGE;
     uint64_t total;
     if (cli_kv_bytes(&c, o->ctx, o->sessions, &total) != PKV_OK ||
@@ -356,7 +316,8 @@ static void note(char *buf, uint64_t *count, const char *fmt, ...)
     }
 }
 
-/* Pages the SPEC says a session of length n holds, all layers (cli.h). */
+/* Pages the release rule (docs/variants.md) says a session of length n holds, all layers (cli.h).
+ * */
 static uint64_t pages_expected(const stress_run *r, uint64_t n)
 {
     uint64_t pages = 0;
@@ -380,7 +341,7 @@ static uint64_t ideal_expected(const stress_run *r, uint64_t n)
 }
 
 /* The memory report of every session against the formula, at length n; with a window
- * also every windowed layer's pages against the SPEC's rule and ceiling. */
+ * also every windowed layer's pages against the release rule (docs/variants.md) and ceiling. */
 static void check_memory(stress_run *r, uint64_t n, stress_point *pt)
 {
     const stress_opts *o = &r->o;
@@ -413,7 +374,7 @@ static void check_memory(stress_run *r, uint64_t n, stress_point *pt)
             if (held != want || held > r->ceiling)
                 note(r->mismatch, &r->mismatches,
                      "session %u layer %u at %llu tokens: %llu pages held, the window's "
-                     "rule says %llu, the SPEC ceiling %llu", s, l, (unsigned long long)n,
+                     "rule says %llu, the page ceiling %llu", s, l, (unsigned long long)n,
                      (unsigned long long)held, (unsigned long long)want,
                      (unsigned long long)r->ceiling);
         }
@@ -681,9 +642,9 @@ int cmd_stress(int argc, char **argv)
     int rc = parse_opts(argc, argv, &r.o);
     if (rc != CLI_OK)
         return rc == CLI_HELP ? CLI_OK : rc;
-    if (r.o.prefix) /* SPEC §10: its own run (stress/prefix.c) */
+    if (r.o.prefix) /* the prefix cache (docs/prefix-cache.md): its own run */
         return stress_prefix(&r.o);
-    if (r.o.shift) /* SPEC §14: its own run (stress/shift.c) */
+    if (r.o.shift) /* context shift (docs/rope.md): its own run */
         return stress_shift(&r.o);
     /* the budget and spill directory name their mistakes before any work; with spill
      * a decode still needs its whole layer resident, so a budget below one layer of
@@ -720,7 +681,8 @@ int cmd_stress(int argc, char **argv)
                                          r.o.block_tokens, r.o.dtype, 1);
         cli_kv_bytes(&kc, r.o.ctx, r.o.sessions, &need);
     } else if (bt) {
-        /* the pages the SPEC lets these layers hold at --ctx (a window bounds them) */
+        /* the pages the release rule (docs/variants.md) lets these layers hold at --ctx (a window
+         * bounds them) */
         uint64_t pages = 0;
         for (uint32_t l = 0; l < r.o.layers; l++)
             pages += cli_variant_pages_held(&r.o.v, cli_variant_windowed(&r.o.v, l), r.o.ctx,

@@ -11,7 +11,7 @@
  *     samples[0..n_samples) hold every timed pkv_decode, in the order they ran.
  *   - done <= o.ctx tokens are in every layer of every session; error[] is empty
  *     unless the loop stopped on a failure it describes.
- *   - With a window (SPEC §8), the memory check compares every layer's pages with
+ *   - With a window (docs/variants.md), the memory check compares every layer's pages with
  *     cli_variant_pages_held and with the ceiling; window_pages_max <= ceiling
  *     unless mismatches says otherwise.
  *   - mismatches counts failed memory checks out of checks; fork_bad failed fork
@@ -60,12 +60,13 @@ typedef struct {
     pkv_layer_config *lc;        /* [layers] or NULL (every layer full causal) */
     float *sink_store;           /* the sink logits lc points at, or NULL */
     uint32_t windowed;           /* layers with a window */
-    uint64_t ceiling;            /* SPEC §8 pages per windowed layer (0: none) */
+    uint64_t ceiling;            /* page ceiling per windowed layer (docs/variants.md; 0: none) */
     uint64_t window_pages_max;   /* most pages any windowed layer held at a check */
     uint64_t steady_from;        /* context from which a windowed layer's pages stay
                                     level: sinks + window + rollback + one page */
     uint64_t page_bytes;
-    uint64_t row_pair;           /* pkv_row_bytes of a K row + a V row (SPEC §9) */
+    uint64_t row_pair;           /* pkv_row_bytes of a K row + a V row (docs/numerics.md,
+                                    section 6) */
     bool spill;                  /* budget and spill dir: pages may be on disk */
     const char *isa, *io;
     uint32_t rows;               /* rows of the random blocks below */
@@ -91,10 +92,10 @@ typedef struct {
  * memory mismatch, a fork mismatch or a plot that could not be written;
  * CLI_INTERRUPTED after Ctrl-C; CLI_OK otherwise. */
 int stress_report(stress_run *r);
-/* `--prefix P` (SPEC §10): the run with and without the prefix cache, its report and
+/* `--prefix P` (docs/prefix-cache.md): the run with and without the prefix cache, its report and
  * plot (stress/prefix.c). Returns the exit status. */
 int stress_prefix(const stress_opts *o);
-/* `--shift N` (SPEC §14): a full context shifted N times, memory and decode time after
+/* `--shift N` (docs/rope.md): a full context shifted N times, memory and decode time after
  * each shift, its report and plot (stress/shift.c). Returns the exit status. */
 int stress_shift(const stress_opts *o);
 

@@ -11,7 +11,7 @@ from . import _lib as L
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q4": 4}
 _LAYER_FIELDS = ("window", "sink_tokens", "rollback_tokens", "softcap", "sink_logits",
                  "rope", "rope_dims", "rope_theta", "rope_freq_scale")
-# pkv_layer_config.rope by name: the engine rotates the keys it stores (SPEC §14)
+# pkv_layer_config.rope by name: the engine rotates the keys it stores (docs/rope.md)
 ROPE = {None: 0, "none": 0, "norm": L.ROPE_NORM, "neox": L.ROPE_NEOX}
 
 

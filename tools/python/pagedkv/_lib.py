@@ -46,7 +46,7 @@ class LayerConfig(ctypes.Structure):
                 ("rope_theta", ctypes.c_float), ("rope_freq_scale", ctypes.c_float)]
 
 
-ROPE_NORM, ROPE_NEOX = 1, 2   # pkv_layer_config.rope (SPEC §14)
+ROPE_NORM, ROPE_NEOX = 1, 2   # pkv_layer_config.rope (docs/rope.md)
 
 
 class Config(ctypes.Structure):

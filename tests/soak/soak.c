@@ -1,8 +1,12 @@
 /*
- * soak/soak.c - `pagedkv soak`: a model-based soak test. Thousands of sessions take
+ * soak/soak.c - `pagedkv-soak`: a model-based soak test. Thousands of sessions take
  * random operations (create, append, prefill, decode, decode_batch, fork, truncate,
  * destroy, save/load) under a tight memory budget with spill, and every result is
  * checked against a trivial model kept beside the engine.
+ *
+ * A test program, built with the tests (build/tests/pagedkv-soak; test_soak.c runs
+ * it) and never installed: it is not part of the `pagedkv` command. It keeps the
+ * tools' conventions (tools/common: options, messages, JSON).
  *
  * Owns: the options, the engine and the spill directory, the run loop with the checks
  * after every step (pkv_engine_check, the budget), the spill accounting, the final
@@ -52,7 +56,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: pagedkv soak [OPTIONS]\n\n"
+        "usage: pagedkv-soak [OPTIONS]\n\n"
         "Model-based soak: thousands of sessions take random operations (create, append,\n"
         "prefill, decode, decode_batch, fork, truncate, destroy, save/load) under a tight\n"
         "memory budget with spill. Every decode is checked against a double-precision\n"
@@ -275,7 +279,7 @@ static void report(const soak *S, const pkv_stats *st, double secs, const uint64
     const double rate = secs > 0 ? (double)S->op / secs : 0;
     FILE *f = stdout;
     if (!S->o.json) {
-        fprintf(f, "pagedkv soak: %s: " U64 " ops in %.2f s (%.0f ops/s), seed " U64 "\n"
+        fprintf(f, "pagedkv-soak: %s: " U64 " ops in %.2f s (%.0f ops/s), seed " U64 "\n"
                    "  %u layers, h=%u, g=%u, d=%u, bt=%u, %s; isa %s, io %s, %u threads\n",
                 ok ? "all checks held" : "FAILED", S->op, secs, rate, S->o.seed,
                 S->cfg.n_layers, S->cfg.n_heads, S->cfg.n_kv_heads, S->cfg.head_dim,
@@ -289,11 +293,11 @@ static void report(const soak *S, const pkv_stats *st, double secs, const uint64
     }
     json_writer w = {f, true, true}, *W = &w;
     json_open(W, NULL, '{');
+    cli_json_envelope(W, CMD, st->isa);
     json_bool(W, "ok", ok);
     json_fmt(W, "seconds", "%.3f", secs);
     json_fmt(W, "ops_per_s", "%.1f", rate);
     json_str(W, "dtype", pkv_dtype_name(S->cfg.kv_dtype));
-    json_str(W, "isa", st->isa);
     json_str(W, "io_backend", st->io_backend);
     for (size_t i = 0; i < n; i++)
         json_u64(W, kv[i].k, kv[i].v);
@@ -304,8 +308,10 @@ static void report(const soak *S, const pkv_stats *st, double secs, const uint64
     fputc('\n', f);
 }
 
-int cmd_soak(int argc, char **argv)
+int main(int argc, char **argv)
 {
+    cli_set_command_line(argc, argv);
+    cli_set_program("pagedkv-soak");
     soak *S = calloc(1, sizeof *S);
     int rc = S ? parse_opts(argc, argv, &S->o) : cli_fail(CMD, "out of memory");
     if (rc != CLI_OK) {
@@ -358,16 +364,16 @@ int cmd_soak(int argc, char **argv)
     free(S->q), free(S->k), free(S->w), free(S->pg), free(S->pi), free(S->slots);
     unlink(S->save_path);
     if (S->own_dir && rmdir(S->dir) != 0)
-        fprintf(stderr, "pagedkv soak: warning: cannot remove %s: %s\n", S->dir,
+        fprintf(stderr, "pagedkv-soak: warning: cannot remove %s: %s\n", S->dir,
                 strerror(errno));
     cli_sigint_restore();
     rss[1] = rss_now(true);
     rss[2] = cli_peak_rss_bytes();
     if (S->o.inject_bug && !S->injected)
-        fprintf(stderr, "pagedkv soak: warning: --inject-bug found no op to corrupt\n");
+        fprintf(stderr, "pagedkv-soak: warning: --inject-bug found no op to corrupt\n");
     report(S, &st, secs, rss, alloc0, !S->failed && !cli_interrupted());
     if (S->failed)
-        fprintf(stderr, "pagedkv soak: check failed at %s\npagedkv soak: reproduce with "
+        fprintf(stderr, "pagedkv-soak: check failed at %s\npagedkv-soak: reproduce with "
                         "the same options, --seed " U64 " --ops " U64 "\n", S->fail,
                 S->o.seed, S->op);
     rc = S->failed ? CLI_FAIL : cli_interrupted() ? CLI_INTERRUPTED : CLI_OK;

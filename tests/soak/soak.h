@@ -1,5 +1,5 @@
 /*
- * soak.h - what the two halves of `pagedkv soak` share: soak/soak.c parses the options,
+ * soak.h - what the two halves of `pagedkv-soak` share: soak/soak.c parses the options,
  * sets up the engine, runs the loop (checking the pool after every step) and reports;
  * soak/model.c keeps the model of every session and applies the random operations,
  * each checked against that model.

@@ -1,0 +1,125 @@
+#!/bin/sh
+# check.sh MODE - the instrumented and cross test runs, exactly as CI runs them: .ci/run
+# calls this script, and README.md and HACKING.md give these commands, so there is one
+# recipe of each. Every command is printed (with a "+") before it runs.
+#
+#   tools/check.sh asan       ASan + UBSan build (build-asan): every suite at quick counts
+#                             (PKV_TEST_QUICK=1) with 4x timeouts, then the kernel suites
+#                             at full counts
+#   tools/check.sh tsan       ThreadSanitizer build (build-tsan): the suites that drive
+#                             the engine's worker threads, at quick counts
+#   tools/check.sh valgrind   memcheck (build-vg): the unit, kernel and I/O suites, all
+#                             but shard, at quick counts (meson's valgrind setup)
+#   tools/check.sh aarch64    the cross build of cross/aarch64-linux-gnu.ini as it
+#                             documents it (release), its unit and kernel suites under
+#                             qemu-user
+#
+# A build directory that exists is reused (its options are not changed). What a mode
+# needs and the machine lacks (valgrind; the aarch64 cross toolchain and arm64
+# libraries) is installed with apt-get, as root or through sudo.
+set -eu
+
+MODE=${1:-}
+case "$MODE" in
+asan | tsan | valgrind | aarch64) ;;
+-h | --help)
+    # the header of this file, without its comment marks
+    sed -n '2,/^set -eu/p' "$0" | sed -e '/^set -eu/d' -e 's/^# \{0,1\}//'
+    exit 0
+    ;;
+*)
+    echo "check: unknown mode '$MODE'" >&2
+    echo "usage: tools/check.sh asan|tsan|valgrind|aarch64" >&2
+    exit 2
+    ;;
+esac
+cd "$(dirname "$0")/.."
+
+run() {
+    echo "+ $*" >&2
+    "$@"
+}
+if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+apt_install() {
+    # shellcheck disable=SC2086 # one word per package
+    run env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@"
+}
+
+case "$MODE" in
+asan)
+    # the pool on aligned_alloc (-Djemalloc=disabled): the sanitizer sees every page
+    if [ ! -f build-asan/build.ninja ]; then
+        run meson setup build-asan -Dbuildtype=debug -Db_sanitize=address,undefined \
+            -Db_lundef=false -Djemalloc=disabled -Dpoison=true
+    fi
+    run ninja -C build-asan
+    run env PKV_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 4
+    # the kernels once more at full counts: every shape of the shape table, where an
+    # overread of a tail would be
+    run env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 4 \
+        --suite kernels
+    ;;
+tsan)
+    if [ ! -f build-tsan/build.ninja ]; then
+        run meson setup build-tsan -Dbuildtype=debugoptimized -Db_sanitize=thread \
+            -Db_lundef=false -Djemalloc=disabled
+    fi
+    run ninja -C build-tsan
+    run env PKV_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1:allocator_may_return_null=1 \
+        meson test -C build-tsan --print-errorlogs --num-processes 2 --suite session \
+        --suite kernels --suite sharing --suite variants --suite prefix --suite shard
+    ;;
+valgrind)
+    command -v valgrind >/dev/null 2>&1 || apt_install valgrind
+    if [ ! -f build-vg/build.ninja ]; then
+        run meson setup build-vg -Dbuildtype=debugoptimized -Djemalloc=disabled
+    fi
+    run ninja -C build-vg
+    # The shard suite (context shards: tens of thousands of positions to cross a wave of
+    # chunks) is a third of this step under memcheck (docs/performance.md, "CI step
+    # times"); it runs under ASan+UBSan and TSan, so memcheck leaves it out.
+    # meson's valgrind setup (tests/meson.build) sets PKV_TEST_QUICK=1 and 20x timeouts.
+    run meson test -C build-vg --setup=valgrind --print-errorlogs --num-processes 2 \
+        --suite unit --suite kernels --suite io --no-suite shard
+    ;;
+aarch64)
+    # Debian multiarch: the arm64 libraries install beside the native ones, except
+    # libjemalloc-dev (its /usr/bin/jeprof clashes with the amd64 package's), which is
+    # unpacked into build-aarch64-deps/ instead of replacing the native one.
+    if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+        run $SUDO dpkg --add-architecture arm64
+        run $SUDO apt-get update -qq
+    fi
+    xmissing=""
+    for p in gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libjemalloc2:arm64 \
+             liburing-dev:arm64 check:arm64; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+            xmissing="$xmissing $p"
+    done
+    # shellcheck disable=SC2086
+    [ -z "$xmissing" ] || apt_install $xmissing
+    xdeps=$(pwd)/build-aarch64-deps
+    xpc=$xdeps/root/usr/lib/aarch64-linux-gnu/pkgconfig
+    if [ ! -f "$xpc/jemalloc.pc" ]; then
+        rm -rf "$xdeps" && mkdir -p "$xdeps"
+        (cd "$xdeps" && run apt-get download libjemalloc-dev:arm64 &&
+            run dpkg-deb -x libjemalloc-dev_*_arm64.deb root)
+        sed -i "s|^prefix=.*|prefix=$xdeps/root/usr|" "$xpc/jemalloc.pc"
+        ln -sf /usr/lib/aarch64-linux-gnu/libjemalloc.so.2 \
+            "$xdeps/root/usr/lib/aarch64-linux-gnu/libjemalloc.so"
+    fi
+    # the cross file's own setup line (its default, release, buildtype) and the arm64
+    # jemalloc's .pc
+    if [ ! -f build-aarch64/build.ninja ]; then
+        run meson setup build-aarch64 --cross-file cross/aarch64-linux-gnu.ini \
+            -Dpkg_config_path="$xpc"
+    fi
+    run ninja -C build-aarch64
+    run env PKV_TEST_QUICK=1 meson test -C build-aarch64 --print-errorlogs --num-processes 2 \
+        --timeout-multiplier 4 --suite unit --suite kernels
+    ;;
+esac

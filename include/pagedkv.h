@@ -526,11 +526,14 @@ PKV_API pkv_status pkv_rope_q(const pkv_engine *e, uint32_t layer, uint32_t n,
  * scratch, so it must not serve prefix-cache hits (pkv_session_set_tokens past that is
  * PKV_ESTATE).
  *
- * Rounding: re-rotated keys are rounded to the storage dtype again. f32: each shift adds
- * about one f32 rounding (the keys stay within a few 1e-7 of keys rotated at their new
- * position); f16/bf16 and Q8/Q4 add one rounding of their type per shift, so keys that
- * move many times drift like a random walk of those roundings (docs/rope.md measures the
- * drift after 1, 10 and 100 shifts). Values are copied, never rounded again.
+ * Rounding: re-rotated keys are rounded to the storage dtype again, and a key that moves
+ * n times carries n + 1 roundings. They can add up coherently (the same turn, rounded
+ * the same way, each time), so the drift from a key rotated exactly at its final
+ * position grows about linearly with n: f32 by about 2e-8 of |k| per shift (the f32
+ * cos/sin of the shift); f16, bf16, Q8 and Q4 by up to one rounding of their type per
+ * shift (after 100 shifts Q4 keys are noise, bf16 and Q8 ones off by about 10%).
+ * docs/rope.md has the figures after 1, 10 and 100 shifts; a cache that shifts often
+ * belongs in f32 or f16. Values are copied, never rounded again.
  *
  * Variants: a windowed layer may lose nothing a decode at its new end, or after a
  * truncate of up to rollback_tokens, would read: positions it had released and that

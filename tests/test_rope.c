@@ -186,7 +186,7 @@ START_TEST(kernels_bitwise)
     const char *isas[] = {"avx2", "avx512"};
     pkvt_rng r;
     pkvt_rng_init(&r, pkvt_seed() ^ 2);
-    float a[2 * 70], b[2 * 70], o1[2 * 70], o2[2 * 70], x1[3 * 140], x2[3 * 140];
+    float a[2 * 70], b[2 * 70], o1[2 * 70], o2[2 * 70], x1[3 * 143], x2[3 * 143];
     for (uint32_t k = 0; k < 2; k++) {
         if (!pkvi_isa_supported(isas[k]) || pkvi_rope_kernels_for(isas[k]) == &pkvi_rope_scalar)
             continue;

@@ -123,11 +123,16 @@ static pkv_status plan_window(pkv_session *s, uint32_t l, const plan *p, layer_p
                          (unsigned long long)(J1 - 1), (unsigned long long)need_lo);
     /* the hole: the whole pages of the run, which starts on a page (past the sink
      * pages, or at a shard's first position; the checks above saw to it) - a shard's
-     * hole starts at entry 0 anyway */
+     * hole starts at entry 0 anyway - extended to the window's release point below */
     const uint64_t lo = first ? 0 : pkvi_sink_pages(geo, lc);
     uint64_t hi = J1 > J0 ? J1 / bt : 0;
     if (first && hi < first / bt)
         hi = first / bt;
+    /* and what the window no longer reads at the new length, as an append to it would
+     * release (session/write.c): a loaded copy of the session holds the same pages */
+    const uint64_t kf = pkvi_window_keep_from(lc, L2, bt);
+    if (kf > hi && kf > pkvi_sink_pages(geo, lc))
+        hi = kf;
     lp->shape.hole_lo = hi > lo ? lo : 0;
     lp->shape.hole_hi = hi > lo ? hi : 0;
     lp->shape.stale_lo = J1 > J0 ? J0 : 0;

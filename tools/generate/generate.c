@@ -559,29 +559,6 @@ static bool take(gen *g, uint32_t s, uint32_t k, const float *logits)
     return !gen_stops(g, next);
 }
 
-/* --context-shift: a session whose cache is full (the model's seq_len) keeps its first
- * --keep positions and drops half of the rest, as llama.cpp does; its next token goes
- * where the cache ends (llama_kv_attn reads positions from the cache). */
-static int context_shift(gen *g, uint32_t n)
-{
-    const uint32_t ctx = g->c->seq_len, keep = g->o->keep;
-    for (uint32_t r = 0; r < n; r++) {
-        pkv_session *s = g->act_sess[r];
-        const uint64_t len = pkv_session_len(s, 0);
-        if (len < ctx)
-            continue;
-        const uint64_t drop = (len - keep) / 2;
-        const pkv_status st = pkv_session_discard(s, keep, keep + drop);
-        if (st != PKV_OK) {
-            char why[256];
-            pkv_engine_last_error(g->eng, why, sizeof why);
-            return cli_fail(CMD, "context shift of session %u: %s", g->act[r], why);
-        }
-        g->shifts++;
-    }
-    return CLI_OK;
-}
-
 static int gen_run(gen *g)
 {
     const uint32_t N = g->N, P = g->P, V = g->c->vocab_size;
@@ -647,7 +624,7 @@ static int gen_run(gen *g)
         }
         if (n == 0)
             break;
-        if (g->o->context_shift && context_shift(g, n) != CLI_OK)
+        if (g->o->context_shift && gen_context_shift(g, n) != CLI_OK)
             return CLI_FAIL;
         g->mode = MODE_DECODE;
         g->cur_pos = pos;

@@ -140,5 +140,9 @@ int gen_prefix_sessions(gen *g, llama_attn_fn attn, bool sample_first);
 const float *gen_first_logits(const gen *g, uint32_t s);
 #include "common/json.h"
 void gen_prefix_report(const gen *g, json_writer *W);
+/* --context-shift (generate/sessions.c): each of the n active sessions whose cache holds
+ * the model's seq_len keeps its first --keep positions and drops half of the rest
+ * (pkv_session_discard). CLI_OK, or CLI_FAIL with the engine's reason. */
+int gen_context_shift(gen *g, uint32_t n);
 
 #endif

@@ -11,6 +11,7 @@
  * Owns: the run and its report. K/V rows come from a fixed block of random rows.
  * Uses only the public header.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +129,7 @@ int stress_shift(const stress_opts *o)
     const uint64_t rss0 = cli_rss_bytes();
     uint64_t rows_moved = 0, next_row = 0;
     double discard_s = 0, refill_s = 0;
+    pkv_stats es_last = {0};   /* the engine's figures after the last shift */
     for (uint32_t i = 0; i < N && st == PKV_OK; i++)
         if ((st = pkv_session_create(e, &ss[i])) == PKV_OK)
             st = fill(ss[i], o->layers, K, V, kr, vr, ctx, &next_row);
@@ -158,6 +160,7 @@ int stress_shift(const stress_opts *o)
         }
         pkv_stats es;
         pkv_engine_stats(e, &es);
+        es_last = es;
         const uint64_t rss = cli_rss_bytes();
         z.x[k] = k;
         z.resident[k] = (double)res;
@@ -182,6 +185,7 @@ int stress_shift(const stress_opts *o)
     if (o->json) {
         json_writer w = {stdout, true, true}, *W = &w;
         json_open(W, NULL, '{');
+        cli_json_envelope(W, "stress", es_last.isa);
         JSON_U64S(W, {"ctx", ctx}, {"keep", keep}, {"shifts", S}, {"sessions", N},
                   {"layers", o->layers}, {"rows_moved", rows_moved},
                   {"rows_appended", appended});
@@ -228,6 +232,8 @@ int stress_shift(const stress_opts *o)
             {.name = "RSS growth", .x = z.x, .y = z.rss, .n = S + 1, .line = true,
              .dashed = true},
         };
+        for (uint32_t k = 0; k <= S; k++) /* the plots' times are in ms */
+            z.decode_us[k] /= 1e3;
         svg_series tm[1] = {{.name = "decode p50 at the full context", .x = z.x,
                              .y = z.decode_us, .n = S + 1, .line = true, .markers = true}};
         svg_panel panels[2] = {
@@ -237,11 +243,19 @@ int stress_shift(const stress_opts *o)
              .series = mem, .n_series = 3},
             {.title = "decode time of one layer at the full context",
              .x = {.label = "shifts", .format = SVG_FMT_NUMBER},
-             .y = {.label = "microseconds", .format = SVG_FMT_NUMBER, .from_zero = true},
+             .y = {.label = "time (ms)", .format = SVG_FMT_NUMBER, .from_zero = true},
              .series = tm, .n_series = 1},
         };
-        if (svg_write_file(o->svg, "pagedkv stress --shift", panels, 2) != 0)
-            rc = cli_fail(CMD, "cannot write %s", o->svg);
+        char title[256], where[512];
+        snprintf(title, sizeof title, "pagedkv stress --shift: %u shifts of a %llu-position "
+                 "context keeping %llu; %u session(s), %u layer(s), h %u, g %u, d %u, %s",
+                 S, (unsigned long long)ctx, (unsigned long long)keep, N, o->layers, o->heads,
+                 o->kv_heads, o->head_dim, pkv_dtype_name(o->dtype));
+        pkv_config ec;
+        cli_run_where(where, sizeof where,
+                      pkv_engine_config(e, &ec) == PKV_OK ? ec.n_threads : 0, es_last.isa);
+        if (svg_write_file(o->svg, title, where, panels, 2) != 0)
+            rc = cli_fail(CMD, "cannot write the plot to '%s': %s", o->svg, strerror(errno));
     }
 done:
     for (uint32_t i = 0; ss && i < N; i++)

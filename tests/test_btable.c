@@ -69,7 +69,7 @@ static void world_init(world *w, uint64_t bt, uint64_t seed)
     w->seed = seed;
     EXPECT((pkvi_pool_create(PB, 0, &w->pool)) == (PKV_OK));
     pkvt_scratch_dir(w->dir, sizeof w->dir, "btable");
-    EXPECT((pkvi_spill_open(w->dir, &w->sp)) == (PKV_OK));
+    EXPECT((pkvi_spill_open(w->dir, PB, &w->sp)) == (PKV_OK));
     w->ps = (pkvi_pages){w->pool, w->sp, &w->cached};
 }
 
@@ -236,11 +236,31 @@ static mtab *new_table(world *w, int k, uint64_t sinks)
     return T;
 }
 
+/* One page through a whole transfer, as session/residency.c moves it (spill.h's
+ * states; no other thread here, so its holders are synced after it ended). */
+static void write_one(world *w, pkvi_page *pg)
+{
+    bool written = false;
+    pkvi_spill_mark_out(pg);
+    EXPECT((pkvi_spill_write(w->sp, &pg, 1, 1, &written)) == (PKV_OK));
+    EXPECT(written);
+    pkvi_spill_end_out(w->sp, w->pool, pg, true, false);
+}
+
+static void read_one(world *w, pkvi_page *pg)
+{
+    void *buf = NULL;
+    EXPECT((pkvi_pool_get(w->pool, &buf)) == (PKV_OK));
+    pkvi_spill_mark_in(pg);
+    EXPECT((pkvi_spill_read(w->sp, &pg, &buf, 1)) == (PKV_OK));
+    pkvi_spill_end_in(w->sp, w->pool, pg, buf, true);
+}
+
 /* Bring page p (at index i) back from the spill file, syncing its holders. */
 static void restore(world *w, int32_t p, uint64_t i)
 {
     pkvi_page *pg = w->pg[p].pg;
-    EXPECT((pkvi_spill_read(w->sp, w->pool, &pg, 1)) == (PKV_OK));
+    read_one(w, pg);
     w->pg[p].spilled = false;
     sync_holders(w, p, i);
 }
@@ -393,7 +413,7 @@ static void spill_one(world *w, mtab *T, uint64_t from)
     EXPECT((pg) == (w->pg[p].pg));
     if (holder_pinned(w, p, i))
         return;
-    EXPECT((pkvi_spill_write(w->sp, w->pool, &pg, 1, 1)) == (PKV_OK));
+    write_one(w, pg);
     EXPECT((pg->data) == NULL);
     w->pg[p].spilled = true;
     sync_holders(w, p, i);
@@ -424,10 +444,10 @@ static void move_cached(world *w, int32_t p)
 {
     pkvi_page *pg = w->pg[p].pg;
     if (w->pg[p].spilled) {
-        EXPECT((pkvi_spill_read(w->sp, w->pool, &pg, 1)) == (PKV_OK));
+        read_one(w, pg);
         w->cached.resident++;
     } else {
-        EXPECT((pkvi_spill_write(w->sp, w->pool, &pg, 1, 1)) == (PKV_OK));
+        write_one(w, pg);
         w->cached.resident--;
     }
     w->pg[p].spilled = !w->pg[p].spilled;

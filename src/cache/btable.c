@@ -19,8 +19,10 @@ struct pkvi_btable {
     uint64_t n_pages;        /* entries in use (B1) */
     uint64_t cap;            /* capacity of pages[] and data[] */
     pkvi_page **pages;       /* [cap] descriptors, one reference each (NULL: the hole) */
-    const void **data;       /* [cap] pages[i]->data (B2): what decode walks */
-    uint64_t n_spilled;      /* entries whose page is in the spill file (B3) */
+    const void **data;       /* [cap] pages[i]->data, NULL while spilled or in transit
+                                (B2): what decode walks */
+    uint64_t n_spilled;      /* entries whose data[i] is NULL but for the hole: the
+                                page spilled or in transit (B3) */
     uint64_t hole_lo, hole_hi; /* released entries [hole_lo, hole_hi); empty: equal */
     uint64_t stale_lo, stale_hi; /* positions a discard (SPEC §14) left without rows
                                   nothing may read: its new hole's and up to a page of
@@ -46,7 +48,9 @@ static void cached_add(pkvi_pages ps, const pkvi_page *pg, int sign)
 }
 
 /* Drop one reference; the last one frees the page (and its slot, when spilled). A
- * page left to the prefix index alone becomes a cached page. */
+ * page left to the prefix index alone becomes a cached page. A page in transit
+ * (spill.h) is left to its transfer, which frees it when it ends: its buffer or slot
+ * is in use until then (session/residency.c asks pkvi_page_orphan). */
 static void page_unref(pkvi_pages ps, pkvi_page *pg)
 {
     if (--pg->refs > 0) {
@@ -54,24 +58,33 @@ static void page_unref(pkvi_pages ps, pkvi_page *pg)
             cached_add(ps, pg, +1);
         return;
     }
+    if (pg->transit != PKVI_SETTLED)
+        return;
     if (!pg->data)
         pkvi_spill_drop(ps.spill, ps.pool, pg);
     pkvi_page_destroy(ps.pool, pg);
+}
+
+/* What an entry naming pg shows decode (B2): its bytes while resident and settled;
+ * NULL while spilled or in transit (a reader must wait for the transfer). */
+static const void *readable(const pkvi_page *pg)
+{
+    return pg->transit == PKVI_SETTLED ? pg->data : NULL;
 }
 
 /* Entry i names pg (whose reference the caller already counted). */
 static void set_entry(pkvi_btable *t, uint64_t i, pkvi_page *pg)
 {
     t->pages[i] = pg;
-    t->data[i] = pg ? pg->data : NULL;
-    t->n_spilled += pg && pg->data == NULL;
+    t->data[i] = pg ? readable(pg) : NULL;
+    t->n_spilled += pg && t->data[i] == NULL;
 }
 
 /* Entry i stops naming its page (not in the hole); the reference is dropped. */
 static void drop_entry(pkvi_btable *t, pkvi_pages ps, uint64_t i)
 {
     pkvi_page *pg = t->pages[i];
-    t->n_spilled -= pg->data == NULL;
+    t->n_spilled -= t->data[i] == NULL;
     t->pages[i] = NULL;
     t->data[i] = NULL;
     page_unref(ps, pg);
@@ -422,6 +435,11 @@ bool pkvi_page_shared(const pkvi_page *pg)
     return pg->refs > 1;
 }
 
+bool pkvi_page_orphan(const pkvi_page *pg)
+{
+    return pg->refs == 0;
+}
+
 /* ---- pins and residency ------------------------------------------------------------------ */
 
 void pkvi_btable_pin(pkvi_btable *t)
@@ -444,7 +462,7 @@ bool pkvi_btable_next_resident(const pkvi_btable *t, uint64_t *i, pkvi_page **pg
     if (t->pins || t->n_spilled == t->n_pages)
         return false;
     for (uint64_t k = *i; k < t->n_pages; k++)
-        if (t->pages[k] && t->pages[k]->data) {
+        if (t->data[k]) { /* resident and settled (B2) */
             *i = k;
             *pg = t->pages[k];
             return true;
@@ -476,8 +494,9 @@ bool pkvi_btable_names(const pkvi_btable *t, uint64_t i, const pkvi_page *pg)
 
 void pkvi_btable_sync(pkvi_btable *t, uint64_t i)
 {
-    const bool was_out = t->data[i] == NULL, is_out = t->pages[i]->data == NULL;
-    t->data[i] = t->pages[i]->data;
+    const void *now = readable(t->pages[i]);
+    const bool was_out = t->data[i] == NULL, is_out = now == NULL;
+    t->data[i] = now;
     t->n_spilled = t->n_spilled - was_out + is_out;
 }
 
@@ -531,11 +550,13 @@ bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
                 return false;
             continue;
         }
-        if (!pg || pg->refs == 0 || t->data[i] != pg->data)
+        if (!pg || pg->refs == 0 || t->data[i] != readable(pg))
             return false;
-        if (pg->refs > 1 && atomic_load_explicit(&pg->writing, memory_order_relaxed))
+        /* B5, and B6: a page being written is never in transit */
+        const bool writing = atomic_load_explicit(&pg->writing, memory_order_relaxed);
+        if (writing && (pg->refs > 1 || pg->transit != PKVI_SETTLED))
             return false;
-        out += pg->data == NULL;
+        out += t->data[i] == NULL;
     }
     return out == t->n_spilled && (!quiescent || t->pins == 0);
 }
@@ -555,6 +576,7 @@ void pkvi_page_census(pkvi_page *pg, pkvi_census *c)
     c->resident += pg->data != NULL;
     c->spilled += pg->data == NULL;
     c->indexed += pg->indexed;
+    c->transit += pg->transit != PKVI_SETTLED;
     pg->tally = 0;
 }
 

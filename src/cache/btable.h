@@ -31,14 +31,17 @@
  * Invariants (pkvi_btable_check; B1 between calls, the rest always, under the lock):
  *   B1  n_pages == ceil(len / bt)            (a reservation may push pages ahead of
  *                                             the rows it writes: then n_pages > that)
- *   B2  data[i] == pages[i]->data for i < n_pages      (NULL while spilled); pages[i]
- *       == NULL exactly for hole_lo <= i < hole_hi
- *   B3  n_spilled == #{ i < n_pages : pages[i] && pages[i]->data == NULL }
+ *   B2  data[i] == pages[i]->data for i < n_pages while the page is settled, NULL while
+ *       it is spilled or in transit (spill.h: a reader waits for the transfer);
+ *       pages[i] == NULL exactly for hole_lo <= i < hole_hi
+ *   B3  n_spilled == #{ i < n_pages : pages[i] && data[i] == NULL }: pages spilled or
+ *       in transit, so a pin that finds n_spilled == 0 has every page to read
  *   B4  a page sits at the same index i in every table that holds it (sharing is
  *       index-preserving: fork and the prefix cache)
  *   B5  a page with refs > 1 is never written; a page gains a holder only through
  *       pkvi_btable_share, pkvi_page_index or pkvi_btable_push_shared, never while a
  *       writer may hold it (writing == 0)
+ *   B6  a page being written (writing == 1) is not in transit
  * The engine-wide count (sum over tables of entries naming P, plus the index's, ==
  * P->refs: E3) is checked by session/account.c with the census calls below.
  */
@@ -81,14 +84,15 @@ PKVI_HIDDEN uint64_t pkvi_btable_first(const pkvi_btable *t);   /* a shard's fir
                                                                     position; 0 else */
 /* Entries that name a page: n_pages less the hole. */
 PKVI_HIDDEN uint64_t pkvi_btable_held(const pkvi_btable *t);
-/* Entries whose page is in the spill file (B3). */
+/* Entries whose page is in the spill file or in transit (B3). */
 PKVI_HIDDEN uint64_t pkvi_btable_n_spilled(const pkvi_btable *t);
 /* The end of a window's released entries (hole_hi), or 0 without such a hole. */
 PKVI_HIDDEN uint64_t pkvi_btable_hole_end(const pkvi_btable *t);
 /* Entry i's page (i < n_pages); NULL in the hole. Its `data` is the page's bytes while
  * resident. */
 PKVI_HIDDEN pkvi_page *pkvi_btable_page(const pkvi_btable *t, uint64_t i);
-/* The page data decode walks, [n_pages], NULL for a hole or a spilled page: valid
+/* The page data decode walks, [n_pages], NULL for a hole or a page spilled or in
+ * transit: valid
  * while the table is pinned (or always on an engine without a spill file, where pages
  * never move) and until the table grows. Decode reads it once per query set, never
  * through a call per page. */
@@ -195,6 +199,9 @@ PKVI_HIDDEN bool pkvi_page_indexed(const pkvi_page *pg);
 PKVI_HIDDEN bool pkvi_page_cached(const pkvi_page *pg);
 /* Whether pg has more than one holder. */
 PKVI_HIDDEN bool pkvi_page_shared(const pkvi_page *pg);
+/* Whether pg's last holder left while it was in transit (spill.h): its transfer
+ * frees it when it ends. */
+PKVI_HIDDEN bool pkvi_page_orphan(const pkvi_page *pg);
 
 /* ---- pins and residency: what the spiller may move ---------------------------------- */
 
@@ -203,18 +210,19 @@ PKVI_HIDDEN bool pkvi_page_shared(const pkvi_page *pg);
 PKVI_HIDDEN void pkvi_btable_pin(pkvi_btable *t);
 PKVI_HIDDEN void pkvi_btable_unpin(pkvi_btable *t);
 PKVI_HIDDEN bool pkvi_btable_pinned(const pkvi_btable *t);
-/* The spiller's walk: the first entry at or after *i whose page is resident, in an
- * unpinned table (none of a pinned one): true with *i and *pg set, false at the end. */
+/* The spiller's walk: the first entry at or after *i whose page is resident and
+ * settled (not in transit), in an unpinned table (none of a pinned one): true with *i
+ * and *pg set, false at the end. */
 PKVI_HIDDEN bool pkvi_btable_next_resident(const pkvi_btable *t, uint64_t *i,
                                            pkvi_page **pg);
-/* Entries from `from` on whose page is spilled: their count, and (when idx and pages
- * are not NULL) their indices and pages, in order. */
+/* Entries from `from` on whose page is spilled or in transit (data[i] NULL): their
+ * count, and (when idx and pages are not NULL) their indices and pages, in order. */
 PKVI_HIDDEN uint64_t pkvi_btable_spilled(const pkvi_btable *t, uint64_t from, uint64_t *idx,
                                          pkvi_page **pages);
 /* Whether entry i names pg (B4: a holder of a page at index i is found there). */
 PKVI_HIDDEN bool pkvi_btable_names(const pkvi_btable *t, uint64_t i, const pkvi_page *pg);
-/* Entry i's page moved between memory and the spill file: refresh data[i] and
- * n_spilled (B2, B3). */
+/* Entry i's page moved between memory and the spill file, or began or ended a
+ * transfer: refresh data[i] and n_spilled (B2, B3). */
 PKVI_HIDDEN void pkvi_btable_sync(pkvi_btable *t, uint64_t i);
 
 /* ---- accounting --------------------------------------------------------------------- */
@@ -229,8 +237,8 @@ PKVI_HIDDEN uint64_t pkvi_btable_info(const pkvi_btable *t, uint64_t first, uint
 
 /* ---- checks ------------------------------------------------------------------------- */
 
-/* B1 (when quiescent) to B3 and B5 for this table, and no pins when quiescent; true
- * when they hold. */
+/* B1 (when quiescent) to B3, B5 and B6 for this table, and no pins when quiescent;
+ * true when they hold. */
 PKVI_HIDDEN bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent);
 /* E3, the count of holders over every table and the index, in three passes over all
  * of them (session/account.c): reset each page's tally; count each holder into it
@@ -238,9 +246,11 @@ PKVI_HIDDEN bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quies
  * (pkvi_btable_census, pkvi_page_census): tally == refs, resident / spilled / indexed
  * counted, tally back to 0. */
 typedef struct {
-    uint64_t resident;       /* distinct pages in memory */
-    uint64_t spilled;        /* distinct pages in the spill file */
+    uint64_t resident;       /* distinct pages in memory (data != NULL: RESIDENT and
+                                OUTGOING, spill.h) */
+    uint64_t spilled;        /* distinct pages in the spill file (SPILLED, INCOMING) */
     uint64_t indexed;        /* distinct pages the prefix index holds */
+    uint64_t transit;        /* distinct pages in transit (OUTGOING, INCOMING) */
     bool ok;                 /* every page's holders == its refs */
 } pkvi_census;
 PKVI_HIDDEN void pkvi_btable_tally(const pkvi_btable *t, bool reset);

@@ -1,10 +1,11 @@
 /*
  * cache.c - the state an engine's sessions share (cache.h): creating and freeing the
- * pool, the spill file and the prefix index behind the engine lock, and the
- * statistics read from them.
+ * pool, the spill file and the prefix index behind the engine lock, the registry of
+ * spill transfers in flight, and the statistics read from them.
  *
  * Owns their lifetime, not their contents: pages are the pool's and btable.c's,
- * sessions session.c's. Knows nothing of the geometry beyond the page size.
+ * sessions session.c's, what a transfer moves and when session/residency.c's. Knows
+ * nothing of the geometry beyond the page size.
  */
 #include "cache/cache.h"
 
@@ -17,13 +18,14 @@ pkv_status pkvi_cache_init(pkvi_cache *c, const pkv_config *cfg, uint64_t page_b
                      cfg->prefix_cache_bytes / page_bytes);
     pkv_status st = pkvi_pool_create(page_bytes, cfg->mem_budget, &c->pool);
     if (st == PKV_OK && cfg->spill_dir)
-        st = pkvi_spill_open(cfg->spill_dir, &c->spill);
+        st = pkvi_spill_open(cfg->spill_dir, page_bytes, &c->spill);
     if (st != PKV_OK) {
         pkvi_pool_destroy(c->pool);
         c->pool = NULL;
         return st;
     }
     pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->moved, NULL);
     return PKV_OK;
 }
 
@@ -32,7 +34,54 @@ void pkvi_cache_fini(pkvi_cache *c)
     pkvi_prefix_fini(&c->prefix, pkvi_cache_pages(c));
     pkvi_spill_close(c->spill);
     pkvi_pool_destroy(c->pool);
+    pthread_cond_destroy(&c->moved);
     pthread_mutex_destroy(&c->lock);
+}
+
+/* ---- transfers in flight ------------------------------------------------------------ */
+
+void pkvi_cache_transfer_begin(pkvi_cache *c, pkvi_transfer *x)
+{
+    x->prev = NULL;
+    x->next = c->transfers;
+    if (c->transfers)
+        c->transfers->prev = x;
+    c->transfers = x;
+}
+
+void pkvi_cache_transfer_end(pkvi_cache *c, pkvi_transfer *x)
+{
+    if (x->prev)
+        x->prev->next = x->next;
+    else
+        c->transfers = x->next;
+    if (x->next)
+        x->next->prev = x->prev;
+    pthread_cond_broadcast(&c->moved);
+}
+
+pkvi_transit_census pkvi_cache_transit_census(const pkvi_cache *c)
+{
+    pkvi_transit_census t = {.ok = true};
+    for (const pkvi_transfer *x = c->transfers; x; x = x->next) {
+        const uint32_t state = x->incoming ? PKVI_INCOMING : PKVI_OUTGOING;
+        if (x->incoming)
+            t.buffers += x->n;
+        for (uint64_t k = 0; k < x->n; k++) {
+            const pkvi_page *pg = x->pages[k];
+            /* an OUTGOING page keeps its bytes until it ends, an INCOMING one gets them
+             * when it ends */
+            t.ok &= pg->transit == state && (pg->data != NULL) == !x->incoming;
+            if (!pkvi_page_orphan(pg))
+                t.named++;
+            else if (x->incoming)
+                t.orphans_spilled++;
+            else
+                t.orphans_resident++;
+        }
+    }
+    t.ok &= t.buffers == c->incoming;
+    return t;
 }
 
 void pkvi_cache_stats(pkvi_cache *c, pkv_stats *out)
@@ -48,7 +97,7 @@ void pkvi_cache_stats(pkvi_cache *c, pkv_stats *out)
     /* cached pages (docs/prefix-cache.md) are resident pages only the prefix index
      * holds: in the pool's in_use, not in pages_in_use; spilled ones are in
      * pages_spilled */
-    out->pages_in_use = n.in_use - c->prefix.cached.resident;
+    out->pages_in_use = n.in_use - c->prefix.cached.resident - c->incoming;
     out->pages_cached = c->prefix.cached.resident;
     out->pages_free = n.n_free;
     out->pages_spilled = n.spilled;

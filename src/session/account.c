@@ -1,7 +1,7 @@
 /*
  * session/account.c - what sessions hold, counted: per session pkv_session_memory and
- * pkv_session_pages, and engine-wide the invariants E1-E4 (cache/cache.h) with B1-B5
- * of every table and P1-P4 of the prefix index - pkvi_sessions_check, which
+ * pkv_session_pages, and engine-wide the invariants E1-E4 and T1 (cache/cache.h) with
+ * B1-B6 of every table and P1-P4 of the prefix index - pkvi_sessions_check, which
  * pkv_engine_check and, in -Dpoison=true builds, every API boundary run
  * (pkvi_boundary_check, session.h).
  *
@@ -66,7 +66,7 @@ pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t firs
 
 /* ---- invariants --------------------------------------------------------------------------- */
 
-/* Every table of every live session: B1-B5. */
+/* Every table of every live session: B1-B6. */
 static bool tables_ok(const pkvi_geom *geo, const pkvi_cache *cache, bool quiescent)
 {
     for (const pkv_session *s = cache->sessions; s; s = s->next)
@@ -102,10 +102,14 @@ bool pkvi_sessions_check(const pkvi_geom *geo, pkvi_cache *cache, bool quiescent
                 pkvi_btable_census(s->layers[l], &c);
         pkvi_prefix_census(&cache->prefix, &c);
         /* Pages a reservation took but has not yet pushed do not exist between the
-         * lock's holds, so these are exact. An indexed page is in exactly one node
-         * (P3): the distinct indexed pages are the node pages. */
+         * lock's holds, so these are exact; the transfers in flight add their read
+         * buffers and their orphans (cache.h: E1, E2, T1). An indexed page is in
+         * exactly one node (P3): the distinct indexed pages are the node pages. */
         const pkvi_pool_counts n = pkvi_pool_count(cache->pool);
-        ok = ok && c.ok && c.resident == n.in_use && c.spilled == n.spilled &&
+        const pkvi_transit_census x = pkvi_cache_transit_census(cache);
+        ok = ok && c.ok && x.ok &&
+             c.resident + x.buffers + x.orphans_resident == n.in_use &&
+             c.spilled + x.orphans_spilled == n.spilled && c.transit == x.named &&
              c.indexed == node_pages;
     }
     pthread_mutex_unlock(&cache->lock);

@@ -39,15 +39,17 @@ PKVI_HIDDEN pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_
 
 /* ---- session/residency.c: pages under the budget ------------------------------------ */
 
-/* Bring the spilled pages of table t (layer) from entry `from` on back into memory;
- * the caller pinned t, so making room never spills them again. PKV_ENOMEM, PKV_EIO
- * (every page stays spilled). Under the lock. */
+/* Bring the spilled pages of table t (layer) from entry `from` on back into memory,
+ * waiting for those other calls have in transit; the caller pinned t, so making room
+ * never spills them again. PKV_ENOMEM, PKV_EIO (the pages of the failed read stay
+ * spilled). Under the lock, which it lets go while it reads, spills or waits. */
 PKVI_HIDDEN pkv_status pkvi_session_fault_in(const pkvi_geom *geo, pkvi_cache *cache,
                                              pkvi_btable *t, uint32_t layer,
                                              uint64_t from);
 /* n new pages (refs 0: a push takes them) into out[0, n), all or nothing, spilling
  * to make room; their bytes are zeros on a spill engine. PKV_ENOMEM, PKV_EIO. Under
- * the lock. */
+ * the lock, which making room lets go while it writes or waits; held from the room's
+ * check to the return. */
 PKVI_HIDDEN pkv_status pkvi_session_take_pages(const pkvi_geom *geo, pkvi_cache *cache,
                                                uint64_t n, pkvi_page **out);
 

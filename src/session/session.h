@@ -28,7 +28,9 @@
  *   pkvi_session_reserve(n)  under the lock: pin the layer (spill engines), bring a
  *        |                   spilled tail back, take every page the n rows need and
  *        |                   the copy-on-write copy of a shared tail, grow the table
- *        |                   and the decode scratch. Fails -> nothing changed.
+ *        |                   and the decode scratch. Fails -> nothing changed. (The
+ *        |                   lock is let go only while spill I/O runs, the layer
+ *        |                   pinned: session/residency.c.)
  *        v
  *   pkvi_session_write(rows) outside the lock: store rows, advance len. Cannot fail.
  *        v
@@ -155,7 +157,7 @@ PKVI_HIDDEN void pkvi_session_release(pkv_session *s, uint32_t layer);
 
 /* ---- session/account.c ---------------------------------------------------------------- */
 
-/* Engine invariants E1-E4 (cache/cache.h) and B1-B5 of every table, P1-P4 of the
+/* Engine invariants E1-E4, T1 (cache/cache.h) and B1-B6 of every table, P1-P4 of the
  * index (takes the lock). quiescent: also B1 and no pins, which hold only while no
  * call is in flight. */
 PKVI_HIDDEN bool pkvi_sessions_check(const pkvi_geom *geo, pkvi_cache *cache,

@@ -46,12 +46,26 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
     pthread_mutex_lock(&cache->lock);
     if (cache->spill)
         pkvi_btable_pin(t);
-    pkv_status st = partial ? pkvi_session_fault_in(geo, cache, t, layer,
-                                                    pkvi_btable_n_pages(t) - 1)
-                            : PKV_OK;
-    const bool cow = partial && st == PKV_OK && pkvi_btable_tail_shared(t);
-    if (st == PKV_OK)
-        st = pkvi_session_take_pages(geo, cache, n_new + cow, fresh);
+    /* Bringing the tail back and making room may let the lock go (the I/O runs without
+     * it): t is pinned, so its tail stays resident, but another holder may drop the
+     * tail meanwhile - so whether it is shared is asked again once the pages are held,
+     * under the same hold as everything after. */
+    pkv_status st = PKV_OK;
+    bool cow = false;
+    for (;;) {
+        if (partial &&
+            (st = pkvi_session_fault_in(geo, cache, t, layer, pkvi_btable_n_pages(t) - 1)) !=
+                PKV_OK)
+            break;
+        cow = partial && pkvi_btable_tail_shared(t);
+        if ((st = pkvi_session_take_pages(geo, cache, n_new + cow, fresh)) != PKV_OK)
+            break;
+        const bool cow_now = partial && pkvi_btable_tail_shared(t);
+        if (cow_now == cow)
+            break;
+        for (uint64_t i = 0; i < n_new + cow; i++)
+            pkvi_page_destroy(cache->pool, fresh[i]); /* nobody holds them yet */
+    }
     if (st == PKV_OK) {
         st = pkvi_btable_reserve(t, end_page);
         if (st == PKV_OK)

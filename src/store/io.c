@@ -6,7 +6,9 @@
  *   the synchronous backend; the per-object fault counters.
  * Does not own: the io_uring backend (io_uring.c, reached through io_backend.h), the
  *   file descriptors (callers open and close them), locking (one io object is used
- *   by one thread at a time; the spill code holds the engine lock around it).
+ *   by one thread at a time; the spill file holds its own `io` lock around it, never
+ *   the engine lock). The fault counters alone are atomic (tests arm them from any
+ *   thread).
  *
  * Invariants:
  *   - pkvi_io_submit returns only when no request of the call is still in flight, so
@@ -24,6 +26,7 @@
 #include "store/io_backend.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,7 +34,10 @@
 struct pkvi_io {
     pkvi_uring *uring;       /* NULL: the pread/pwrite backend */
     uint64_t max_chunk;      /* bytes per transfer (tests lower it) */
-    uint64_t fault[3];       /* countdown per pkvi_fault_kind, 0 = disarmed */
+    _Atomic uint64_t fault[3]; /* countdown per pkvi_fault_kind, 0 = disarmed; atomic, so
+                                  a test may arm it from any thread while another one
+                                  transfers (the spill file's transfers run outside
+                                  the engine lock) */
 };
 
 static bool env_no_uring(void)
@@ -49,6 +55,8 @@ pkv_status pkvi_io_open(bool force_sync, pkvi_io **out)
     if (io == NULL)
         return PKV_ENOMEM;
     io->max_chunk = PKVI_IO_MAX_CHUNK;
+    for (int k = 0; k < 3; k++)
+        atomic_init(&io->fault[k], 0);
     if (!force_sync && !env_no_uring()) {
         /* Any failure to set up a ring (ENOSYS, EPERM under seccomp, ENOMEM for
          * locked memory) means the synchronous backend, not an error. */
@@ -95,15 +103,16 @@ void pkvi_io_inject_fault(pkvi_io *io, pkvi_fault_kind kind, uint64_t nth)
 {
     if (io == NULL || (unsigned)kind > PKVI_FAULT_FSYNC)
         return;
-    io->fault[kind] = nth;
+    atomic_store(&io->fault[kind], nth);
 }
 
 /* Count one operation of `kind`; true when it is the one that must fail. */
 static bool fault_fires(pkvi_io *io, pkvi_fault_kind kind)
 {
-    if (io->fault[kind] == 0)
-        return false;
-    return --io->fault[kind] == 0;
+    uint64_t n = atomic_load(&io->fault[kind]);
+    while (n != 0 && !atomic_compare_exchange_weak(&io->fault[kind], &n, n - 1)) {
+    }
+    return n == 1;
 }
 
 /* ---- the pread/pwrite backend ------------------------------------------------------ */

@@ -4,7 +4,8 @@
  *
  * Owns a ring (or none) per io object; no global state. Short transfers are resumed;
  * a request either completes whole or the batch reports PKV_EIO. One io object is used
- * by one thread at a time (the spill file's under the engine lock); no lock of its own.
+ * by one thread at a time (the spill file's under its own `io` lock, spill.h); no lock
+ * of its own.
  * The backends behind it share store/io_backend.h, and nothing else does.
  */
 #ifndef PAGEDKV_IO_H
@@ -47,7 +48,8 @@ PKVI_HIDDEN pkv_status pkvi_io_fsync(pkvi_io *io, int fd);
 
 /* ---- test hooks (per io object, never global) ------------------------------------ */
 
-/* Make the nth (1-based) future operation of `kind` fail with EIO (0 disarms). */
+/* Make the nth (1-based) future operation of `kind` fail with EIO (0 disarms). Safe
+ * from any thread, also while another one submits. */
 PKVI_HIDDEN void pkvi_io_inject_fault(pkvi_io *io, pkvi_fault_kind kind, uint64_t nth);
 /* Cap every single transfer (pread/pwrite call or SQE) of io at max_bytes (0: the
  * default), so tests drive the short-transfer path. */

@@ -17,14 +17,10 @@
  *   budget_pages == 0 || in_use + n_free <= budget_pages
  *   spilled == descriptors whose bytes are in the spill file
  *
- * A page's life (descriptor fields; every transition under the engine lock):
- *
- *    pkvi_page_create        spill write (spill.c)
- *   ------------------> RESIDENT ------------------> SPILLED
- *      refs = 0        data != NULL <------------------ data == NULL, slot
- *  (btable.c's push         |          spill read        |
- *   takes the first ref)    v   last unref               v   last unref
- *                    pkvi_page_destroy          pkvi_spill_drop + pkvi_page_destroy
+ * A page's life: pkvi_page_create makes a RESIDENT descriptor (refs = 0: btable.c's
+ * push takes the first reference) and pkvi_page_destroy frees one; in between it may
+ * be spilled and read back, through the states of spill.h (RESIDENT, OUTGOING,
+ * SPILLED, INCOMING; the diagram and the function of each transition are there).
  */
 #ifndef PAGEDKV_POOL_H
 #define PAGEDKV_POOL_H
@@ -36,12 +32,18 @@
 /* Largest page the engine accepts (bytes). */
 #define PKVI_MAX_PAGE_BYTES (1ull << 30)
 
+/* Where a page's bytes are going (pkvi_page.transit; spill.h draws the states). */
+enum { PKVI_SETTLED = 0, PKVI_OUTGOING, PKVI_INCOMING };
+
 /* A page descriptor. The page's bytes live at `data` while resident; while spilled,
  * data == NULL and the bytes are at slot `slot` of the spill file. refs and indexed
  * are btable.c's alone (the only code that counts holders). */
 typedef struct pkvi_page {
     void *data;            /* page_bytes, aligned; NULL when spilled (pool.c, spill.c) */
-    uint64_t slot;         /* spill-file slot while spilled (spill.c) */
+    uint64_t slot;         /* spill-file slot while spilled or in transit (spill.c) */
+    uint32_t transit;      /* PKVI_SETTLED, or a transfer of its bytes is in flight
+                              outside the engine lock (spill.h; set and cleared under
+                              it by spill.c) */
     uint32_t refs;         /* holders: table entries naming it, plus the prefix index's
                               one while indexed (btable.c) */
     uint32_t tally;        /* scratch of the invariant check and the spiller; 0 between */

@@ -1,18 +1,26 @@
 /*
  * spill.c - the spill file: page bytes written out when the memory budget is full,
- * and read back on the next use (spill.h).
+ * and read back on the next use, and the descriptor states on the way (spill.h draws
+ * them).
  *
- * Owns the file (one per engine, slots of page_bytes) and its free slots. The bytes
- * move through the I/O interface (io.c: io_uring or pread/pwrite), batched, one
- * vectored request per run of adjacent slots. Which pages go is session/residency.c's
- * choice; this file never looks at a block table. Every function runs under the engine
- * lock (cache/cache.h).
+ * Owns the file (one per engine, slots of page_bytes), its free slots, the I/O object
+ * the bytes move through (io.c: io_uring or pread/pwrite; batched, one vectored
+ * request per run of adjacent slots), and the two locks that guard them. Which pages
+ * go is session/residency.c's choice; this file never looks at a block table.
+ *
+ * Locks (spill.h): the transfers, pkvi_spill_write and pkvi_spill_read, run without
+ * the engine lock and hold `io` for their whole I/O, so one batch moves bytes at a
+ * time and the file's size changes under one holder; `slots` guards the free list
+ * and the file's end and is held only for a few instructions, by the transfers and by
+ * the calls made under the engine lock (end_out, end_in, drop). The mark and end
+ * calls change descriptor fields, under the engine lock (cache/cache.h).
  *
  * A failed write keeps every page resident; a failed read keeps every page spilled;
  * nothing is lost either way.
  *
  * Slots: free slots (inside the file) are used before the file grows. A failed batch
- * puts the slot state back exactly as it was, and when it had to grow the file it is
+ * gives back the slots it took and the file's end is put back where it was (only a
+ * write grows the file, and writes hold `io`), and when it had to grow the file it is
  * retried into the free slots alone: a full disk stops only the spills that do not fit
  * the room the file already has.
  *
@@ -24,6 +32,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,10 +42,18 @@
 
 struct pkvi_spill {
     int fd;
-    pkvi_io *io;
-    uint64_t next_slot;          /* slots [0, next_slot) exist in the file */
-    uint64_t *free_slots;        /* reusable slots, [n_free] of [cap_free] */
+    uint64_t page_bytes;
+    pthread_mutex_t io_lock;     /* `io` of spill.h: held across a transfer */
+    pkvi_io *io;                 /* io_lock */
+    _Atomic(const char *) backend; /* pkvi_io_backend(io) after the last transfer: read
+                                      without a lock (stats) */
+    pthread_mutex_t slots_lock;  /* `slots` of spill.h: held briefly */
+    uint64_t next_slot;          /* slots [0, next_slot) exist in the file; slots_lock,
+                                    and only a write (io_lock) moves it */
+    uint64_t *free_slots;        /* reusable slots, [n_free] of [cap_free]; slots_lock */
     uint64_t n_free, cap_free;
+    void (*hook)(void *ctx, bool write, uint64_t n); /* test hook (NULL: none) */
+    void *hook_ctx;
 };
 
 static int open_private(const char *dir)
@@ -56,11 +74,12 @@ static int open_private(const char *dir)
     return fd;
 }
 
-pkv_status pkvi_spill_open(const char *dir, pkvi_spill **out)
+pkv_status pkvi_spill_open(const char *dir, uint64_t page_bytes, pkvi_spill **out)
 {
     pkvi_spill *sp = calloc(1, sizeof *sp);
     if (!sp)
         return PKV_ENOMEM;
+    sp->page_bytes = page_bytes;
     sp->fd = open_private(dir);
     if (sp->fd < 0) {
         free(sp);
@@ -72,6 +91,9 @@ pkv_status pkvi_spill_open(const char *dir, pkvi_spill **out)
         free(sp);
         return st;
     }
+    atomic_init(&sp->backend, pkvi_io_backend(sp->io));
+    pthread_mutex_init(&sp->io_lock, NULL);
+    pthread_mutex_init(&sp->slots_lock, NULL);
     *out = sp;
     return PKV_OK;
 }
@@ -83,18 +105,29 @@ void pkvi_spill_close(pkvi_spill *sp)
     pkvi_io_close(sp->io);
     close(sp->fd); /* the file has no name: closing it removes it */
     free(sp->free_slots);
+    pthread_mutex_destroy(&sp->io_lock);
+    pthread_mutex_destroy(&sp->slots_lock);
     free(sp);
 }
 
 const char *pkvi_spill_backend(const pkvi_spill *sp)
 {
-    return pkvi_io_backend(sp->io);
+    return atomic_load_explicit(&sp->backend, memory_order_relaxed);
 }
 
 pkvi_io *pkvi_spill_io(pkvi_spill *sp)
 {
     return sp->io;
 }
+
+void pkvi_spill_hook_transfer(pkvi_spill *sp, void (*fn)(void *ctx, bool write, uint64_t n),
+                              void *ctx)
+{
+    sp->hook = fn;
+    sp->hook_ctx = ctx;
+}
+
+/* ---- slots (slots_lock) ----------------------------------------------------------- */
 
 /* A free slot, reused first; otherwise the file grows by one slot. */
 static uint64_t slot_take(pkvi_spill *sp)
@@ -116,157 +149,222 @@ static void slot_give(pkvi_spill *sp, uint64_t slot)
     sp->free_slots[sp->n_free++] = slot;
 }
 
-static int by_slot(const void *a, const void *b)
+static void slot_give_locked(pkvi_spill *sp, uint64_t slot)
 {
-    const pkvi_page *x = *(pkvi_page *const *)a, *y = *(pkvi_page *const *)b;
-    return x->slot < y->slot ? -1 : x->slot > y->slot;
+    pthread_mutex_lock(&sp->slots_lock);
+    slot_give(sp, slot);
+    pthread_mutex_unlock(&sp->slots_lock);
 }
 
-/* One request per run of adjacent slots (pages sorted by slot; bufs[k] is the memory of
- * pages[k]): a vectored transfer of up to PKVI_IO_MAX_IOV pages instead of one request
- * per page. Measured (256 MiB sessions, 64 KiB pages): per-page requests moved spill
- * and restore at 0.42-0.58 of a plain 1 MiB-request sequential write+read; per-page
- * requests were the whole gap (plain at 64 KiB requests ran at the same speed).
- * iov and reqs hold n entries. Returns the number of requests. */
-static uint32_t slot_runs(const pkvi_spill *sp, bool write, pkvi_page *const *pages,
-                          void *const *bufs, uint32_t n, uint64_t pb, struct iovec *iov,
-                          pkvi_io_req *reqs)
+/* ---- the transfers (no engine lock; io_lock inside) ---------------------------------- */
+
+/* A page of a transfer with the buffer its bytes move from or to, and its place in
+ * the caller's arrays. */
+typedef struct {
+    pkvi_page *pg;
+    void *buf;
+    uint64_t at;
+} moving;
+
+static int by_slot(const void *a, const void *b)
 {
+    const uint64_t x = ((const moving *)a)->pg->slot, y = ((const moving *)b)->pg->slot;
+    return x < y ? -1 : x > y;
+}
+
+/* One request per run of adjacent slots (m sorted by slot): a vectored transfer of
+ * up to PKVI_IO_MAX_IOV pages instead of one request per page (docs/performance.md,
+ * decision table: SPILL_BATCH). iov and reqs hold n entries. Returns the number of
+ * requests. */
+static uint32_t slot_runs(const pkvi_spill *sp, bool write, const moving *m, uint32_t n,
+                          struct iovec *iov, pkvi_io_req *reqs)
+{
+    const uint64_t pb = sp->page_bytes;
     uint32_t nr = 0;
     for (uint32_t k = 0; k < n;) {
         uint32_t end = k + 1;
-        while (end < n && end - k < PKVI_IO_MAX_IOV && pages[end]->slot == pages[end - 1]->slot + 1)
+        while (end < n && end - k < PKVI_IO_MAX_IOV && m[end].pg->slot == m[end - 1].pg->slot + 1)
             end++;
         for (uint32_t j = k; j < end; j++)
-            iov[j] = (struct iovec){.iov_base = bufs[j], .iov_len = (size_t)pb};
+            iov[j] = (struct iovec){.iov_base = m[j].buf, .iov_len = (size_t)pb};
         reqs[nr++] = (pkvi_io_req){.write = write, .fd = sp->fd, .len = (end - k) * pb,
-                                   .off = pages[k]->slot * pb, .iov = &iov[k],
+                                   .off = m[k].pg->slot * pb, .iov = &iov[k],
                                    .iovcnt = end - k};
         k = end;
     }
     return nr;
 }
 
-/* Write pages[0..n) to slots in one batch: free slots first (they lie inside the
- * file), then new slots at the end of the file. On failure the slot state is exactly
- * as it was - the free list and the file's end restored, and the file cut back if a
- * partial write grew it - so the slots that failed are not first in line for the
- * next batch (a full disk would then fail every later spill, even one that fits the
- * free room); the pages keep their memory and `slot` says where each would have
- * gone. Sorts pages by slot. bufs, iov and reqs hold n entries. */
-static pkv_status write_batch(pkvi_spill *sp, uint64_t page_bytes, pkvi_page **pages,
-                              uint64_t n, void **bufs, struct iovec *iov, pkvi_io_req *reqs)
+/* Under io_lock: submit, and note the backend (a broken ring falls back to sync). */
+static pkv_status submit(pkvi_spill *sp, const pkvi_io_req *reqs, uint32_t nr)
 {
-    const uint64_t free0 = sp->n_free, end0 = sp->next_slot;
-    for (uint64_t v = 0; v < n; v++)
-        pages[v]->slot = slot_take(sp);
-    qsort(pages, (size_t)n, sizeof *pages, by_slot);
-    for (uint64_t v = 0; v < n; v++)
-        bufs[v] = pages[v]->data;
-    const uint32_t nr = slot_runs(sp, true, pages, bufs, (uint32_t)n, page_bytes, iov, reqs);
     const pkv_status st = pkvi_io_submit(sp->io, reqs, nr);
+    atomic_store_explicit(&sp->backend, pkvi_io_backend(sp->io), memory_order_relaxed);
+    return st;
+}
+
+/* Under io_lock: write m[0..n) to slots in one batch, free slots first (they lie
+ * inside the file), then new slots at the end of the file. On failure the slots taken
+ * are given back and the file's end is where it was - cut back if a partial write
+ * grew it - so the slots that failed are not first in line for the next batch (a
+ * full disk would then fail every later spill, even one that fits the free room);
+ * each page's `slot` still says where it would have gone. Sorts m by slot. */
+static pkv_status write_batch(pkvi_spill *sp, moving *m, uint64_t n, struct iovec *iov,
+                              pkvi_io_req *reqs)
+{
+    pthread_mutex_lock(&sp->slots_lock);
+    const uint64_t end0 = sp->next_slot; /* only writes move it, and they hold io_lock */
+    for (uint64_t v = 0; v < n; v++)
+        m[v].pg->slot = slot_take(sp);
+    pthread_mutex_unlock(&sp->slots_lock);
+    qsort(m, (size_t)n, sizeof *m, by_slot);
+    const pkv_status st = submit(sp, reqs, slot_runs(sp, true, m, (uint32_t)n, iov, reqs));
     if (st != PKV_OK) {
-        /* slot_take only popped the free list: its entries are still in place */
-        sp->n_free = free0;
+        pthread_mutex_lock(&sp->slots_lock);
+        for (uint64_t v = 0; v < n; v++)
+            if (m[v].pg->slot < end0)
+                slot_give(sp, m[v].pg->slot);
         sp->next_slot = end0;
+        pthread_mutex_unlock(&sp->slots_lock);
         struct stat fs;
-        if (fstat(sp->fd, &fs) == 0 && (uint64_t)fs.st_size > end0 * page_bytes &&
-            ftruncate(sp->fd, (off_t)(end0 * page_bytes)) != 0) {
+        if (fstat(sp->fd, &fs) == 0 && (uint64_t)fs.st_size > end0 * sp->page_bytes &&
+            ftruncate(sp->fd, (off_t)(end0 * sp->page_bytes)) != 0) {
             /* the file keeps the failed bytes: disk space only, never read */
         }
     }
     return st;
 }
 
-pkv_status pkvi_spill_write(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *pages,
-                            uint64_t n, uint64_t need)
+/* The scratch of one transfer: n of each. */
+typedef struct {
+    moving *m;
+    pkvi_io_req *reqs;
+    struct iovec *iov;
+} scratch;
+
+static bool scratch_get(scratch *s, uint64_t n)
 {
+    s->m = malloc((size_t)n * sizeof *s->m);
+    s->reqs = malloc((size_t)n * sizeof *s->reqs);
+    s->iov = malloc((size_t)n * sizeof *s->iov);
+    return s->m && s->reqs && s->iov;
+}
+
+static void scratch_put(scratch *s)
+{
+    free(s->m);
+    free(s->reqs);
+    free(s->iov);
+}
+
+pkv_status pkvi_spill_write(pkvi_spill *sp, pkvi_page *const *pages, uint64_t n,
+                            uint64_t need, bool *written)
+{
+    for (uint64_t v = 0; v < n; v++)
+        written[v] = false;
     if (n == 0)
         return need ? PKV_ENOMEM : PKV_OK;
     if (n > UINT32_MAX)
         return PKV_ENOMEM;
-    pkvi_page **order = malloc((size_t)n * sizeof *order);
-    pkvi_io_req *reqs = malloc((size_t)n * sizeof *reqs);
-    struct iovec *iov = malloc((size_t)n * sizeof *iov);
-    void **bufs = malloc((size_t)n * sizeof *bufs);
-    pkv_status st = PKV_ENOMEM;
-    uint64_t m = n;
-    if (order && reqs && iov && bufs) {
-        memcpy(order, pages, (size_t)n * sizeof *order);
-        const uint64_t reusable = sp->n_free;
-        st = write_batch(sp, pkvi_pool_page_bytes(p), order, n, bufs, iov, reqs);
-        if (st != PKV_OK && n > reusable && reusable >= need) {
-            /* The batch grew the file and failed: perhaps the disk is full, or the
-             * file reached a size limit. The free slots lie inside the file and can
-             * still take pages, so retry with as many pages as they hold (enough for
-             * the call): those write_batch gave the free slots, below the file's end. */
-            m = 0;
-            for (uint64_t v = 0; v < n; v++)
-                if (order[v]->slot < sp->next_slot)
-                    order[m++] = order[v];
-            st = write_batch(sp, pkvi_pool_page_bytes(p), order, m, bufs, iov, reqs);
-        }
-        for (uint64_t v = 0; st == PKV_OK && v < m; v++) {
-            pkvi_pool_put_spilled(p, order[v]->data);
-            order[v]->data = NULL;
-        }
+    if (sp->hook)
+        sp->hook(sp->hook_ctx, true, n);
+    scratch s;
+    if (!scratch_get(&s, n)) {
+        scratch_put(&s);
+        return PKV_ENOMEM;
     }
-    free(order);
-    free(reqs);
-    free(iov);
-    free(bufs);
+    for (uint64_t v = 0; v < n; v++) /* OUTGOING: data stays put until end_out */
+        s.m[v] = (moving){.pg = pages[v], .buf = pages[v]->data, .at = v};
+    pthread_mutex_lock(&sp->io_lock);
+    pthread_mutex_lock(&sp->slots_lock);
+    const uint64_t reusable = sp->n_free;
+    pthread_mutex_unlock(&sp->slots_lock);
+    uint64_t done = n;
+    pkv_status st = write_batch(sp, s.m, n, s.iov, s.reqs);
+    if (st != PKV_OK && n > reusable && reusable >= need) {
+        /* The batch grew the file and failed: perhaps the disk is full, or the file
+         * reached a size limit. The free slots lie inside the file and can still take
+         * pages, so retry with as many pages as they hold (enough for the call): those
+         * write_batch gave the free slots, below the file's end. Slots other calls
+         * freed meanwhile only add room. */
+        done = 0;
+        for (uint64_t v = 0; v < n; v++)
+            if (s.m[v].pg->slot < sp->next_slot)
+                s.m[done++] = s.m[v];
+        st = write_batch(sp, s.m, done, s.iov, s.reqs);
+    }
+    pthread_mutex_unlock(&sp->io_lock);
+    for (uint64_t v = 0; st == PKV_OK && v < done; v++)
+        written[s.m[v].at] = true;
+    scratch_put(&s);
     return st;
 }
 
-pkv_status pkvi_spill_read(pkvi_spill *sp, pkvi_pool *p, pkvi_page *const *pages,
+pkv_status pkvi_spill_read(pkvi_spill *sp, pkvi_page *const *pages, void *const *bufs,
                            uint64_t n)
 {
     if (n == 0)
         return PKV_OK;
     if (n > UINT32_MAX)
         return PKV_ENOMEM;
-    pkvi_page **order = malloc((size_t)n * sizeof *order);
-    void **bufs = malloc((size_t)n * sizeof *bufs);
-    pkvi_io_req *reqs = malloc((size_t)n * sizeof *reqs);
-    struct iovec *iov = malloc((size_t)n * sizeof *iov);
-    if (!order || !bufs || !reqs || !iov) {
-        free(order);
-        free(bufs);
-        free(reqs);
-        free(iov);
+    if (sp->hook)
+        sp->hook(sp->hook_ctx, false, n);
+    scratch s;
+    if (!scratch_get(&s, n)) {
+        scratch_put(&s);
         return PKV_ENOMEM;
     }
-    memcpy(order, pages, (size_t)n * sizeof *order);
-    qsort(order, (size_t)n, sizeof *order, by_slot);
-    pkv_status st = PKV_OK;
-    uint64_t got = 0;
-    for (; got < n; got++) {
-        st = pkvi_pool_get(p, &bufs[got]);
-        if (st != PKV_OK)
-            break;
-    }
-    if (st == PKV_OK)
-        st = pkvi_io_submit(sp->io, reqs, slot_runs(sp, false, order, bufs, (uint32_t)n,
-                                                    pkvi_pool_page_bytes(p), iov, reqs));
-    if (st != PKV_OK) {
-        for (uint64_t k = 0; k < got; k++)
-            pkvi_pool_put(p, bufs[k]);
-    } else {
-        for (uint64_t k = 0; k < n; k++) {
-            slot_give(sp, order[k]->slot);
-            order[k]->data = bufs[k];
-            pkvi_pool_unspilled(p);
-        }
-    }
-    free(order);
-    free(bufs);
-    free(reqs);
-    free(iov);
+    for (uint64_t k = 0; k < n; k++)
+        s.m[k] = (moving){.pg = pages[k], .buf = bufs[k], .at = k};
+    qsort(s.m, (size_t)n, sizeof *s.m, by_slot);
+    pthread_mutex_lock(&sp->io_lock);
+    const pkv_status st = submit(sp, s.reqs, slot_runs(sp, false, s.m, (uint32_t)n, s.iov,
+                                                       s.reqs));
+    pthread_mutex_unlock(&sp->io_lock);
+    scratch_put(&s);
     return st;
+}
+
+/* ---- the descriptor's states (engine lock) ------------------------------------------- */
+
+void pkvi_spill_mark_out(pkvi_page *pg)
+{
+    pg->transit = PKVI_OUTGOING;
+}
+
+void pkvi_spill_mark_in(pkvi_page *pg)
+{
+    pg->transit = PKVI_INCOMING;
+}
+
+void pkvi_spill_end_out(pkvi_spill *sp, pkvi_pool *p, pkvi_page *pg, bool written,
+                        bool keep)
+{
+    pg->transit = PKVI_SETTLED;
+    if (!written)
+        return;
+    if (keep) { /* a holder wants it now: it stays, its copy in the file is dropped */
+        slot_give_locked(sp, pg->slot);
+        return;
+    }
+    pkvi_pool_put_spilled(p, pg->data);
+    pg->data = NULL;
+}
+
+void pkvi_spill_end_in(pkvi_spill *sp, pkvi_pool *p, pkvi_page *pg, void *buf, bool arrived)
+{
+    pg->transit = PKVI_SETTLED;
+    if (!arrived) {
+        pkvi_pool_put(p, buf);
+        return;
+    }
+    slot_give_locked(sp, pg->slot);
+    pg->data = buf;
+    pkvi_pool_unspilled(p);
 }
 
 void pkvi_spill_drop(pkvi_spill *sp, pkvi_pool *p, pkvi_page *pg)
 {
-    slot_give(sp, pg->slot);
+    slot_give_locked(sp, pg->slot);
     pkvi_pool_unspilled(p);
 }

@@ -499,8 +499,8 @@ START_TEST(forged_consistent_checksums)
     uint32_t h = pkvt_le32(orig + 12);
     ck_assert_uint_eq(h, 92 + 8 * 2);
 
-    /* A version this build does not know (it reads 1 to 3), sound header: EINVAL. */
-    uint32_t versions[] = {0, 4, 0xffffffffu};
+    /* A version this build does not know (it reads 1 to 4), sound header: EINVAL. */
+    uint32_t versions[] = {0, 5, 0xffffffffu};
     for (int i = 0; i < 3; i++) {
         memcpy(b, orig, n);
         pkvt_put_le32(b + 8, versions[i]);

@@ -277,8 +277,10 @@ class Engine:
         e = self._handle()
         layer = A.u32(layer, "rope_q layer")
         p = np.asarray(pos).reshape(-1)
-        if p.dtype.kind not in "iu" or (p.size and p.min() < 0):
-            raise TypeError("rope_q pos: non-negative integers expected")
+        if p.dtype.kind not in "iu":
+            raise TypeError("rope_q pos: integers expected")
+        if p.size and p.min() < 0:
+            raise ValueError("rope_q pos: positions are >= 0")
         p = np.ascontiguousarray(p, dtype=np.uint64)
         n = A.u32(p.size, "rope_q: the number of rows")
         qa = A.float32(q, (n, self.n_heads, self.head_dim), "rope_q q")

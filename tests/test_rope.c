@@ -322,7 +322,8 @@ START_TEST(config_checks)
         char why[256];
         pkv_engine *e = NULL;
         ck_assert_int_eq(pkv_config_explain(&c, why, sizeof why), PKV_EINVAL);
-        ck_assert_msg(strstr(why, bad[k].why) && strstr(why, "layer 1"), "case %u: '%s'", k, why);
+        ck_assert_msg(strstr(why, bad[k].why) && strstr(why, "layer_cfg[1]"), "case %u: '%s'",
+                      k, why);
         ck_assert_int_eq(pkv_engine_create(&c, &e), PKV_EINVAL);
         ck_assert_ptr_null(e);
     }

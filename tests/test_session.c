@@ -1050,10 +1050,10 @@ START_TEST(last_error_names_the_failure)
     ck_assert_str_eq(why, "pkv_append: layer 7, but the engine has 2");
     ck_assert_int_eq(pkv_decode(s, 1, q, out), PKV_ESTATE);
     pkv_engine_last_error(e, why, sizeof why);
-    ck_assert_str_eq(why, "decode: layer 1 of session 0 is empty");
+    ck_assert_str_eq(why, "pkv_decode: layer 1 is empty");
     ck_assert_int_eq(pkv_append(s, 0, kv, kv), PKV_OK); /* success keeps the last reason */
     pkv_engine_last_error(e, why, sizeof why);
-    ck_assert_str_eq(why, "decode: layer 1 of session 0 is empty");
+    ck_assert_str_eq(why, "pkv_decode: layer 1 is empty");
     ck_assert_int_eq(pkv_session_truncate(s, 9), PKV_ERANGE);
     pkv_engine_last_error(e, why, sizeof why);
     ck_assert_ptr_nonnull(strstr(why, "the longest holds 1"));
@@ -1081,7 +1081,8 @@ START_TEST(last_error_names_the_failure)
     ck_assert_int_eq(pkv_append(s, 0, kv, kv), PKV_OK);
     ck_assert_int_eq(pkv_append(s, 0, kv, kv), PKV_ENOMEM);
     pkv_engine_last_error(e, why, sizeof why);
-    ck_assert_str_eq(why, "layer 0: 1 more page(s) do not fit the budget of 2 pages (no spill_dir)");
+    ck_assert_str_eq(why, "pkv_append: layer 0: 1 more page(s) do not fit the budget of 2 "
+                          "pages (no spill_dir)");
     pkv_session_destroy(s);
     pkv_engine_destroy(e);
 }

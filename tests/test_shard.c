@@ -339,6 +339,66 @@ START_TEST(window_far_behind)
 }
 END_TEST
 
+/* pkv_decode_partial_at at the extremes of its position (0, len - 1, len, 2^63,
+ * UINT64_MAX - 1, UINT64_MAX) on every variant, windowed layers whose windows have
+ * released pages included: a status that changes nothing, or exactly the states the
+ * position attends - never arithmetic on an unchecked position (pos + 1 once wrapped
+ * to 0 at UINT64_MAX, and the kernel walked the released, NULL, pages). */
+START_TEST(extreme_positions)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed());
+    geom G = {.h = 4, .g = 2, .d = 8, .dv = 8, .bt = 16, .dt = PKV_F32, .window = 100};
+    pkv_engine *e = make_engine(&G, 1);
+    const uint64_t A = pkv_shard_align(e);
+    pkv_session *s = pkvt_session(e);
+    for (uint32_t l = 0; l < N_VARIANTS; l++)
+        pkvt_append_random(s, &r, l, 3 * A + 5, 1.0f, 1.0f);
+    ck_assert_uint_gt(pkvi_btable_hole_end(s->layers[1]), 0); /* pages released */
+    enum { CAP = 64 };
+    const size_t ps = (size_t)G.h * (G.dv + 2);
+    float q[32], *st = pkvt_alloc(CAP * ps * sizeof(float));
+    float *ref = pkvt_alloc(CAP * ps * sizeof(float));
+    pkvt_fill(&r, q, 32, -1, 1);
+    for (uint32_t l = 0; l < N_VARIANTS; l++) {
+        const uint64_t len = pkv_session_len(s, l);
+        uint32_t n_ref = 0;
+        ck_assert_int_eq(pkv_decode_partial(s, l, q, CAP, ref, &n_ref), PKV_OK);
+        const uint64_t pos[6] = {0, len - 1, len, 1ull << 63, UINT64_MAX - 1, UINT64_MAX};
+        for (int i = 0; i < 6; i++) {
+            for (size_t k = 0; k < CAP * ps; k++)
+                st[k] = 42.0f;
+            uint32_t n = 999;
+            const pkv_status got = pkv_decode_partial_at(s, l, pos[i], q, CAP, st, &n);
+            if (pos[i] < len - 1 || pos[i] == UINT64_MAX) {
+                ck_assert_msg(got == PKV_EINVAL, "layer %u pos %llu: %s", l,
+                              (unsigned long long)pos[i], pkv_status_str(got));
+                ck_assert_uint_eq(n, 999);
+                for (size_t k = 0; k < CAP * ps; k++)
+                    ck_assert(st[k] == 42.0f);
+                char why[256];
+                pkv_engine_last_error(e, why, sizeof why);
+                ck_assert_msg(strstr(why, "pkv_decode_partial_at: ") == why, "%s", why);
+                continue;
+            }
+            ck_assert_msg(got == PKV_OK, "layer %u pos %llu: %s", l,
+                          (unsigned long long)pos[i], pkv_status_str(got));
+            if (!G.lc[l].window || pos[i] == len - 1) { /* what a decode at len - 1 reads */
+                ck_assert_uint_eq(n, n_ref);
+                ck_assert_mem_eq(st, ref, n * ps * sizeof(float));
+            } else if (pos[i] > len + G.window) { /* the sink-logit state and the sinks */
+                ck_assert_uint_eq(n, (G.lc[l].sink_logits != NULL) + (G.lc[l].sink_tokens > 0));
+            }
+        }
+    }
+    free(st);
+    free(ref);
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+}
+END_TEST
+
 /* Bad calls are statuses and change nothing. */
 START_TEST(bad_calls)
 {
@@ -447,6 +507,7 @@ int main(void)
     suite_add_tcase(s, tw);
     TCase *tc = tcase_create("calls");
     tcase_add_test(tc, bad_calls);
+    tcase_add_test(tc, extreme_positions);
     suite_add_tcase(s, tc);
     return pkvt_run(s);
 }

@@ -501,6 +501,51 @@ START_TEST(windowed_fork_and_truncate)
 }
 END_TEST
 
+/* The rollback allowance counts from the longest length reached (include/pagedkv.h at
+ * pkv_session_truncate, with this example): window 4, rollback 2, bt 1. After 20
+ * appends positions below 14 are released; a truncate to 18 is allowed, and after it
+ * and one append (length 19), a truncate to 17 - two back from 19 - is PKV_ERANGE with
+ * nothing changed, while one to 18 again is fine. Each of these states saves to a
+ * file that loads. */
+START_TEST(rollback_counts_from_the_longest_length)
+{
+    pkv_layer_config lc[1] = {{.window = 4, .rollback_tokens = 2}};
+    pkv_config c = pkvt_config(1, 2, 1, 4, 1, PKV_F32);
+    c.layer_cfg = lc;
+    pkv_engine *e = pkvt_engine_cfg(&c);
+    pkv_session *s = pkvt_session(e);
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 13);
+    char dir[512], path[600];
+    pkvt_scratch_dir(dir, sizeof dir, "variants");
+    snprintf(path, sizeof path, "%s/s.pkv", dir);
+    pkvt_append_random(s, &r, 0, 20, 1.0f, 1.0f);
+    ck_assert_int_eq(pkv_session_truncate(s, 18), PKV_OK);
+    pkvt_append_random(s, &r, 0, 1, 1.0f, 1.0f);
+    float q[8], before[8], after[8];
+    pkvt_fill(&r, q, 8, -1.0f, 1.0f);
+    ck_assert_int_eq(pkv_decode(s, 0, q, before), PKV_OK);
+    ck_assert_int_eq(pkv_session_truncate(s, 17), PKV_ERANGE);
+    ck_assert_uint_eq(pkv_session_len(s, 0), 19);
+    ck_assert_int_eq(pkv_decode(s, 0, q, after), PKV_OK);
+    ck_assert_mem_eq(before, after, sizeof before);
+    ck_assert_int_eq(pkv_session_save(s, path), PKV_OK);
+    pkv_session *x = NULL;
+    ck_assert_int_eq(pkv_session_load(e, path, &x), PKV_OK);
+    ck_assert_int_eq(pkv_session_truncate(x, 17), PKV_ERANGE); /* the file keeps the hole */
+    ck_assert_int_eq(pkv_session_truncate(s, 18), PKV_OK);
+    ck_assert_int_eq(pkv_session_truncate(x, 18), PKV_OK);
+    ck_assert_int_eq(pkv_decode(s, 0, q, before), PKV_OK);
+    ck_assert_int_eq(pkv_decode(x, 0, q, after), PKV_OK);
+    ck_assert_mem_eq(before, after, sizeof before);
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    pkv_session_destroy(x);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+    pkvt_remove_dir(dir);
+}
+END_TEST
+
 START_TEST(engine_rejects_bad_variants)
 {
     pkv_config c = pkv_config_default();
@@ -868,6 +913,7 @@ int main(void)
     tcase_add_test(te, engine_decode_matches_the_oracle);
     tcase_add_test(te, every_path_gives_the_same_bits);
     tcase_add_test(te, windowed_fork_and_truncate);
+    tcase_add_test(te, rollback_counts_from_the_longest_length);
     tcase_add_test(te, engine_rejects_bad_variants);
     tcase_add_test(te, mla_absorbed_equals_naive);
     tcase_add_test(te, variants_save_and_load);

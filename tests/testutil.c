@@ -262,6 +262,10 @@ const char *const pkvt_built_isas[] = {
     "avx512",
     "avx512vnni",
 #endif
+#if PKV_HAVE_ARM_KERNELS
+    "neon",
+    "neon_dotprod",
+#endif
     NULL,
 };
 
@@ -276,8 +280,9 @@ const char *pkvt_uring_skip_reason(void)
     return NULL;
 }
 
-/* Is every word of `words` (space-separated) a flag of the "flags" line? */
-static int cpuinfo_flags_have(const char *words)
+/* Is every word of `words` (space-separated) a word of the first line that starts
+ * with `key` ("flags" on x86, "Features" on aarch64)? -1 when there is none. */
+static int cpuinfo_line_has(const char *key, const char *words)
 {
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f)
@@ -285,7 +290,7 @@ static int cpuinfo_flags_have(const char *words)
     static char line[16384];
     int found = -1;
     while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "flags", 5) != 0 || !strchr(line, ':'))
+        if (strncmp(line, key, strlen(key)) != 0 || !strchr(line, ':'))
             continue;
         found = 1;
         char want[256];
@@ -312,6 +317,11 @@ static int cpuinfo_flags_have(const char *words)
     return found;
 }
 
+static int cpuinfo_flags_have(const char *words)
+{
+    return cpuinfo_line_has("flags", words);
+}
+
 int pkvt_cpuinfo_has_isa(const char *isa)
 {
     if (strcmp(isa, "scalar") == 0)
@@ -328,6 +338,12 @@ int pkvt_cpuinfo_has_isa(const char *isa)
         return PKV_AVX512_EMULATED ? pkvt_cpuinfo_has_isa("avx2")
                                    : pkvt_cpuinfo_has_isa("avx512") == 1 &&
                                          cpuinfo_flags_have("avx512_vnni") == 1;
+    /* aarch64's names of AT_HWCAP's bits; qemu-user shows the host's file (no
+     * Features line: -1) */
+    if (strcmp(isa, "neon") == 0)
+        return cpuinfo_line_has("Features", "asimd");
+    if (strcmp(isa, "neon_dotprod") == 0)
+        return cpuinfo_line_has("Features", "asimd asimddp");
     return 0;
 }
 
@@ -878,8 +894,8 @@ static int check_requirements(void)
 {
     const char *isa = getenv("PKV_FORCE_ISA");
     if (isa && *isa) {
-        static const char *const known[] = {"scalar", "avx2", "avx2vnni", "avx512",
-                                            "avx512vnni"};
+        static const char *const known[] = {"scalar",     "avx2", "avx2vnni",    "avx512",
+                                            "avx512vnni", "neon", "neon_dotprod"};
         bool ok = false;
         for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
             ok = ok || strcmp(isa, known[i]) == 0;

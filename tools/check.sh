@@ -12,13 +12,17 @@
 #   tools/check.sh valgrind   memcheck (build-vg): the suites that write to disk (io:
 #                             io, persist, spill, robust), at quick counts (meson's
 #                             valgrind setup)
+#   tools/check.sh aarch64    the cross build of cross/aarch64-linux-gnu.ini as it
+#                             documents it (release) under qemu-user, at quick counts:
+#                             the kernel and quant suites on neon and neon_dotprod, the
+#                             unit suite's pipeline runs on the best table (qemu's CPU
+#                             has asimddp: neon_dotprod), and dispatch on a CPU without
+#                             asimddp (QEMU_CPU=cortex-a53). The scalar runs are left to
+#                             x86-64's CI: the same C code, natively.
 #
 # The instrumented trees build one SIMD table beside scalar (-Dkernels=avx2 on x86-64;
 # every kernel table runs uninstrumented in the README test command): the sanitizers
 # watch the engine, and memcheck cannot run AVX-512.
-#   tools/check.sh aarch64    the cross build of cross/aarch64-linux-gnu.ini as it
-#                             documents it (release), its unit and kernel suites under
-#                             qemu-user
 #
 # A build directory that exists is reused (its options are not changed). What a mode
 # needs and the machine lacks (valgrind; the aarch64 cross toolchain and arm64
@@ -82,7 +86,7 @@ tsan)
     run env PKV_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1:allocator_may_return_null=1 \
         meson test -C build-tsan --print-errorlogs --num-processes 2 --suite session \
         --suite kernels --suite sharing --suite variants --suite prefix --suite shard \
-        --suite transit
+        --suite transit --suite persist --suite io
     ;;
 valgrind)
     command -v valgrind >/dev/null 2>&1 || apt_install valgrind
@@ -131,7 +135,15 @@ aarch64)
             -Dpkg_config_path="$xpc"
     fi
     run ninja -C build-aarch64
+    # the kernel and unit suites but their scalar runs (the C code x86-64's CI runs)
+    xtests=$(meson test -C build-aarch64 --list --suite unit --suite kernels 2>/dev/null |
+        grep -v ' / .*-scalar$' | sed -n 's|^pagedkv:[^ ]* / ||p')
+    # shellcheck disable=SC2086
     run env PKV_TEST_QUICK=1 meson test -C build-aarch64 --print-errorlogs --num-processes 2 \
-        --timeout-multiplier 4 --suite unit --suite kernels
+        --timeout-multiplier 4 $xtests
+    # qemu's default CPU (max) has asimddp; a Cortex-A53 has not: neon_dotprod SKIPs and
+    # the dispatcher picks neon
+    run env QEMU_CPU=cortex-a53 meson test -C build-aarch64 --print-errorlogs \
+        kernels-dispatch kernels-neon_dotprod
     ;;
 esac

@@ -298,15 +298,26 @@ check_kernels() {
         printf '#define PKV_HAVE_JEMALLOC 0\n#define PKV_HAVE_URING 0\n#define PKV_POISON 0\n#define PKV_HAVE_X86_KERNELS 1\n#define PKV_AVX512_EMULATED 0\n#define PKV_VERSION_STRING "0"\n' \
             >"$cfg/pkv_config.h"
         isa=""
+        # the aarch64 headers (arm_neon.h) with an aarch64 compiler: the host's, or
+        # Debian's cross compiler where there is one (else they are not compiled alone)
+        armcc="" armisa="-march=armv8.2-a+dotprod"
         case $(uname -m) in
-        x86_64) isa="-mavx2 -mfma -mf16c -mavxvnni -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni" ;;
+        x86_64) isa="-mavx2 -mfma -mf16c -mavxvnni -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni"
+            command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && armcc=aarch64-linux-gnu-gcc ;;
+        aarch64) armcc=$cc ;;
         esac
         for h in $kfiles; do
             case $h in *.h) ;; *) continue ;; esac
-            case $(uname -m) in x86_64) ;; *) grep -q immintrin "$h" && continue ;; esac
+            hcc=$cc hisa=$isa
+            if grep -q arm_neon "$h"; then
+                [ -n "$armcc" ] || continue
+                hcc=$armcc hisa=$armisa
+            else
+                case $(uname -m) in x86_64) ;; *) grep -q immintrin "$h" && continue ;; esac
+            fi
             # shellcheck disable=SC2086
             if ! printf '#include "%s"\n' "${h#src/}" |
-                "$cc" -std=c11 -fsyntax-only -D_GNU_SOURCE $isa -Isrc -Iinclude -I"$cfg" -x c - \
+                "$hcc" -std=c11 -fsyntax-only -D_GNU_SOURCE $hisa -Isrc -Iinclude -I"$cfg" -x c - \
                     >"$cfg/log" 2>&1; then
                 printf "%s:1: [kernels] does not compile alone: %s\n" "$h" \
                     "$(grep -m1 error "$cfg/log" | sed 's/^<stdin>[^ ]* //')" >>"$out"

@@ -22,19 +22,18 @@
  * construction, not by a second implementation kept in step.
  *
  * Determinism (include/pagedkv.h; docs/sharding.md): the chunks are absolute. Chunk c
- * holds the pages
- * [c * chunk_pages, (c + 1) * chunk_pages) of the layer - by position alone, never by
- * the length, the thread count, the batch or where a shard starts. What a query
- * attends is one or two runs of positions (a window's sinks and its window); a run's
- * chunks are the absolute chunks it meets, clipped to the run. The states of a head
- * are folded one by one in position order into a running state (m, l, acc) that
- * starts empty - or at (sigma, 1, 0), the learned sink logit, which is the fold of
- * that state into the empty one - by one thread, and out = acc / l at the end. The
- * kernels are page-local and head-local (kernels.h), so how a chunk's groups are cut
- * into tasks, how many heads share a kernel call and where calls split the pages do
- * not change a bit. So results are bitwise identical for any n_threads; and since a
- * shard boundary (pkv_shard_align) is a chunk boundary, the chunk states of several
- * shards, folded in position order, are the chunk states of the whole.
+ * holds the pages [c * chunk_pages, (c + 1) * chunk_pages) of the layer - by position
+ * alone, never by the length, the thread count, the batch or where a shard starts. What
+ * a query attends is one or two runs of positions (a window's sinks and its window); a
+ * run's chunks are the absolute chunks it meets, clipped to the run. The states of a
+ * head are folded one by one in position order into a running state (m, l, acc) that
+ * starts empty - or at (sigma, 1, 0), the learned sink logit, which is the fold of that
+ * state into the empty one - by one thread, and out = acc / l at the end. The kernels
+ * are page-local and head-local (kernels.h), so how a chunk's groups are cut into
+ * tasks, how many heads share a kernel call and where calls split the pages do not
+ * change a bit. So results are bitwise identical for any n_threads; and since a shard
+ * boundary (pkv_shard_align) is a chunk boundary, the chunk states of several shards,
+ * folded in position order, are the chunk states of the whole.
  *
  * Waves: a decode of any length needs only PKVI_MAX_CHUNKS chunk states of scratch.
  * The chunks are computed PKVI_MAX_CHUNKS at a time (a wave, in parallel), then each
@@ -498,30 +497,33 @@ static pkv_status distinct(pkv_session *const *ss, uint32_t n)
 }
 
 /* Decode n queries, one per session: n sets of one query, BATCH_MAX per run. Every
- * session belongs to the engine whose contexts ctx names. */
-static pkv_status decode_many(const pkvi_ctx *ctx, uint32_t layer, uint32_t n,
-                              pkv_session *const *sessions, const float *q, float *out)
+ * session belongs to the engine whose contexts ctx names; `call` is the public call,
+ * for the failure reasons. */
+static pkv_status decode_many(const pkvi_ctx *ctx, const char *call, uint32_t layer,
+                              uint32_t n, pkv_session *const *sessions, const float *q,
+                              float *out)
 {
     const pkvi_geom *geo = ctx->geom;
     if (layer >= geo->cfg.n_layers)
-        return pkvi_fail(ctx->errs, PKV_EINVAL, "decode: layer %u, but the engine has %u",
+        return pkvi_fail(ctx->errs, PKV_EINVAL, "%s: layer %u, but the engine has %u", call,
                          layer, geo->cfg.n_layers);
-    if (pkvi_boundary_check(geo, ctx->cache, "decode") != PKV_OK)
+    if (pkvi_boundary_check(geo, ctx->cache, call) != PKV_OK)
         return PKV_ECORRUPT;
     for (uint32_t i = 0; i < n; i++)
         if (!sessions[i] || !pkvi_session_of(sessions[i], ctx->cache))
-            return pkvi_fail(ctx->errs, PKV_EINVAL, "decode: session %u is NULL or of another "
-                             "engine", i);
+            return pkvi_fail(ctx->errs, PKV_EINVAL, "%s: session %u is NULL or of another "
+                             "engine", call, i);
     const pkv_status dup = distinct(sessions, n);
     if (dup != PKV_OK)
-        return pkvi_fail(ctx->errs, dup, dup == PKV_EINVAL ? "pkv_decode_batch: a session is "
-                                                             "in the batch twice"
-                                                           : "out of memory");
+        return pkvi_fail(ctx->errs, dup, "%s: %s", call,
+                         dup == PKV_EINVAL ? "a session is in the batch twice"
+                                           : "out of memory (checking for duplicates)");
     for (uint32_t i = 0; i < n; i++) {
         const pkvi_btable *t = sessions[i]->layers[layer];
         if (pkvi_btable_len(t) == pkvi_btable_first(t))
-            return pkvi_fail(ctx->errs, PKV_ESTATE, "decode: layer %u of session %u is empty",
-                             layer, i);
+            return pkvi_fail(ctx->errs, PKV_ESTATE, n == 1 ? "%s: layer %u is empty"
+                                                           : "%s: layer %u of session %u is empty",
+                             call, layer, i);
     }
 
     const size_t qd = (size_t)geo->cfg.n_heads * geo->cfg.head_dim;
@@ -532,7 +534,7 @@ static pkv_status decode_many(const pkvi_ctx *ctx, uint32_t layer, uint32_t n,
         uint32_t got = 0;
         pkv_status st = PKV_OK;
         for (; got < nb; got++) {
-            st = pkvi_session_acquire(sessions[i0 + got], layer);
+            st = pkvi_session_acquire(sessions[i0 + got], layer, call);
             if (st != PKV_OK)
                 break;
         }
@@ -555,16 +557,18 @@ static pkv_status decode_many(const pkvi_ctx *ctx, uint32_t layer, uint32_t n,
 
 pkv_status pkv_decode(pkv_session *s, uint32_t layer, const float *q, float *out)
 {
-    if (!s || !q || !out)
+    if (!s)
         return PKV_EINVAL;
+    if (!q || !out)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_decode: %s is NULL", !q ? "q" : "out");
     const pkvi_ctx ctx = {s->geom, s->cache, s->exec, s->errs};
-    return decode_many(&ctx, layer, 1, &s, q, out);
+    return decode_many(&ctx, "pkv_decode", layer, 1, &s, q, out);
 }
 
 pkv_status pkvi_decode_batch(const pkvi_ctx *ctx, uint32_t layer, uint32_t n,
                              pkv_session *const *sessions, const float *q, float *out)
 {
-    return decode_many(ctx, layer, n, sessions, q, out);
+    return decode_many(ctx, "pkv_decode_batch", layer, n, sessions, q, out);
 }
 
 /* ---- prefill --------------------------------------------------------------------------- */
@@ -590,10 +594,12 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     if (!s)
         return PKV_EINVAL;
     const pkvi_geom *geo = s->geom;
-    if (!q || !k || !v || !out || n == 0 || layer >= geo->cfg.n_layers)
+    if (layer >= geo->cfg.n_layers)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_prefill: layer %u, but the engine has %u",
+                         layer, geo->cfg.n_layers);
+    if (!q || !k || !v || !out || n == 0)
         return pkvi_fail(s->errs, PKV_EINVAL, "pkv_prefill: %s",
-                         layer >= geo->cfg.n_layers ? "layer out of range"
-                         : n == 0 ? "n is 0" : "q, k, v or out is NULL");
+                         n == 0 ? "n is 0" : "q, k, v or out is NULL");
     if (pkvi_boundary_check(geo, s->cache, __func__) != PKV_OK)
         return PKV_ECORRUPT;
     const pkvi_btable *t = s->layers[layer];
@@ -605,7 +611,9 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     const uint32_t tmax = tile_max(geo, layer);
     uint64_t end_len;
     if (!pkvi_add(pkvi_btable_len(t), n, &end_len) || end_len > UINT64_MAX - bt)
-        return PKV_EINVAL;
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_prefill: layer %u holds %llu positions; %u "
+                         "more overflow a position", layer,
+                         (unsigned long long)pkvi_btable_len(t), n);
 
     /* scratch: the queries by group [g][tmax * hg][d], then [C][g] state blocks */
     const uint64_t C = pkvi_max_chunks(geo, (end_len + bt - 1) / bt);
@@ -614,16 +622,18 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     if (!pkvi_mul((uint64_t)g * H, d, &qfloats) || !pkvi_mul(C * g, H * (dv + 2ull), &floats) ||
         !pkvi_add(floats, qfloats, &floats) || !pkvi_mul(floats, sizeof(float), &bytes) ||
         bytes > SIZE_MAX - 63)
-        return PKV_ENOMEM;
+        return pkvi_fail(s->errs, PKV_ENOMEM, "pkv_prefill: the scratch of %u queries "
+                         "overflows", n);
     float *qg = aligned_alloc(PKVI_PAGE_ALIGN, (size_t)((bytes + 63) & ~63ull));
     if (!qg)
-        return PKV_ENOMEM;
+        return pkvi_fail(s->errs, PKV_ENOMEM, "pkv_prefill: out of memory (scratch of %llu "
+                         "bytes)", (unsigned long long)bytes);
     float *states = qg + qfloats;
 
-    pkv_status st = pkvi_session_acquire(s, layer);
+    pkv_status st = pkvi_session_acquire(s, layer, "pkv_prefill");
     pkvi_reservation r;
     if (st == PKV_OK) {
-        st = pkvi_session_reserve(s, layer, n, &r);
+        st = pkvi_session_reserve(s, layer, n, &r, "pkv_prefill");
         if (st != PKV_OK)
             pkvi_session_release(s, layer);
     }
@@ -657,36 +667,42 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
 
 /* ---- shards: partial states and their merge (docs/sharding.md) ------------------------- */
 
-pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
-                                 const float *q, uint32_t max_chunks, float *states,
-                                 uint32_t *n_chunks)
+/* pkv_decode_partial_at and pkv_decode_partial (at_last: pos is the layer's last
+ * position, whatever it says), `call` naming which for the reasons. */
+static pkv_status partial_at(pkv_session *s, const char *call, uint32_t layer, bool at_last,
+                             uint64_t pos, const float *q, uint32_t max_chunks, float *states,
+                             uint32_t *n_chunks)
 {
     if (!s)
         return PKV_EINVAL;
     const pkvi_geom *geo = s->geom;
-    if (!q || !states || !n_chunks || layer >= geo->cfg.n_layers)
-        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_decode_partial: %s",
-                         layer >= geo->cfg.n_layers ? "layer out of range"
-                                                    : "q, states or n_chunks is NULL");
-    if (pkvi_boundary_check(geo, s->cache, __func__) != PKV_OK)
+    if (layer >= geo->cfg.n_layers)
+        return pkvi_fail(s->errs, PKV_EINVAL, "%s: layer %u, but the engine has %u", call,
+                         layer, geo->cfg.n_layers);
+    if (!q || !states || !n_chunks)
+        return pkvi_fail(s->errs, PKV_EINVAL, "%s: q, states or n_chunks is NULL", call);
+    if (pkvi_boundary_check(geo, s->cache, call) != PKV_OK)
         return PKV_ECORRUPT;
     const pkvi_btable *t = s->layers[layer];
     const uint64_t len = pkvi_btable_len(t);
     if (len == pkvi_btable_first(t))
-        return pkvi_fail(s->errs, PKV_ESTATE, "pkv_decode_partial: layer %u is empty", layer);
-    if (pos < len - 1)
-        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_decode_partial_at: position %llu is before "
-                         "the layer's last (%llu)", (unsigned long long)pos,
-                         (unsigned long long)(len - 1));
+        return pkvi_fail(s->errs, PKV_ESTATE, "%s: layer %u is empty", call, layer);
+    pos = at_last ? len - 1 : pos;
+    /* before any arithmetic on pos: a query is at or after the layer's last position,
+     * and below UINT64_MAX (no layer reaches it: a length is a uint64) */
+    if (pos < len - 1 || pos == UINT64_MAX)
+        return pkvi_fail(s->errs, PKV_EINVAL, "%s: position %llu is %s", call,
+                         (unsigned long long)pos, pos == UINT64_MAX ? "UINT64_MAX, which no "
+                         "layer reaches" : "before the layer's last");
     qset Q = last_queries(geo, t, layer, 1, pos, q, s->partials, NULL);
     Q.part = states;
     const uint64_t need = Q.C + Q.sigma;
     if (need > max_chunks) {
         *n_chunks = need > UINT32_MAX ? UINT32_MAX : (uint32_t)need;
-        return pkvi_fail(s->errs, PKV_ERANGE, "pkv_decode_partial: %llu states do not fit "
-                         "max_chunks = %u", (unsigned long long)need, max_chunks);
+        return pkvi_fail(s->errs, PKV_ERANGE, "%s: %llu states do not fit max_chunks = %u",
+                         call, (unsigned long long)need, max_chunks);
     }
-    const pkv_status st = pkvi_session_acquire(s, layer);
+    const pkv_status st = pkvi_session_acquire(s, layer, call);
     if (st != PKV_OK)
         return st;
     /* the pages may have been brought back: the set reads the table's array afresh */
@@ -706,24 +722,31 @@ pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
     return PKV_OK;
 }
 
+pkv_status pkv_decode_partial_at(pkv_session *s, uint32_t layer, uint64_t pos,
+                                 const float *q, uint32_t max_chunks, float *states,
+                                 uint32_t *n_chunks)
+{
+    return partial_at(s, "pkv_decode_partial_at", layer, false, pos, q, max_chunks, states,
+                      n_chunks);
+}
+
 pkv_status pkv_decode_partial(pkv_session *s, uint32_t layer, const float *q,
                               uint32_t max_chunks, float *states, uint32_t *n_chunks)
 {
-    if (!s || layer >= s->geom->cfg.n_layers)
-        return s ? pkvi_fail(s->errs, PKV_EINVAL, "pkv_decode_partial: layer out of range")
-                 : PKV_EINVAL;
-    const uint64_t len = pkvi_btable_len(s->layers[layer]);
-    return pkv_decode_partial_at(s, layer, len ? len - 1 : 0, q, max_chunks, states,
-                                 n_chunks);
+    return partial_at(s, "pkv_decode_partial", layer, true, 0, q, max_chunks, states,
+                      n_chunks);
 }
 
 pkv_status pkv_partial_chunks(const pkv_session *s, uint32_t layer, uint64_t *out)
 {
-    if (!s || !out || layer >= s->geom->cfg.n_layers)
+    if (!s)
         return PKV_EINVAL;
+    if (!out || layer >= s->geom->cfg.n_layers)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_partial_chunks: %s",
+                         !out ? "out is NULL" : "layer out of range");
     const pkvi_btable *t = s->layers[layer];
     const uint64_t len = pkvi_btable_len(t);
-    if (len == pkvi_btable_first(t)) {
+    if (len == pkvi_btable_first(t)) { /* empty: nothing to decode */
         *out = 0;
         return PKV_OK;
     }
@@ -751,8 +774,6 @@ static void fold_head(const pkvi_geom *geo, uint32_t n_chunks, const float *stat
 pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
                                float *out)
 {
-    if (!states || !out || n_chunks == 0)
-        return PKV_EINVAL;
     const uint32_t h = geo->cfg.n_heads, dv = geo->cfg.head_dim_v;
     for (uint32_t j = 0; j < h; j++) {
         float m, l, *o = out + (size_t)j * dv;
@@ -765,8 +786,6 @@ pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks, const fl
 pkv_status pkvi_fold_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
                               float *state_out)
 {
-    if (!states || !state_out || n_chunks == 0)
-        return PKV_EINVAL;
     const uint32_t h = geo->cfg.n_heads;
     const size_t hs = (size_t)geo->cfg.head_dim_v + 2;
     /* into a copy first: state_out may be one of the states */

@@ -19,7 +19,8 @@
 PKVI_HIDDEN pkv_status pkvi_decode_batch(const pkvi_ctx *ctx, uint32_t layer, uint32_t n,
                                          pkv_session *const *sessions, const float *q,
                                          float *out);
-/* pkv_merge_partials and pkv_fold_partials of an engine of geometry geo. */
+/* pkv_merge_partials and pkv_fold_partials of an engine of geometry geo (states and out
+ * checked non-NULL, n_chunks > 0). */
 PKVI_HIDDEN pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks,
                                            const float *states, float *out);
 PKVI_HIDDEN pkv_status pkvi_fold_partials(const pkvi_geom *geo, uint32_t n_chunks,

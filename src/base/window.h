@@ -22,10 +22,12 @@
 #include "base/util.h"
 
 /* The first position of the window of a query at position t: positions below it are
- * attended only as sinks. 0 without a window (every position is attended). */
+ * attended only as sinks. 0 without a window (every position is attended). Computed
+ * as t - (w - 1), never t + 1 - w: t + 1 wraps to 0 at UINT64_MAX (a window run of
+ * [0, len) over released pages, once). */
 static inline uint64_t pkvi_window_lo(const pkv_layer_config *lc, uint64_t t)
 {
-    return lc->window && t + 1 > lc->window ? t + 1 - lc->window : 0;
+    return lc->window && t >= lc->window ? t - (lc->window - 1) : 0;
 }
 
 /* Pages of bt positions holding a windowed layer's sink positions (kept for ever); 0

@@ -313,7 +313,12 @@ pkv_status pkvi_btable_set_first(pkvi_btable *t, uint64_t bt, uint64_t first)
 
 pkv_status pkvi_btable_skip_to(pkvi_btable *t, uint64_t bt, uint64_t lo, uint64_t page)
 {
-    if (t->n_pages != lo || t->len != lo * bt || page <= lo || t->hole_hi != t->hole_lo)
+    /* a shard's table starts as its own hole [0, first / bt), which the window's
+     * release extends (lo 0); any other holds its sink pages and no hole yet */
+    const bool fresh = t->first ? lo == 0 && t->n_pages == t->first / bt &&
+                                      t->hole_lo == 0 && t->hole_hi == t->n_pages
+                                : t->n_pages == lo && t->hole_hi == t->hole_lo;
+    if (!fresh || t->len != t->n_pages * bt || page <= t->n_pages)
         return PKV_EINVAL;
     const pkv_status st = pkvi_btable_reserve(t, page);
     if (st != PKV_OK)

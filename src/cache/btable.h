@@ -147,9 +147,10 @@ PKVI_HIDDEN void pkvi_btable_release(pkvi_btable *t, pkvi_pages ps, uint64_t kee
  * entries [0, first / bt) become the hole, len = first. PKV_ENOMEM (unchanged). */
 PKVI_HIDDEN pkv_status pkvi_btable_set_first(pkvi_btable *t, uint64_t bt, uint64_t first);
 /* A loaded windowed layer: the table holds exactly its sink pages [0, lo) (full, no
- * hole yet); entries [lo, page) become the released hole and len = page * bt, so the
- * next page pushed is `page`. PKV_EINVAL when the table is not in that state or page
- * <= lo; PKV_ENOMEM (unchanged). */
+ * hole yet) - or is a shard's, just its own hole [0, first / bt), and lo is 0; entries
+ * [lo, page) become the released hole and len = page * bt, so the next page pushed is
+ * `page`. PKV_EINVAL when the table is not in that state or page is not past its
+ * entries; PKV_ENOMEM (unchanged). */
 PKVI_HIDDEN pkv_status pkvi_btable_skip_to(pkvi_btable *t, uint64_t bt, uint64_t lo,
                                            uint64_t page);
 

@@ -25,6 +25,7 @@ pkv_status pkvi_cache_init(pkvi_cache *c, const pkv_config *cfg, uint64_t page_b
         return st;
     }
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->file_io_lock, NULL);
     pthread_cond_init(&c->moved, NULL);
     return PKV_OK;
 }
@@ -34,8 +35,21 @@ void pkvi_cache_fini(pkvi_cache *c)
     pkvi_prefix_fini(&c->prefix, pkvi_cache_pages(c));
     pkvi_spill_close(c->spill);
     pkvi_pool_destroy(c->pool);
+    pkvi_io_close(c->file_io);
     pthread_cond_destroy(&c->moved);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->file_io_lock);
+}
+
+pkv_status pkvi_cache_file_io(pkvi_cache *c, pkvi_io **out)
+{
+    pkv_status st = PKV_OK;
+    pthread_mutex_lock(&c->file_io_lock);
+    if (!c->file_io)
+        st = pkvi_io_open(false, &c->file_io);
+    *out = c->file_io;
+    pthread_mutex_unlock(&c->file_io_lock);
+    return st;
 }
 
 /* ---- transfers in flight ------------------------------------------------------------ */

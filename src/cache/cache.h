@@ -1,7 +1,8 @@
 /*
  * cache.h - the state an engine's sessions share, under the engine lock (cache.c):
  * the lock itself, the page pool, the spill file, the prefix index, the list of live
- * sessions with the LRU clock the spiller follows, and the spill transfers in flight.
+ * sessions with the LRU clock the spiller follows, and the spill transfers in flight;
+ * and, beside them under a lock of its own, the I/O object of the session files.
  *
  * Owns the lock, the condition `moved` that goes with it, and the lifetime of what it
  * guards: cache.c creates and frees the pool, the spill file and the index; session.c
@@ -59,6 +60,11 @@ typedef struct {
     pkvi_transfer *transfers;    /* in flight, newest first; lock */
     uint64_t incoming;           /* buffers taken for INCOMING pages: in the pool's
                                     in_use, in no descriptor yet; lock */
+    pthread_mutex_t file_io_lock;/* guards file_io's creation alone: not `lock`, which
+                                    a save takes to pin pages while it holds file_io */
+    pkvi_io *file_io;            /* session files' I/O (save, load): one ring for all
+                                    of the engine's sessions (io.c serializes its use),
+                                    created on first use; file_io_lock */
 } pkvi_cache;
 
 /* The state of an engine of cfg (resolved) and pages of page_bytes: an empty pool
@@ -69,6 +75,12 @@ PKVI_HIDDEN pkv_status pkvi_cache_init(pkvi_cache *c, const pkv_config *cfg,
                                        uint64_t page_bytes);
 /* Free it all; every session is gone already, and with it every transfer. */
 PKVI_HIDDEN void pkvi_cache_fini(pkvi_cache *c);
+
+/* The I/O object of the engine's session files, created on first use (io_uring unless
+ * PKV_NO_URING=1 or the kernel refuses it, read then): one ring per engine, not one
+ * per call (liburing maps rings with raw system calls, which ThreadSanitizer cannot
+ * follow across threads). PKV_ENOMEM. Thread-safe. */
+PKVI_HIDDEN pkv_status pkvi_cache_file_io(pkvi_cache *c, pkvi_io **out);
 
 /* Where released pages go (btable.h). */
 static inline pkvi_pages pkvi_cache_pages(pkvi_cache *c)

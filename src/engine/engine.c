@@ -66,6 +66,9 @@ pkv_config pkv_config_default(void)
 /* Largest n_kv_heads: keeps the thread pool's task counts (a batch's sessions or a
  * prefill tile's queries, times groups: at most 256 * 65536 = 2^24) within 32 bits. */
 #define MAX_KV_HEADS 65536u
+/* Largest n_layers: every session holds a block table per layer, and a session file's
+ * header holds them all (docs/file-format.md: at most 131060 layers). */
+#define MAX_LAYERS 65536u
 
 struct pkv_engine {
     pkvi_geom geom;              /* immutable after create */
@@ -85,6 +88,26 @@ static uint32_t online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 && n < 1024 ? (uint32_t)n : 1;
+}
+
+/* Pages of one split-K chunk at block_tokens bt (CHUNK_TOKENS rounded up to pages). */
+static uint64_t chunk_pages_of(uint64_t bt)
+{
+    return (CHUNK_TOKENS + bt - 1) / bt;
+}
+
+/* Split-K chunks a windowed layer's sink pages take (0 without a window). */
+static uint64_t sink_chunks(const pkv_layer_config *lc, uint64_t bt)
+{
+    const uint64_t cp = chunk_pages_of(bt);
+    return (pkvi_window_sink_pages(lc, bt) + cp - 1) / cp;
+}
+
+/* The most sink_tokens a windowed layer may have at block_tokens bt: PKVI_MAX_CHUNKS
+ * chunks' worth (32768 at 16 tokens a page). */
+static uint64_t max_sinks(uint64_t bt)
+{
+    return (uint64_t)PKVI_MAX_CHUNKS * chunk_pages_of(bt) * bt;
 }
 
 /* Write the reason of a rejection into why (size n; may be NULL) and return st. */
@@ -110,6 +133,9 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
         return reject(why, n, PKV_EINVAL,
                       "n_layers %u, n_heads %u, n_kv_heads %u, head_dim %u: each must be > 0",
                       c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim);
+    if (c.n_layers > MAX_LAYERS)
+        return reject(why, n, PKV_EINVAL, "n_layers %u exceeds the engine limit %u",
+                      c.n_layers, MAX_LAYERS);
     if (c.n_heads % c.n_kv_heads != 0)
         return reject(why, n, PKV_EINVAL, "n_heads %u is not a multiple of n_kv_heads %u",
                       c.n_heads, c.n_kv_heads);
@@ -144,14 +170,27 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
         return reject(why, n, PKV_EINVAL, "head_dim_v %u exceeds the engine limit %u",
                       c.head_dim_v, PKVI_MAX_HEAD_DIM);
     for (uint32_t l = 0; c.layer_cfg && l < c.n_layers; l++) {
-        if (!pkvi_layer_config_ok(&c.layer_cfg[l], c.n_heads))
+        const pkv_layer_config *lc = &c.layer_cfg[l];
+        if (!lc->window && (lc->sink_tokens || lc->rollback_tokens))
             return reject(why, n, PKV_EINVAL,
-                          "layer %u: sink_tokens or rollback_tokens need a window; softcap "
-                          "must be finite and >= 0; sink logits must be finite",
-                          l);
+                          "layer_cfg[%u]: sink_tokens %u, rollback_tokens %u need a window "
+                          "(window is 0)", l, lc->sink_tokens, lc->rollback_tokens);
+        if (!isfinite(lc->softcap) || lc->softcap < 0.0f)
+            return reject(why, n, PKV_EINVAL,
+                          "layer_cfg[%u]: softcap %g must be finite and >= 0 (0 = none)", l,
+                          (double)lc->softcap);
+        if (!pkvi_layer_config_ok(lc, c.n_heads))
+            return reject(why, n, PKV_EINVAL, "layer_cfg[%u]: a sink logit is not finite", l);
+        /* the sink run's chunks join every decode's wave of PKVI_MAX_CHUNKS */
+        if (sink_chunks(lc, c.block_tokens) > PKVI_MAX_CHUNKS)
+            return reject(why, n, PKV_EINVAL,
+                          "layer_cfg[%u]: sink_tokens %u exceed the engine limit of %llu at "
+                          "block_tokens %u (%u split-K chunks of sinks)", l, lc->sink_tokens,
+                          (unsigned long long)max_sinks(c.block_tokens), c.block_tokens,
+                          PKVI_MAX_CHUNKS);
         char rwhy[160];
-        if (!pkvi_rope_check(&c.layer_cfg[l], c.head_dim, NULL, rwhy, sizeof rwhy))
-            return reject(why, n, PKV_EINVAL, "layer %u: %s", l, rwhy);
+        if (!pkvi_rope_check(lc, c.head_dim, NULL, rwhy, sizeof rwhy))
+            return reject(why, n, PKV_EINVAL, "layer_cfg[%u]: %s", l, rwhy);
     }
     if (c.quant_dot > 1)
         return reject(why, n, PKV_EINVAL, "quant_dot %u: must be 0 (exact) or 1 (integer)",
@@ -243,7 +282,7 @@ static pkv_status geom_init(pkv_engine *e, const pkv_config *c)
     geo->row_bytes_v = pkv_row_bytes(c->kv_dtype, c->head_dim_v);
     geo->page_bytes =
         (uint64_t)c->n_kv_heads * c->block_tokens * (geo->row_bytes + geo->row_bytes_v);
-    geo->chunk_pages = (CHUNK_TOKENS + c->block_tokens - 1) / c->block_tokens;
+    geo->chunk_pages = (uint32_t)chunk_pages_of(c->block_tokens);
     geo->kp.head_dim = c->head_dim;
     geo->kp.head_dim_v = c->head_dim_v;
     geo->kp.block_tokens = c->block_tokens;
@@ -277,11 +316,8 @@ static pkv_status geom_init(pkv_engine *e, const pkv_config *c)
     for (uint32_t l = 0; l < c->n_layers; l++) /* the rope defaults, filled in (valid:
                                                   resolve checked them) */
         (void)pkvi_rope_check(&e->layers[l], c->head_dim, &e->layers[l], NULL, 0);
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        const uint64_t sp = pkvi_sink_pages(geo, &e->layers[l]);
-        const uint64_t ch = (sp + geo->chunk_pages - 1) / geo->chunk_pages;
-        if (ch > PKVI_MAX_CHUNKS) /* sinks beyond 64 chunks' worth: absurd */
-            return PKV_EINVAL;
+    for (uint32_t l = 0; l < c->n_layers; l++) { /* at most PKVI_MAX_CHUNKS: resolve */
+        const uint64_t ch = sink_chunks(&e->layers[l], c->block_tokens);
         if (ch > geo->sink_chunks_max)
             geo->sink_chunks_max = (uint32_t)ch;
     }
@@ -358,9 +394,11 @@ void pkv_engine_destroy(pkv_engine *e)
 
 pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
 {
-    if (!ce || !out)
+    if (!ce)
         return PKV_EINVAL;
-    pkv_engine *e = (pkv_engine *)ce; /* the lock is not part of the logical state */
+    pkv_engine *e = (pkv_engine *)ce; /* the locks are not part of the logical state */
+    if (!out)
+        return pkvi_fail(&e->errs, PKV_EINVAL, "pkv_engine_stats: out is NULL");
     pkv_stats s;
     memset(&s, 0, sizeof s);
     s.isa = e->geom.kern->isa;
@@ -371,10 +409,13 @@ pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
     return PKV_OK;
 }
 
-pkv_status pkv_engine_config(const pkv_engine *e, pkv_config *out)
+pkv_status pkv_engine_config(const pkv_engine *ce, pkv_config *out)
 {
-    if (!e || !out)
+    if (!ce)
         return PKV_EINVAL;
+    pkv_engine *e = (pkv_engine *)ce; /* the reason's record is not logical state */
+    if (!out)
+        return pkvi_fail(&e->errs, PKV_EINVAL, "pkv_engine_config: out is NULL");
     *out = e->geom.cfg;
     return PKV_OK;
 }
@@ -392,23 +433,31 @@ pkv_status pkv_engine_check(pkv_engine *e)
 {
     if (!e)
         return PKV_EINVAL;
-    return pkvi_sessions_check(&e->geom, &e->cache, true) ? PKV_OK : PKV_ECORRUPT;
+    if (!pkvi_sessions_check(&e->geom, &e->cache, true))
+        return pkvi_fail(&e->errs, PKV_ECORRUPT, "pkv_engine_check: an invariant is broken "
+                         "(a library defect: please report it)");
+    return PKV_OK;
 }
 
 /* ---- the public calls on an engine handle: its contexts to the module ----------------- */
 
 pkv_status pkv_session_create(pkv_engine *e, pkv_session **out)
 {
-    if (!out || !e)
+    if (!e)
         return PKV_EINVAL;
+    if (!out)
+        return pkvi_fail(&e->errs, PKV_EINVAL, "pkv_session_create: out is NULL");
     return pkvi_session_create(&e->ctx, out);
 }
 
 pkv_status pkv_session_from_prefix(pkv_engine *e, uint64_t n, const int32_t *tokens,
                                    pkv_session **out, uint64_t *n_cached)
 {
-    if (!e || !out || !n_cached)
+    if (!e)
         return PKV_EINVAL;
+    if (!out || !n_cached)
+        return pkvi_fail(&e->errs, PKV_EINVAL, "pkv_session_from_prefix: %s is NULL",
+                         !out ? "out" : "n_cached");
     return pkvi_session_from_prefix(&e->ctx, n, tokens, out, n_cached);
 }
 
@@ -422,25 +471,39 @@ pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out)
 pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
                             pkv_session *const *sessions, const float *q, float *out)
 {
-    if (!e || !sessions || !q || !out || n == 0)
+    if (!e)
         return PKV_EINVAL;
+    if (!sessions || !q || !out || n == 0)
+        return pkvi_fail(&e->errs, PKV_EINVAL, "pkv_decode_batch: %s",
+                         n == 0 ? "n is 0" : "sessions, q or out is NULL");
     return pkvi_decode_batch(&e->ctx, layer, n, sessions, q, out);
 }
 
-pkv_status pkv_merge_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
+pkv_status pkv_merge_partials(const pkv_engine *ce, uint32_t n_chunks, const float *states,
                               float *out)
 {
-    if (!e)
+    if (!ce)
         return PKV_EINVAL;
+    pkv_engine *e = (pkv_engine *)ce; /* the reason's record is not logical state */
+    if (!states || !out || n_chunks == 0)
+        return pkvi_fail(&e->errs, PKV_EINVAL, "pkv_merge_partials: %s",
+                         n_chunks == 0 ? "n_chunks is 0" : "states or out is NULL");
     return pkvi_merge_partials(&e->geom, n_chunks, states, out);
 }
 
-pkv_status pkv_fold_partials(const pkv_engine *e, uint32_t n_chunks, const float *states,
+pkv_status pkv_fold_partials(const pkv_engine *ce, uint32_t n_chunks, const float *states,
                              float *state_out)
 {
-    if (!e)
+    if (!ce)
         return PKV_EINVAL;
-    return pkvi_fold_partials(&e->geom, n_chunks, states, state_out);
+    pkv_engine *e = (pkv_engine *)ce; /* the reason's record is not logical state */
+    if (!states || !state_out || n_chunks == 0)
+        return pkvi_fail(&e->errs, PKV_EINVAL, "pkv_fold_partials: %s",
+                         n_chunks == 0 ? "n_chunks is 0" : "states or state_out is NULL");
+    const pkv_status st = pkvi_fold_partials(&e->geom, n_chunks, states, state_out);
+    if (st != PKV_OK)
+        return pkvi_fail(&e->errs, st, "pkv_fold_partials: out of memory");
+    return st;
 }
 
 uint64_t pkv_shard_align(const pkv_engine *e)

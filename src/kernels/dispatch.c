@@ -3,13 +3,14 @@
  *
  * Owns: pkvi_kernels_select, pkvi_isa_supported, pkvi_kernels_force_reason and
  * pkvi_prefetch_l2. Does not own the kernels (ref.c, avx2.c, avx2vnni.c, avx512.c,
- * avx512vnni.c) nor where the choice is stored (engine.c keeps it).
+ * avx512vnni.c, neon.c, neondot.c) nor where the choice is stored (engine.c keeps it).
  *
  * Invariants:
  *   - An ISA is usable only if the CPU reports every instruction set its file is
  *     compiled for (cpuid) AND the OS saves the registers it uses (XCR0 via XGETBV,
  *     after checking OSXSAVE): a CPU with AVX-512 under an OS or hypervisor that does
- *     not enable ZMM state must not run the AVX-512 kernel.
+ *     not enable ZMM state must not run the AVX-512 kernel. On aarch64 the kernel's
+ *     AT_HWCAP says both (asimd; asimddp for the dot-product table).
  *   - Only the tables this build contains (meson's `kernels` option: PKV_KERNEL_<TABLE>
  *     in pkv_config.h) are named, supported or selected; the scalar one always is.
  *   - No global state: the CPU is asked on every call (once per engine creation).
@@ -24,18 +25,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* cpuid is asked only in an x86-64 build (32-bit x86 is refused at configure time); a
- * table is referenced only where meson compiled its file. Testing the compiler's
- * macros instead would name tables a build does not contain. */
+/* cpuid is asked only in an x86-64 build (32-bit x86 is refused at configure time),
+ * getauxval only in an aarch64 one; a table is referenced only where meson compiled its
+ * file. Testing the compiler's macros instead would name tables a build does not
+ * contain. */
 #if PKV_HAVE_X86_KERNELS
 #if !defined(__x86_64__)
 #error "PKV_HAVE_X86_KERNELS is set for a target that is not x86-64"
 #endif
 #include <cpuid.h>
-#define PKVI_X86 1
-#else
-#define PKVI_X86 0
 #endif
+#if PKV_HAVE_ARM_KERNELS
+#if !defined(__aarch64__)
+#error "PKV_HAVE_ARM_KERNELS is set for a target that is not aarch64"
+#endif
+#include <sys/auxv.h>
+#endif
+
+#define PKVI_X86 PKV_HAVE_X86_KERNELS
+#define PKVI_ARM PKV_HAVE_ARM_KERNELS
 
 #if PKVI_X86
 /* XCR0 (which register states the OS saves). Only valid when cpuid says OSXSAVE. */
@@ -102,6 +110,18 @@ static unsigned cpu_level(void)
 }
 #endif
 
+#if PKVI_ARM
+/* AT_HWCAP bits of the aarch64 Linux ABI (asm/hwcap.h): ASIMD (Advanced SIMD) and
+ * ASIMDDP (SDOT/UDOT). Written out: the bits are ABI, and an older libc's headers lack
+ * the names. */
+enum { ARM_HWCAP_ASIMD = 1u << 1, ARM_HWCAP_ASIMDDP = 1u << 20 };
+
+static bool arm_has(unsigned long bits)
+{
+    return (getauxval(AT_HWCAP) & bits) == bits;
+}
+#endif
+
 #if PKVI_X86
 /* AMD family 19h with AVX-512: Zen 4 (Zen 3, the same family, has no AVX-512). Zen 5
  * (family 1Ah) keeps T0 (docs/performance.md, decision table: PKV_PREFETCH). */
@@ -137,7 +157,8 @@ pkv_status pkvi_prefetch_l2(uint32_t *out)
 }
 
 /* Every table's name, built here or not (pkvi_kernels_force_reason tells them apart). */
-static const char *const table_names[] = {"scalar", "avx2", "avx2vnni", "avx512", "avx512vnni"};
+static const char *const table_names[] = {"scalar",     "avx2", "avx2vnni",    "avx512",
+                                          "avx512vnni", "neon", "neon_dotprod"};
 
 const pkvi_kernels *pkvi_kernels_named(const char *isa)
 {
@@ -161,6 +182,14 @@ const pkvi_kernels *pkvi_kernels_named(const char *isa)
     if (strcmp(isa, "avx512vnni") == 0)
         return &pkvi_kernels_avx512vnni;
 #endif
+#if PKV_KERNEL_NEON
+    if (strcmp(isa, "neon") == 0)
+        return &pkvi_kernels_neon;
+#endif
+#if PKV_KERNEL_NEON_DOTPROD
+    if (strcmp(isa, "neon_dotprod") == 0)
+        return &pkvi_kernels_neon_dotprod;
+#endif
     return NULL;
 }
 
@@ -181,6 +210,12 @@ static bool host_runs(const char *isa)
     if (strcmp(isa, "avx512vnni") == 0)
         return level >= (PKV_AVX512_EMULATED ? CPU_AVX2 : CPU_AVX512VNNI);
 #endif
+#if PKVI_ARM
+    if (strcmp(isa, "neon") == 0)
+        return arm_has(ARM_HWCAP_ASIMD);
+    if (strcmp(isa, "neon_dotprod") == 0)
+        return arm_has(ARM_HWCAP_ASIMD | ARM_HWCAP_ASIMDDP);
+#endif
     return false;
 }
 
@@ -197,7 +232,15 @@ const char *pkvi_kernels_force_reason(const char *isa)
     for (size_t i = 0; i < sizeof table_names / sizeof table_names[0]; i++)
         known = known || strcmp(isa, table_names[i]) == 0;
     if (!known)
-        return "not a kernel table (scalar, avx2, avx2vnni, avx512, avx512vnni)";
+        return "not a kernel table (scalar, avx2, avx2vnni, avx512, avx512vnni, neon, "
+               "neon_dotprod)";
+    const bool arm_table = strncmp(isa, "neon", 4) == 0;
+    if (!pkvi_kernels_named(isa) && arm_table && !PKVI_ARM)
+        return "this build does not contain that table (it was not built: an aarch64 "
+               "table, and this is not an aarch64 build)";
+    if (!pkvi_kernels_named(isa) && !arm_table && strcmp(isa, "scalar") != 0 && !PKVI_X86)
+        return "this build does not contain that table (it was not built: an x86-64 "
+               "table, and this is not an x86-64 build)";
     if (!pkvi_kernels_named(isa))
         return "this build does not contain that table (it was not built: meson -Dkernels)";
     return "this CPU (and OS) cannot run it";
@@ -231,7 +274,8 @@ pkv_status pkvi_kernels_select(const pkvi_kernels **out)
         return PKV_OK;
     }
     /* An emulated AVX-512 kernel (a test build) runs only where PKV_FORCE_ISA asks. */
-    static const char *const best_first[] = {"avx512vnni", "avx512", "avx2vnni", "avx2"};
+    static const char *const best_first[] = {"avx512vnni", "avx512",       "avx2vnni",
+                                             "avx2",       "neon_dotprod", "neon"};
     for (size_t i = PKV_AVX512_EMULATED ? 2 : 0; i < sizeof best_first / sizeof best_first[0];
          i++)
         if (pkvi_isa_supported(best_first[i])) {

@@ -4,8 +4,8 @@
  * kernels per ISA chosen once per engine (dispatch.c).
  *
  * Owns nothing at run time. A kernel never allocates, locks, logs or fails; ref.c is
- * the specification every SIMD table (avx2.c, avx2vnni.c, avx512.c, avx512vnni.c) is
- * tested against.
+ * the specification every SIMD table (avx2.c, avx2vnni.c, avx512.c, avx512vnni.c;
+ * neon.c, neondot.c on aarch64) is tested against.
  */
 #ifndef PAGEDKV_KERNELS_H
 #define PAGEDKV_KERNELS_H
@@ -99,7 +99,8 @@ typedef void (*pkvi_attend_fn)(const pkvi_kparams *p, const void *const *pages,
                                uint32_t n_groups, const pkvi_heads *x);
 
 typedef struct {
-    const char *isa; /* "scalar", "avx2", "avx2vnni", "avx512", "avx512vnni" */
+    const char *isa; /* "scalar", "avx2", "avx2vnni", "avx512", "avx512vnni", "neon",
+                      * "neon_dotprod" */
     pkvi_attend_fn attend;
     /* store n floats as dtype t: bitwise dtype.c's pkvi_store_row (f16/bf16 round to
      * nearest even; Q8/Q4 are quant.c's bytes) */
@@ -116,8 +117,14 @@ PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512;  /* may be unavailabl
  * Q8/Q4 scores of whole blocks from integer limbs of q (docs/numerics.md section 3);
  * needs AVX512-VNNI too (may be unavailable) */
 PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_avx512vnni;
-/* Best kernels the CPU and OS support (cpuid + XGETBV), honouring PKV_FORCE_ISA
- * (scalar|avx2|avx2vnni|avx512|avx512vnni; a forced ISA the host lacks gives PKV_EINVAL). */
+/* aarch64: Advanced SIMD (may be unavailable: an x86-64 build has none) */
+PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_neon;
+/* neon's kernel with SDOT: the integer-dot Q8/Q4 scores, the same bits; needs asimddp
+ * (may be unavailable) */
+PKVI_HIDDEN extern const pkvi_kernels pkvi_kernels_neon_dotprod;
+/* Best kernels the CPU and OS support (x86-64: cpuid + XGETBV; aarch64: getauxval's
+ * AT_HWCAP), honouring PKV_FORCE_ISA (scalar|avx2|avx2vnni|avx512|avx512vnni|neon|
+ * neon_dotprod; a forced ISA the host lacks gives PKV_EINVAL). */
 PKVI_HIDDEN pkv_status pkvi_kernels_select(const pkvi_kernels **out);
 /* The table an engine of storage type dt uses, given the best one k for the host:
  * k: every table built reads every dtype (kept for a table that some day lacks one). */
@@ -130,7 +137,8 @@ PKVI_HIDDEN pkv_status pkvi_kernels_check_force(const char **name);
  * static string; NULL when it can. */
 PKVI_HIDDEN const char *pkvi_kernels_force_reason(const char *isa);
 /* The table of an ISA name this build contains ("scalar", "avx2", "avx2vnni", "avx512",
- * "avx512vnni": the scalar one and those meson's `kernels` option built), whether or not
+ * "avx512vnni", "neon", "neon_dotprod": the scalar one and those meson's `kernels` option
+ * built), whether or not
  * the host can run it; NULL for a name it does not contain. */
 PKVI_HIDDEN const pkvi_kernels *pkvi_kernels_named(const char *isa);
 /* Where the SIMD walks' software prefetches of the unit ahead go (pkvi_kparams.pf_l2):

@@ -28,7 +28,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
-#include <xmmintrin.h>
 
 /* How a walk forms its scores: from f32 q (the exact path's loads), from q rounded to
  * int8 (the integer dot, quant_dot = 1), or from q cut into integer limbs (avx512vnni's
@@ -73,9 +72,9 @@ PKVI_INLINE uint32_t qk_bytes(const qk_kind qk)
 PKVI_INLINE void pf_line(const char *a, const bool l2)
 {
     if (l2)
-        _mm_prefetch(a, _MM_HINT_T1);
+        __builtin_prefetch(a, 0, 2); /* x86: prefetcht1, aarch64: prfm pldl2keep */
     else
-        _mm_prefetch(a, _MM_HINT_T0);
+        __builtin_prefetch(a, 0, 3); /* x86: prefetcht0, aarch64: prfm pldl1keep */
 }
 
 /* How far ahead (at least) the software prefetch target lies: pages are scattered and
@@ -158,10 +157,10 @@ PKVI_INLINE bool pf_in_address_order(const pkv_dtype dt)
  */
 PKVI_INLINE void kick_unit(const char *kb, size_t v_offset)
 {
-    _mm_prefetch(kb, _MM_HINT_T0);
-    _mm_prefetch(kb + 64, _MM_HINT_T0);
-    _mm_prefetch(kb + v_offset, _MM_HINT_T0);
-    _mm_prefetch(kb + v_offset + 64, _MM_HINT_T0);
+    __builtin_prefetch(kb, 0, 3);
+    __builtin_prefetch(kb + 64, 0, 3);
+    __builtin_prefetch(kb + v_offset, 0, 3);
+    __builtin_prefetch(kb + v_offset + 64, 0, 3);
 }
 
 /* A unit of the walk, `ahead` units past the current one: (page, group), stepped with

@@ -1,12 +1,12 @@
 /*
- * persist/rope_fields.c - the version-4 fields of a session file (SPEC §14,
- * docs/file-format.md "Version 4"): each layer's RoPE config and stale positions (what
+ * persist/rope_fields.c - the version-5 fields of a session file (SPEC §14,
+ * docs/file-format.md "Version 5"): each layer's RoPE config and stale positions (what
  * a discard left in a windowed layer's held pages), and how far the token record may
- * grow (a discard's p0). The reader's side: parse and check them (persist/load.c calls
- * it once the version-2 fields are in), compare them with an engine's, and give them
+ * grow (a discard's p0). The reader's side: parse and check them (persist/header.c calls
+ * it once the version-2 to -4 fields are in), compare them with an engine's, and give them
  * to a loaded session. persist/save.c writes them.
  *
- * Owns nothing at run time. What a sound file is stays load.c's rule: damage is
+ * Owns nothing at run time. What a sound file is stays header.c's rule: damage is
  * PKV_ECORRUPT, a sound file of another config PKV_EINVAL (match).
  */
 #include "persist/format.h"
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-pkv_status pkvi_sfile_read_v4(const unsigned char *h, uint32_t hbytes, pkvi_sfile_info *in,
+pkv_status pkvi_sfile_read_v5(const unsigned char *h, uint32_t hbytes, pkvi_sfile_info *in,
                               const char **why)
 {
     const uint32_t L = in->n_layers;
@@ -24,13 +24,13 @@ pkv_status pkvi_sfile_read_v4(const unsigned char *h, uint32_t hbytes, pkvi_sfil
         *why = "out of memory";
         return PKV_ENOMEM;
     }
-    if (in->version < 4)
+    if (in->version < 5)
         return PKV_OK;
-    const unsigned char *t4 = h + hbytes - 4 - pkvi_sfile_v4_bytes(in->version, L);
+    const unsigned char *t4 = h + hbytes - 4 - pkvi_sfile_v5_bytes(in->version, L);
     in->record_max = pkvi_get64(t4);
     bool ok = pkvi_get64(t4 + 8) == 0 && in->n_token_ids <= in->record_max;
     for (uint32_t l = 0; ok && l < L; l++) {
-        const unsigned char *y = t4 + PKVI_SFILE_V4_EXTRA + (uint64_t)PKVI_SFILE_V4_LAYER * l;
+        const unsigned char *y = t4 + PKVI_SFILE_V5_EXTRA + (uint64_t)PKVI_SFILE_V5_LAYER * l;
         pkv_layer_config *lc = &in->layer_cfg[l];
         lc->rope = pkvi_get32(y);
         lc->rope_dims = pkvi_get32(y + 4);

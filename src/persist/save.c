@@ -10,7 +10,8 @@
  *   reading or checking files (persist/load.c), sessions and pages
  *   (session/residency.c: pkvi_session_acquire/release; the tables' entries through
  *   btable.c), the I/O backends (io.c, io_uring.c), the checksum (crc32c.c). Works
- *   from the session's contexts (its geometry and error sink), never its engine.
+ *   from the session's contexts (its geometry, error sink and the cache state's I/O
+ *   object for session files), never its engine.
  *
  * Invariants:
  *   - Save never writes memory it did not define: rows past a layer's length in its
@@ -22,7 +23,7 @@
  *     (but in the microseconds between link and rename), and whatever it left is
  *     removed by the next save to the directory: a save's temporary is flock'ed from
  *     creation until after the rename, so an unlocked one is a dead save's.
- *   - It writes the oldest version that holds the session (1 for a plain engine; 4
+ *   - It writes the oldest version that holds the session (1 for a plain engine; 5
  *     with rope or a discard's traces, SPEC §14).
  */
 #include "persist/format.h"
@@ -303,6 +304,39 @@ static pkv_status link_unnamed(int fd, const char *path, char **tmp)
 
 /* ---- saving -------------------------------------------------------------------------- */
 
+/* The reader's checks (persist/header.c) on the header and page table of head, for a
+ * file of file_bytes, and on the engine it must load into: what a save is about to
+ * commit. PKV_ECORRUPT (a library defect) with the reader's reason, or PKV_OK. */
+static pkv_status check_before_commit(const pkvi_geom *geo, const unsigned char *head,
+                                      uint64_t hbytes, uint64_t file_bytes, const char **why)
+{
+    pkvi_sfile_info in;
+    memset(&in, 0, sizeof in);
+    in.file_bytes = file_bytes;
+    const char *r = "ok";
+    pkv_status st = pkvi_sfile_parse_header(head, (uint32_t)hbytes, &in, &r);
+    if (st == PKV_OK)
+        st = pkvi_sfile_match_engine(&in, geo, &r);
+    if (st == PKV_OK) {
+        pkvi_sfile_walk w = pkvi_sfile_walk_start(&in);
+        if (!pkvi_sfile_walk_entries(&in, &w, head + hbytes, in.n_pages))
+            st = PKV_ECORRUPT, r = "page table entries out of order";
+        else if (w.crc != in.table_crc)
+            st = PKV_ECORRUPT, r = "page table checksum mismatch";
+    }
+    pkvi_sfile_info_free(&in);
+    if (st == PKV_ENOMEM) {
+        *why = "out of memory";
+        return st;
+    }
+    if (st != PKV_OK) {
+        /* the reasons are static strings: say which check, and whose fault */
+        *why = r;
+        return PKV_ECORRUPT;
+    }
+    return PKV_OK;
+}
+
 pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
                                   unsigned flags, const char **why)
 {
@@ -318,17 +352,32 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
     /* The format's page layout is [g][K bt rows | V bt rows]; the engine's must match. */
     if (!pkvi_sfile_dtype_code(c->kv_dtype, &code) || geo->kp.v_offset != bt * geo->row_bytes ||
         geo->kp.group_stride != bt * (geo->row_bytes + geo->row_bytes_v) ||
-        geo->page_bytes != (uint64_t)c->n_kv_heads * geo->kp.group_stride)
+        geo->page_bytes != (uint64_t)c->n_kv_heads * geo->kp.group_stride) {
+        if (why != NULL)
+            *why = "the engine's page layout is not the file format's";
         return PKV_EINVAL;
+    }
+    /* A shard's layers all start at `first` (pkv_session_set_first): version 4. */
+    const uint64_t first = pkvi_btable_first(s->layers[0]);
+    for (uint32_t l = 1; l < L; l++)
+        if (pkvi_btable_first(s->layers[l]) != first) {
+            if (why != NULL)
+                *why = "its layers start at different positions (a library defect)";
+            return PKV_ECORRUPT;
+        }
     /* The oldest version that holds the session: 1 for a plain engine (so readers of
-     * version 1 still read what it saves), 2 with variants or block dtypes. */
-    bool v4 = s->record_max != UINT64_MAX; /* SPEC §14: rope, a discard's traces */
+     * version 1 still read what it saves), 2 with variants or block dtypes, 3 with
+     * recorded token ids, 4 for a shard, 5 with RoPE or a discard's traces (SPEC §14). */
+    bool v5 = s->record_max != UINT64_MAX;
     for (uint32_t l = 0; l < L; l++) {
         uint64_t lo, hi;
         pkvi_btable_stale(s->layers[l], &lo, &hi);
-        v4 |= geo->layers[l].rope != 0 || hi > lo;
+        v5 |= geo->layers[l].rope != 0 || hi > lo;
     }
-    const uint32_t version = v4 ? 4u : s->n_tokens ? 3u : geo->variants || code > 2 ? 2u : 1u;
+    const uint32_t version = v5      ? 5u
+                             : first ? 4u
+                             : s->n_tokens ? 3u
+                             : geo->variants || code > 2 ? 2u : 1u;
     uint64_t n_logit_layers = 0;
     for (uint32_t l = 0; l < L; l++)
         n_logit_layers += geo->layers[l].sink_logits != NULL;
@@ -339,9 +388,16 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
                   4ull * c->n_heads * n_logit_layers;
     if (version >= 3)
         hbytes += PKVI_SFILE_V3_EXTRA;
-    hbytes += pkvi_sfile_v4_bytes(version, L);
-    if (hbytes > PKVI_SFILE_MAX_HEADER)   /* more layers than the format holds */
+    if (version >= 4)
+        hbytes += PKVI_SFILE_V4_EXTRA;
+    hbytes += pkvi_sfile_v5_bytes(version, L);
+    if (hbytes > PKVI_SFILE_MAX_HEADER) { /* more layers than the format holds */
+        if (why != NULL)
+            *why = "more layers than a file's header holds (1 MiB of header)";
         return PKV_EINVAL;
+    }
+    if (why != NULL)
+        *why = "out of memory (the page table)";
     for (uint32_t l = 0; l < L; l++)
         if (!pkvi_add(n_pages, pkvi_btable_held(s->layers[l]), &n_pages))
             return PKV_ENOMEM;
@@ -396,13 +452,14 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
         const uint64_t np = pkvi_btable_n_pages(ly), len = pkvi_btable_len(ly);
         if (np == 0)
             continue;
-        if ((st = pkvi_session_acquire(s, l)) != PKV_OK) {
+        if ((st = pkvi_session_acquire(s, l, "pkv_session_save")) != PKV_OK) {
             w_why = "could not bring spilled pages back";
             goto out;
         }
         for (uint64_t i = 0; i < np && st == PKV_OK; i++, k++) {
             const pkvi_page *pg = pkvi_btable_page(ly, i);
-            if (pg == NULL) { /* released by the window: not in the file */
+            if (pg == NULL) { /* the hole (a window's release, a shard's start): not in
+                                 the file */
                 k--;
                 continue;
             }
@@ -441,6 +498,14 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
                pkvi_crc32c(0, head + hbytes, (size_t)(n_pages * PKVI_SFILE_ENTRY_BYTES)));
     for (uint32_t l = 0; l < L; l++)
         pkvi_put64(head + PKVI_SFILE_OFF_LAYER_LEN + 8ull * l, pkvi_btable_len(s->layers[l]));
+    uint32_t ids_crc = 0;
+    if (version >= 3) { /* the ids go after the last page */
+        w_why = "write error";
+        st = write_ids(io, w.fd, s->tokens, s->n_tokens,
+                       data_off + n_pages * geo->page_bytes, &ids_crc);
+        if (st != PKV_OK)
+            goto out;
+    }
     if (version >= 2) {
         unsigned char *x = head + PKVI_SFILE_HEADER_FIXED + 8ull * L - 4;
         pkvi_put32(x, c->head_dim_v);
@@ -457,36 +522,38 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
             for (uint32_t i = 0; lc->sink_logits && i < c->n_heads; i++, z += 4)
                 pkvi_put32(z, pkvi_float_bits(lc->sink_logits[i]));
         }
-    }
-    if (version >= 4) { /* the record's limit, each layer's rope and stale rows */
-        unsigned char *t4 = head + hbytes - 4 - pkvi_sfile_v4_bytes(version, L);
-        pkvi_put64(t4, s->record_max);
-        for (uint32_t l = 0; l < L; l++) {
-            const pkv_layer_config *lc = &geo->layers[l];
-            unsigned char *y = t4 + PKVI_SFILE_V4_EXTRA + (uint64_t)PKVI_SFILE_V4_LAYER * l;
-            uint64_t lo, hi;
-            pkvi_btable_stale(s->layers[l], &lo, &hi);
-            pkvi_put32(y, lc->rope);
-            pkvi_put32(y + 4, lc->rope_dims);
-            pkvi_put32(y + 8, pkvi_float_bits(lc->rope_theta));
-            pkvi_put32(y + 12, pkvi_float_bits(lc->rope_freq_scale));
-            pkvi_put64(y + 16, lo);
-            pkvi_put64(y + 24, hi);
+        if (version >= 3) { /* the token record after the logits */
+            pkvi_put64(z, s->n_tokens);
+            pkvi_put32(z + 8, ids_crc);
+            z += PKVI_SFILE_V3_EXTRA;
+        }
+        if (version >= 4) { /* the shard's first position */
+            pkvi_put64(z, first);
+            z += PKVI_SFILE_V4_EXTRA;
+        }
+        if (version >= 5) { /* the record's limit, each layer's rope and stale rows */
+            pkvi_put64(z, s->record_max);
+            for (uint32_t l = 0; l < L; l++) {
+                const pkv_layer_config *lc = &geo->layers[l];
+                unsigned char *y = z + PKVI_SFILE_V5_EXTRA + (uint64_t)PKVI_SFILE_V5_LAYER * l;
+                uint64_t lo, hi;
+                pkvi_btable_stale(s->layers[l], &lo, &hi);
+                pkvi_put32(y, lc->rope);
+                pkvi_put32(y + 4, lc->rope_dims);
+                pkvi_put32(y + 8, pkvi_float_bits(lc->rope_theta));
+                pkvi_put32(y + 12, pkvi_float_bits(lc->rope_freq_scale));
+                pkvi_put64(y + 16, lo);
+                pkvi_put64(y + 24, hi);
+            }
         }
     }
-    if (version >= 3) { /* the ids go after the last page */
-        unsigned char *t3 =
-            head + hbytes - 4 - pkvi_sfile_v4_bytes(version, L) - PKVI_SFILE_V3_EXTRA;
-        uint32_t crc = 0;
-        w_why = "write error";
-        st = write_ids(io, w.fd, s->tokens, s->n_tokens,
-                       data_off + n_pages * geo->page_bytes, &crc);
-        if (st != PKV_OK)
-            goto out;
-        pkvi_put64(t3, s->n_tokens);
-        pkvi_put32(t3 + 8, crc);
-    }
     pkvi_put32(head + hbytes - 4, pkvi_crc32c(0, head, (size_t)hbytes - 4));
+    /* Before anything is committed: the file must pass the reader's own checks. */
+    if ((st = check_before_commit(geo, head, hbytes, data_off + n_pages * geo->page_bytes +
+                                                       4 * (version >= 3 ? s->n_tokens : 0),
+                                  &w_why)) != PKV_OK)
+        goto out;
+    w_why = "write error";
     if ((st = pkvi_sfile_transfer(io, true, w.fd, head, data_off, 0)) != PKV_OK)
         goto out;
 
@@ -540,15 +607,21 @@ pkv_status pkvi_session_save_io(pkv_session *s, const char *path, pkvi_io *io,
 
 pkv_status pkv_session_save(pkv_session *s, const char *path)
 {
-    if (s == NULL || path == NULL)
+    if (s == NULL)
         return PKV_EINVAL;
+    if (path == NULL || *path == '\0')
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_save: path is %s",
+                         path ? "empty" : "NULL");
     pkvi_io *io = NULL;
-    pkv_status st = pkvi_io_open(false, &io);
+    pkv_status st = pkvi_cache_file_io(s->cache, &io);
     if (st != PKV_OK)
-        return st;
+        return pkvi_fail(s->errs, st, "pkv_session_save: out of memory");
     const char *why = NULL;
     st = pkvi_session_save_io(s, path, io, &why);
-    pkvi_io_close(io);
+    if (st == PKV_ECORRUPT)
+        return pkvi_fail(s->errs, st, "pkv_session_save: %s: not written, the file would not "
+                         "load (%s): a library defect, please report it", path,
+                         why ? why : "?");
     if (st != PKV_OK)
         return pkvi_fail(s->errs, st, "pkv_session_save: %s: %s", path, why ? why : "failed");
     return st;

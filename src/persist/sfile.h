@@ -17,7 +17,7 @@
 
 /* The newest version this build writes and reads; it reads every version from 1 on
  * and writes the oldest that holds a session (version 1 for plain engines). */
-#define PKVI_SFILE_VERSION 4u
+#define PKVI_SFILE_VERSION 5u
 #define PKVI_SFILE_ALIGN 4096u
 /* The largest header_bytes of any version (docs/file-format.md, versioning rules): a
  * reader refuses a larger one as damage before it allocates or reads anything for it.
@@ -41,15 +41,20 @@ typedef struct {
     uint64_t *layer_len;       /* [n_layers] positions per layer, owned (or NULL) */
     pkv_layer_config *layer_cfg; /* [n_layers] (v2; zeros in v1), owned, sink_logits
                                   pointing into `logits` (or NULL); the rope fields
-                                  from v4 (zeros before) */
+                                  from v5 (zeros before) */
     float *logits;             /* the sink logits of every layer that has them, owned */
-    uint64_t *hole_hi;         /* [n_layers]: a windowed layer's first page kept after
-                                  its released ones (0: none released), owned */
-    uint64_t record_max;       /* v4: how far the record may grow (UINT64_MAX before) */
-    uint64_t *stale;           /* [n_layers][2] v4: each layer's stale positions
-                                  [lo, hi) (zeros before), owned */
+    uint64_t *hole_hi;         /* [n_layers]: the first page after the layer's hole -
+                                  what a window released, or a shard's positions below
+                                  `first` (0: no hole), owned */
     uint64_t n_token_ids;      /* v3: recorded token ids after the last page */
     uint32_t tokens_crc;       /* v3: their CRC-32C */
+    uint64_t first;            /* v4: a shard's first position (0: a whole session) */
+    uint64_t record_max;       /* v5: how far the record may grow (UINT64_MAX before) */
+    uint64_t *stale;           /* [n_layers][2] v5: each layer's stale positions
+                                  [lo, hi) (zeros before), owned */
+    uint32_t header_bytes;     /* where the page table starts */
+    uint32_t table_crc;        /* the header's CRC of the page table */
+    uint64_t rows_k, rows_v;   /* bytes of one K row, one V row of one group */
     uint64_t bad_page;         /* file index of the first page that failed its checks,
                                   UINT64_MAX if none did */
     uint32_t bad_layer;        /* ... its layer and index within the layer */

@@ -20,8 +20,10 @@
 
 pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out)
 {
-    if (!s || !out)
+    if (!s)
         return PKV_EINVAL;
+    if (!out)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_memory: out is NULL");
     const pkvi_geom *geo = s->geom;
     pkvi_cache *cache = s->cache;
     pkv_memory m;
@@ -53,8 +55,12 @@ pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out)
 pkv_status pkv_session_pages(const pkv_session *s, uint32_t layer, uint64_t first,
                              uint64_t n, pkv_page_info *out, uint64_t *n_out)
 {
-    if (!s || layer >= s->geom->cfg.n_layers || (!out && n > 0))
+    if (!s)
         return PKV_EINVAL;
+    if (layer >= s->geom->cfg.n_layers || (!out && n > 0))
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_pages: %s",
+                         layer >= s->geom->cfg.n_layers ? "layer out of range"
+                                                        : "out is NULL with n > 0");
     pkvi_cache *cache = s->cache;
     pthread_mutex_lock(&cache->lock);
     const uint64_t k = pkvi_btable_info(s->layers[layer], first, n, out);

@@ -463,7 +463,7 @@ pkv_status pkvi_session_take_pages(const pkvi_geom *geo, pkvi_cache *cache, uint
 
 /* ---- residency ------------------------------------------------------------------------ */
 
-pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer)
+pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer, const char *call)
 {
     pkvi_cache *cache = s->cache;
     if (!cache->spill)
@@ -480,8 +480,8 @@ pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer)
     pthread_mutex_unlock(&cache->lock);
     if (st != PKV_OK)
         return pkvi_fail(s->errs, st,
-                         "layer %u: its spilled pages could not be brought back (%s)", layer,
-                         st == PKV_EIO ? "a read failed" : "the budget has no room");
+                         "%s: layer %u: its spilled pages could not be brought back (%s)",
+                         call, layer, st == PKV_EIO ? "a read failed" : "the budget has no room");
     return st;
 }
 

@@ -143,7 +143,7 @@ pkv_status pkvi_session_create(const pkvi_ctx *ctx, pkv_session **out)
 {
     pkv_session *s = pkvi_session_alloc(ctx);
     if (!s)
-        return PKV_ENOMEM;
+        return pkvi_fail(ctx->errs, PKV_ENOMEM, "pkv_session_create: out of memory");
     pthread_mutex_lock(&s->cache->lock);
     pkvi_session_link(s);
     pthread_mutex_unlock(&s->cache->lock);
@@ -153,8 +153,10 @@ pkv_status pkvi_session_create(const pkvi_ctx *ctx, pkv_session **out)
 
 pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
 {
-    if (!out || !src)
+    if (!src)
         return PKV_EINVAL;
+    if (!out)
+        return pkvi_fail(src->errs, PKV_EINVAL, "pkv_session_fork: out is NULL");
     const pkvi_geom *geo = src->geom;
     pkvi_cache *cache = src->cache;
     if (pkvi_boundary_check(geo, cache, __func__) != PKV_OK)
@@ -162,7 +164,7 @@ pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
     const pkvi_ctx ctx = {geo, cache, src->exec, src->errs};
     pkv_session *s = pkvi_session_alloc(&ctx);
     if (!s)
-        return PKV_ENOMEM;
+        return pkvi_fail(src->errs, PKV_ENOMEM, "pkv_session_fork: out of memory");
     /* Allocate everything first, so the shared part below cannot fail. */
     uint64_t max_pages = 0;
     for (uint32_t l = 0; l < geo->cfg.n_layers; l++) {
@@ -170,13 +172,13 @@ pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
         max_pages = n > max_pages ? n : max_pages;
         if (pkvi_btable_reserve(s->layers[l], n) != PKV_OK) {
             pkvi_session_free(s);
-            return PKV_ENOMEM;
+            return pkvi_fail(src->errs, PKV_ENOMEM, "pkv_session_fork: out of memory");
         }
     }
     if (pkvi_session_reserve_partials(s, max_pages) != PKV_OK ||
         copy_record(s, src) != PKV_OK) {
         pkvi_session_free(s);
-        return PKV_ENOMEM;
+        return pkvi_fail(src->errs, PKV_ENOMEM, "pkv_session_fork: out of memory");
     }
     /* B5: src's pages gain holders here; the only thread that may write one of them
      * (src's owner, for a tail page with refs == 1) is the one making this call. */
@@ -283,10 +285,14 @@ pkv_status pkv_session_set_first(pkv_session *s, uint64_t first)
     if (pkvi_boundary_check(geo, cache, __func__) != PKV_OK)
         return PKV_ECORRUPT;
     const uint64_t align = pkvi_shard_align(geo), bt = geo->cfg.block_tokens;
-    if (first % align || first > UINT64_MAX / 2)
+    if (first % align)
         return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_set_first: %llu is not a "
-                         "multiple of pkv_shard_align (%llu), or too far",
-                         (unsigned long long)first, (unsigned long long)align);
+                         "multiple of pkv_shard_align (%llu)", (unsigned long long)first,
+                         (unsigned long long)align);
+    if (first > UINT64_MAX / 2)
+        return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_set_first: %llu is above 2^63 - "
+                         "1, the last first position a shard may have",
+                         (unsigned long long)first);
     for (uint32_t l = 0; l < geo->cfg.n_layers; l++)
         if (pkvi_btable_len(s->layers[l]) || pkvi_btable_n_pages(s->layers[l]))
             return pkvi_fail(s->errs, PKV_ESTATE, "pkv_session_set_first: layer %u is not "

@@ -111,9 +111,11 @@ static inline bool pkvi_session_of(const pkv_session *s, const pkvi_cache *cache
 /* ---- session/write.c ------------------------------------------------------------------ */
 
 /* Reserve room for n more positions of `layer` (see above). PKV_ENOMEM (budget or
- * system), PKV_EIO (a spilled tail could not be read back); nothing changed. */
+ * system), PKV_EIO (a spilled tail could not be read back), PKV_EINVAL (the length
+ * would overflow); nothing changed. The reason is recorded under `call`, the public
+ * call's name. */
 PKVI_HIDDEN pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
-                                            pkvi_reservation *r);
+                                            pkvi_reservation *r, const char *call);
 /* Store n rows (k, v [n][g][d]) at the layer's end; within the reservation. */
 PKVI_HIDDEN void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
                                     const float *k, const float *v);
@@ -128,8 +130,9 @@ PKVI_HIDDEN pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer,
                                               const void *bytes, uint32_t tokens);
 
 /* Load of a windowed layer: positions up to page * block_tokens were released when it
- * was saved; the table gets its hole [sink pages, page) so the next page pushed is
- * `page`. Only right after the sink pages were pushed; PKV_EINVAL otherwise. */
+ * was saved; the table gets its hole [sink pages, page) (a shard's: [0, page)) so the
+ * next page pushed is `page`. Only right after the sink pages were pushed (a shard:
+ * right after pkv_session_set_first); PKV_EINVAL otherwise. */
 PKVI_HIDDEN pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer,
                                                uint64_t page);
 /* Test hook: fn(ctx) runs in every write of s between its reservation and its rows
@@ -151,8 +154,9 @@ PKVI_HIDDEN pkv_status pkvi_session_from_prefix(const pkvi_ctx *ctx, uint64_t n,
 /* ---- session/residency.c -------------------------------------------------------------- */
 
 /* Pin `layer` and bring every page of it into memory (spill engines; else a no-op):
- * O(1) for a resident layer. PKV_EIO / PKV_ENOMEM leave the session unchanged. */
-PKVI_HIDDEN pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer);
+ * O(1) for a resident layer. PKV_EIO / PKV_ENOMEM leave the session unchanged; the
+ * reason is recorded under the public call's name `call`. */
+PKVI_HIDDEN pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer, const char *call);
 PKVI_HIDDEN void pkvi_session_release(pkv_session *s, uint32_t layer);
 
 /* ---- session/account.c ---------------------------------------------------------------- */

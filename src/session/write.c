@@ -22,7 +22,7 @@
 /* ---- reserve, write, finish ------------------------------------------------------------ */
 
 pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
-                                pkvi_reservation *r)
+                                pkvi_reservation *r, const char *call)
 {
     const pkvi_geom *geo = s->geom;
     pkvi_cache *cache = s->cache;
@@ -30,7 +30,9 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
     const uint64_t bt = geo->cfg.block_tokens, start = pkvi_btable_len(t);
     uint64_t end_len;
     if (n == 0 || !pkvi_add(start, n, &end_len) || end_len > UINT64_MAX - bt)
-        return PKV_EINVAL;
+        return pkvi_fail(s->errs, PKV_EINVAL, "%s: layer %u holds %llu positions; %llu more %s",
+                         call, layer, (unsigned long long)start, (unsigned long long)n,
+                         n ? "overflow a position" : "is nothing to write");
     const uint64_t end_page = (end_len + bt - 1) / bt;
     const uint64_t n_new = end_page - pkvi_btable_n_pages(t);
     const bool partial = start % bt != 0;
@@ -41,7 +43,7 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
         uint64_t bytes;
         if (!pkvi_mul(n_new + 1, sizeof *fresh, &bytes) || bytes > SIZE_MAX ||
             !(fresh = malloc((size_t)bytes)))
-            return PKV_ENOMEM;
+            return pkvi_fail(s->errs, PKV_ENOMEM, "%s: layer %u: out of memory", call, layer);
     }
     pthread_mutex_lock(&cache->lock);
     if (cache->spill)
@@ -82,15 +84,15 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
         if (fresh != small)
             free(fresh);
         if (st == PKV_EIO)
-            return pkvi_fail(s->errs, st, "layer %u: a spilled page could not be read back",
-                             layer);
+            return pkvi_fail(s->errs, st, "%s: layer %u: a spilled page could not be read back",
+                             call, layer);
         if (budget)
-            return pkvi_fail(s->errs, st, "layer %u: %llu more page(s) do not fit the budget "
-                             "of %llu pages%s", layer, (unsigned long long)(n_new + cow),
-                             (unsigned long long)budget,
+            return pkvi_fail(s->errs, st, "%s: layer %u: %llu more page(s) do not fit the "
+                             "budget of %llu pages%s", call, layer,
+                             (unsigned long long)(n_new + cow), (unsigned long long)budget,
                              cache->spill ? " (nothing more could be spilled)"
                                           : " (no spill_dir)");
-        return pkvi_fail(s->errs, st, "layer %u: out of memory", layer);
+        return pkvi_fail(s->errs, st, "%s: layer %u: out of memory", call, layer);
     }
     /* Nothing fails from here on. */
     const pkvi_pages ps = pkvi_cache_pages(cache);
@@ -198,7 +200,7 @@ pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k, const floa
     if (pkvi_boundary_check(s->geom, s->cache, __func__) != PKV_OK)
         return PKV_ECORRUPT;
     pkvi_reservation r;
-    const pkv_status st = pkvi_session_reserve(s, layer, 1, &r);
+    const pkv_status st = pkvi_session_reserve(s, layer, 1, &r, "pkv_append");
     if (st != PKV_OK)
         return st;
     pkvi_session_write(s, &r, 1, k, v);
@@ -213,7 +215,7 @@ pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer, const void *by
     if (tokens == 0 || tokens > bt || pkvi_btable_len(s->layers[layer]) % bt)
         return PKV_EINVAL;
     pkvi_reservation r;
-    const pkv_status st = pkvi_session_reserve(s, layer, tokens, &r);
+    const pkv_status st = pkvi_session_reserve(s, layer, tokens, &r, "pkv_session_load");
     if (st != PKV_OK)
         return st;
     pkvi_session_write_pages(s, &r, bytes, tokens);
@@ -228,9 +230,11 @@ pkv_status pkvi_session_skip_pages(pkv_session *s, uint32_t layer, uint64_t page
     const pkv_layer_config *lc = &geo->layers[layer];
     if (!lc->window)
         return PKV_EINVAL;
+    pkvi_btable *t = s->layers[layer];
+    /* the hole grows from the sink pages, or from a shard's own hole [0, first / bt) */
+    const uint64_t lo = pkvi_btable_first(t) ? 0 : pkvi_sink_pages(geo, lc);
     pthread_mutex_lock(&cache->lock);
-    const pkv_status st = pkvi_btable_skip_to(s->layers[layer], geo->cfg.block_tokens,
-                                              pkvi_sink_pages(geo, lc), page);
+    const pkv_status st = pkvi_btable_skip_to(t, geo->cfg.block_tokens, lo, page);
     pthread_mutex_unlock(&cache->lock);
     return st;
 }

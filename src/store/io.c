@@ -2,13 +2,19 @@
  * io.c - the I/O object behind pkvi_io_*: backend choice, the pread/pwrite backend,
  * fsync and fault injection.
  *
- * Owns: struct pkvi_io (one per user: the engine's spill file, each save/load call);
- *   the synchronous backend; the per-object fault counters.
+ * Owns: struct pkvi_io (one per user: the engine's spill file, the engine's session
+ *   files - save and load of all its sessions - and each pkv_session_file_check
+ *   call); the synchronous backend; the per-object fault counters; the object's lock.
  * Does not own: the io_uring backend (io_uring.c, reached through io_backend.h), the
- *   file descriptors (callers open and close them), locking (one io object is used
- *   by one thread at a time; the spill file holds its own `io` lock around it, never
- *   the engine lock). The fault counters alone are atomic (tests arm them from any
- *   thread).
+ *   file descriptors (callers open and close them).
+ *
+ * Locking: io->lock serializes the submissions on one object (its ring and backend
+ *   choice), so several threads may share it - the engine's saves and loads of
+ *   different sessions do; the spill file also holds its own `io` lock around its
+ *   object, never the engine lock. A submission completes every request before it
+ *   returns, so the lock is held only while that object's I/O runs; fsync takes no
+ *   lock (it touches no ring). The fault counters are atomic (tests arm them from
+ *   any thread).
  *
  * Invariants:
  *   - pkvi_io_submit returns only when no request of the call is still in flight, so
@@ -26,12 +32,14 @@
 #include "store/io_backend.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 struct pkvi_io {
+    pthread_mutex_t lock;    /* guards every field below during a submission */
     pkvi_uring *uring;       /* NULL: the pread/pwrite backend */
     uint64_t max_chunk;      /* bytes per transfer (tests lower it) */
     _Atomic uint64_t fault[3]; /* countdown per pkvi_fault_kind, 0 = disarmed; atomic, so
@@ -54,6 +62,10 @@ pkv_status pkvi_io_open(bool force_sync, pkvi_io **out)
     pkvi_io *io = calloc(1, sizeof *io);
     if (io == NULL)
         return PKV_ENOMEM;
+    if (pthread_mutex_init(&io->lock, NULL) != 0) {
+        free(io);
+        return PKV_ENOMEM;
+    }
     io->max_chunk = PKVI_IO_MAX_CHUNK;
     for (int k = 0; k < 3; k++)
         atomic_init(&io->fault[k], 0);
@@ -72,6 +84,7 @@ void pkvi_io_close(pkvi_io *io)
     if (io == NULL)
         return;
     pkvi_uring_destroy(io->uring);
+    pthread_mutex_destroy(&io->lock);
     free(io);
 }
 
@@ -170,6 +183,9 @@ static pkv_status backend_submit(pkvi_io *io, const pkvi_io_req *reqs, uint32_t 
     return sync_submit(reqs, n, io->max_chunk);
 }
 
+/* pkvi_io_submit under io->lock. */
+static pkv_status submit_locked(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n);
+
 pkv_status pkvi_io_submit(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n)
 {
     if (io == NULL || (n > 0 && reqs == NULL))
@@ -197,6 +213,14 @@ pkv_status pkvi_io_submit(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n)
         }
     }
 
+    pthread_mutex_lock(&io->lock);
+    const pkv_status st = submit_locked(io, reqs, n);
+    pthread_mutex_unlock(&io->lock);
+    return st;
+}
+
+static pkv_status submit_locked(pkvi_io *io, const pkvi_io_req *reqs, uint32_t n)
+{
     /* Fault injection: the armed requests are skipped (they "fail"); every other
      * request is performed, in segments between them. */
     pkv_status st = PKV_OK;

@@ -1,7 +1,8 @@
 /*
  * make_seeds.c - writes the seed corpora of the fuzz harnesses:
  *   corpus/load: valid session files of fuzz_load's geometry (empty, one token, partial
- *                last pages, layers of different lengths), f16;
+ *                last pages, layers of different lengths, a shard: format version 4),
+ *                f16;
  *   corpus/api:  byte programs that exercise every operation of fuzz_api.
  * Usage: make_seeds DIR   (writes the files DIR/load/NAME and DIR/api/NAME)
  */
@@ -12,11 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int save_case(pkv_engine *e, const char *dir, const char *name, uint32_t len0,
-                     uint32_t len1)
+static int save_case(pkv_engine *e, const char *dir, const char *name, uint64_t first,
+                     uint32_t len0, uint32_t len1)
 {
     pkv_session *s;
     if (pkv_session_create(e, &s) != PKV_OK)
+        return 1;
+    if (pkv_session_set_first(s, first) != PKV_OK)
         return 1;
     float k[16], v[16];
     for (uint32_t t = 0; t < len0 || t < len1; t++) {
@@ -60,11 +63,12 @@ int main(int argc, char **argv)
     if (pkv_engine_create(&c, &e) != PKV_OK)
         return 1;
     int bad = 0;
-    bad |= save_case(e, argv[1], "empty.pkv", 0, 0);
-    bad |= save_case(e, argv[1], "one-token.pkv", 1, 0);
-    bad |= save_case(e, argv[1], "partial.pkv", 6, 3);
-    bad |= save_case(e, argv[1], "full-pages.pkv", 8, 4);
-    bad |= save_case(e, argv[1], "longer.pkv", 21, 13);
+    bad |= save_case(e, argv[1], "empty.pkv", 0, 0, 0);
+    bad |= save_case(e, argv[1], "one-token.pkv", 0, 1, 0);
+    bad |= save_case(e, argv[1], "partial.pkv", 0, 6, 3);
+    bad |= save_case(e, argv[1], "full-pages.pkv", 0, 8, 4);
+    bad |= save_case(e, argv[1], "longer.pkv", 0, 21, 13);
+    bad |= save_case(e, argv[1], "shard.pkv", pkv_shard_align(e), 7, 2);
     pkv_engine_destroy(e);
 
     /* api programs: geometry bytes, then (op, slot, layer, payload...) */

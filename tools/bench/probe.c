@@ -21,6 +21,13 @@
 #else
 #define BENCH_X86 0
 #endif
+#if defined(__aarch64__)
+#include <arm_neon.h> /* Advanced SIMD: every AArch64 CPU has it */
+#include <sys/auxv.h>
+#define BENCH_ARM 1
+#else
+#define BENCH_ARM 0
+#endif
 
 /* ---- small helpers --------------------------------------------------------------------- */
 
@@ -155,7 +162,7 @@ static double best_of(const double *v, int n)
 typedef struct {
     uint64_t iters;
     float sink[BENCH_MAX_THREADS];
-    uint32_t lanes;
+    uint32_t lanes, chains;
 } fma_job;
 
 #if BENCH_X86
@@ -196,7 +203,31 @@ __attribute__((target("avx2,fma"))) static float fma_avx2(uint64_t iters)
 }
 #endif
 
-/* The host's widest FMA: 16 lanes with AVX-512, 8 with AVX2 + FMA, 1 (unknown). */
+#if BENCH_ARM
+/* 16 chains, not 12: cores with four 128-bit FMA pipes of latency 4 (Neoverse V1/V2,
+ * Apple's) need 16 in flight; the 32 vector registers hold them. */
+enum { NEON_FMA_CHAINS = 16 };
+
+static float fma_neon(uint64_t iters)
+{
+    float32x4_t a[NEON_FMA_CHAINS];
+    for (int i = 0; i < NEON_FMA_CHAINS; i++)
+        a[i] = vdupq_n_f32(1.0f + (float)i * 1e-3f);
+    const float32x4_t b = vdupq_n_f32(0.9999f), c = vdupq_n_f32(1e-4f);
+    for (uint64_t k = 0; k < iters; k++) {
+#pragma GCC unroll 16
+        for (int i = 0; i < NEON_FMA_CHAINS; i++)
+            a[i] = vfmaq_f32(c, a[i], b);
+    }
+    float32x4_t s = a[0];
+    for (int i = 1; i < NEON_FMA_CHAINS; i++)
+        s = vaddq_f32(s, a[i]);
+    return vaddvq_f32(s);
+}
+#endif
+
+/* The host's widest FMA: 16 lanes with AVX-512, 8 with AVX2 + FMA, 4 with NEON (every
+ * aarch64 CPU), 1 (unknown). */
 static uint32_t host_fma_lanes(void)
 {
 #if BENCH_X86
@@ -204,6 +235,9 @@ static uint32_t host_fma_lanes(void)
         return 16;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return 8;
+#endif
+#if BENCH_ARM
+    return 4;
 #endif
     return 1; /* unknown */
 }
@@ -232,21 +266,31 @@ static void fma_part(void *ctx, uint32_t t, uint32_t n)
         return;
     }
 #endif
+#if BENCH_ARM
+    if (j->lanes == 4) {
+        j->sink[t] = fma_neon(j->iters);
+        return;
+    }
+#endif
     j->sink[t] = 0; /* no vector FMA known here: the peak is reported as unknown */
 }
 
-/* GFLOP/s over n threads: 12 chains x lanes x 2 FLOPs per iteration per thread. */
+/* GFLOP/s over n threads: chains x lanes x 2 FLOPs per iteration per thread. */
 double bench_fma_peak(uint32_t n, const char *isa)
 {
     fma_job j;
     j.lanes = bench_fma_lanes(isa);
+    j.chains = 12;
+#if BENCH_ARM
+    j.chains = NEON_FMA_CHAINS;
+#endif
     j.iters = 4000000;
     if (j.lanes == 1)
         return NAN;
     double v[5];
     for (int r = 0; r < 5; r++) {
         const double s = bench_team_run(n, fma_part, &j);
-        v[r] = (double)j.iters * 12 * j.lanes * 2 * n / s / 1e9;
+        v[r] = (double)j.iters * j.chains * j.lanes * 2 * n / s / 1e9;
     }
     return best_of(v, 5);
 }
@@ -262,10 +306,11 @@ double bench_fma_peak(uint32_t n, const char *isa)
 typedef struct {
     uint64_t iters;
     int32_t sink[BENCH_MAX_THREADS];
-    int kind;       /* 0 none, 1 avx2, 2 avx512bw, 3 avx512 vnni, 4 avx-vnni (ymm) */
+    int kind;       /* 0 none, 1 avx2, 2 avx512bw, 3 avx512 vnni, 4 avx-vnni (ymm),
+                     * 5 neon sdot, 6 neon (widening multiplies) */
 } int8_job;
 
-#if BENCH_X86
+#if BENCH_X86 || BENCH_ARM
 /* What the int8 probes return to keep their work alive: the sum of n lanes in
  * unsigned arithmetic. The lanes have wrapped long before (vector adds wrap, defined),
  * so a signed sum would overflow: undefined behaviour, which UBSan reported (with
@@ -281,7 +326,55 @@ static int32_t int8_sink(const int32_t *w, int n)
 /* One round of the four streams; S(i) is stream i's multiply-add into acc i. The
  * accumulators are named variables, not an array, so that they stay in registers. */
 #define INT8_ROUND(S) do { S(0); S(1); S(2); S(3); } while (0)
+#endif
 
+#if BENCH_ARM
+/* SDOT (the neon_dotprod kernels' block sums): two chains per stream, 16 bytes each. */
+__attribute__((target("arch=armv8.2-a+dotprod"))) static int32_t int8_sdot(uint64_t iters)
+{
+    const int8x16_t b = vdupq_n_s8(3);
+    int8x16_t x0 = vdupq_n_s8(1), x1 = vdupq_n_s8(2), x2 = vdupq_n_s8(3), x3 = vdupq_n_s8(4);
+    int32x4_t a0 = vdupq_n_s32(0), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+#define S(i)                                                                                \
+    a##i = vdotq_s32(a##i, x##i, b);                                                        \
+    c##i = vdotq_s32(c##i, x##i, b);                                                        \
+    __asm__ volatile("" : "+w"(x##i))
+    for (uint64_t k = 0; k < iters; k++)
+        INT8_ROUND(S);
+#undef S
+    int32_t w[4];
+    vst1q_s32(w, vaddq_s32(vaddq_s32(vaddq_s32(a0, a1), vaddq_s32(a2, a3)),
+                           vaddq_s32(vaddq_s32(c0, c1), vaddq_s32(c2, c3))));
+    return int8_sink(w, 4);
+}
+
+/* The neon kernels' block sums without SDOT: SMULL + SMLAL2 (16 bytes into int16
+ * pairs), SADALP into int32. */
+static int32_t int8_neon(uint64_t iters)
+{
+    const int8x16_t b = vdupq_n_s8(3);
+    int8x16_t x0 = vdupq_n_s8(1), x1 = vdupq_n_s8(2), x2 = vdupq_n_s8(3), x3 = vdupq_n_s8(4);
+    int32x4_t a0 = vdupq_n_s32(0), a1 = a0, a2 = a0, a3 = a0;
+#define S(i)                                                                                \
+    a##i = vpadalq_s16(a##i, vmlal_high_s8(vmull_s8(vget_low_s8(x##i), vget_low_s8(b)),     \
+                                           x##i, b));                                       \
+    __asm__ volatile("" : "+w"(x##i))
+    for (uint64_t k = 0; k < iters; k++)
+        INT8_ROUND(S);
+#undef S
+    int32_t w[4];
+    vst1q_s32(w, vaddq_s32(vaddq_s32(a0, a1), vaddq_s32(a2, a3)));
+    return int8_sink(w, 4);
+}
+
+/* AT_HWCAP's ASIMDDP bit (the aarch64 Linux ABI, asm/hwcap.h). */
+static bool host_asimddp(void)
+{
+    return (getauxval(AT_HWCAP) >> 20) & 1u;
+}
+#endif
+
+#if BENCH_X86
 __attribute__((target("avx2"))) static int32_t int8_avx2(uint64_t iters)
 {
     const __m256i b = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
@@ -393,14 +486,21 @@ static bool host_int8_has(int k)
         return host_avxvnni();
     }
 #endif
+#if BENCH_ARM
+    if (k == 5)
+        return host_asimddp();
+    if (k == 6)
+        return true;
+#endif
     (void)k;
     return false;
 }
 
-/* The host's widest int8 dot: AVX-512 VNNI, AVX-512 BW, AVX-VNNI, AVX2, or 0 none. */
+/* The host's widest int8 dot: AVX-512 VNNI, AVX-512 BW, AVX-VNNI, AVX2, NEON SDOT,
+ * NEON, or 0 none. */
 static int host_int8_kind(void)
 {
-    static const int widest_first[] = {3, 2, 4, 1};
+    static const int widest_first[] = {3, 2, 4, 1, 5, 6};
     for (size_t i = 0; i < sizeof widest_first / sizeof widest_first[0]; i++)
         if (host_int8_has(widest_first[i]))
             return widest_first[i];
@@ -416,13 +516,16 @@ static int int8_kind(const char *isa)
                      : strcmp(isa, "avx512") == 0     ? 2
                      : strcmp(isa, "avx2vnni") == 0   ? 4
                      : strcmp(isa, "avx2") == 0       ? 1
+                     : strcmp(isa, "neon_dotprod") == 0 ? 5
+                     : strcmp(isa, "neon") == 0       ? 6
                                                       : 0;
     return want && host_int8_has(want) ? want : host_int8_kind();
 }
 
 const char *bench_int8_kind(const char *isa)
 {
-    static const char *const names[] = {"none", "avx2", "avx512bw", "avx512-vnni", "avx-vnni"};
+    static const char *const names[] = {"none",     "avx2",      "avx512bw", "avx512-vnni",
+                                        "avx-vnni", "neon-sdot", "neon"};
     return names[int8_kind(isa)];
 }
 
@@ -441,6 +544,12 @@ static void int8_part(void *ctx, uint32_t t, uint32_t n)
     else if (j->kind == 1)
         j->sink[t] = int8_avx2(j->iters);
 #endif
+#if BENCH_ARM
+    if (j->kind == 5)
+        j->sink[t] = int8_sdot(j->iters);
+    else if (j->kind == 6)
+        j->sink[t] = int8_neon(j->iters);
+#endif
 }
 
 /* GOP/s over n threads: streams x bytes x 2 operations per iteration per thread. */
@@ -451,7 +560,11 @@ double bench_int8_peak(uint32_t n, const char *isa)
     j.iters = 4000000;
     if (j.kind == 0)
         return NAN;
-    const double bytes = j.kind == 1 ? 32.0 : j.kind == 2 || j.kind == 4 ? 64.0 : 128.0;
+    /* bytes a stream multiplies and adds per round */
+    const double bytes = j.kind == 6   ? 16.0
+                         : j.kind == 1 || j.kind == 5 ? 32.0
+                         : j.kind == 2 || j.kind == 4 ? 64.0
+                                                      : 128.0;
     double v[5];
     for (int r = 0; r < 5; r++) {
         const double s = bench_team_run(n, int8_part, &j);

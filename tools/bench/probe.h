@@ -33,11 +33,12 @@ typedef struct {
 double bench_bw_measure(bench_bw *j, uint32_t n);
 
 /* The peak probes measure the instruction set of the kernels in use, isa as
- * pkv_stats.isa names it ("avx2", "avx2vnni", "avx512", "avx512vnni"), so a run under
+ * pkv_stats.isa names it ("avx2", "avx2vnni", "avx512", "avx512vnni", "neon",
+ * "neon_dotprod"), so a run under
  * PKV_FORCE_ISA=avx2 on an AVX-512 host is held to AVX2's peaks; NULL, "scalar" or a
  * name the host cannot run: the host's widest. */
 
-/* Lanes of the FMA probe (16 for AVX-512, 8 for AVX2, 1: unknown) and its peak
+/* Lanes of the FMA probe (16 for AVX-512, 8 for AVX2, 4 for NEON, 1: unknown) and its peak
  * GFLOP/s on n threads (NAN when unknown). */
 uint32_t bench_fma_lanes(const char *isa);
 double bench_fma_peak(uint32_t n, const char *isa);
@@ -47,7 +48,8 @@ double bench_fma_peak(uint32_t n, const char *isa);
  * bytes for avx512, on 32 for avx2), accumulating into int32, which is what an
  * integer-dot decode kernel runs. Its peak in GOP/s (2 operations a multiply-add, as
  * FLOPs count) on n threads, and the name of the instruction sequence ("avx512-vnni",
- * "avx512bw", "avx-vnni", "avx2"; "none": NAN). */
+ * "avx512bw", "avx-vnni", "avx2", "neon-sdot" (SDOT), "neon" (SMULL + SADALP); "none":
+ * NAN). */
 double bench_int8_peak(uint32_t n, const char *isa);
 const char *bench_int8_kind(const char *isa);
 

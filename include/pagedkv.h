@@ -9,7 +9,8 @@
  *   2. configuration                  7. shards (one context over several engines)
  *   3. the engine                     8. introspection (block tables, invariants)
  *   4. sessions                       9. dense oracles (the reference semantics)
- *   5. attention calls                10. dtype helpers
+ *   5. attention calls (speculative   10. dtype helpers
+ *      verify and commit among them)
  *
  * Glossary
  *   engine   owns the configuration, the page pool, the worker threads, the kernels
@@ -277,6 +278,16 @@ typedef struct {
     /* the page pool's allocator: "jemalloc" (a private arena of the jemalloc found at
        run time, see "Process-wide state") or "aligned" (aligned_alloc) */
     const char *pool;
+    /* pages read by the attention calls (decode, batch, prefill, the shard calls,
+       verify) since the engine was created, a page counted once per read however many
+       groups, heads or threads it served (appended in soname 3) */
+    uint64_t pages_read_shared;  /* reads that served several queries of one call at
+                                    once: the sessions of one pkv_decode_batch that hold
+                                    the page (forks, prefix-cache sessions), the drafts
+                                    of one pkv_verify, a pkv_prefill tile's queries */
+    uint64_t pages_read_private; /* reads that served one query */
+    uint64_t page_reads_saved;   /* reads that sharing spared: a page read once for k
+                                    queries counts k - 1 (what separate calls add) */
 } pkv_stats;
 /* Engine-wide figures; safe to call from any thread. PKV_EINVAL for NULL. */
 PKV_API pkv_status pkv_engine_stats(const pkv_engine *e, pkv_stats *out);
@@ -297,7 +308,8 @@ PKV_API pkv_status pkv_engine_last_error(const pkv_engine *e, char *buf, size_t 
 PKV_API pkv_status pkv_session_create(pkv_engine *e, pkv_session **out);
 /* A new session that shares every page of src by reference (O(pages), no copy): the
  * same lengths, holes, token record and shard start. The first append into a shared,
- * partly filled page copies that page only. PKV_EINVAL, PKV_ENOMEM (src unchanged). */
+ * partly filled page copies that page only. PKV_EINVAL, PKV_ENOMEM (src unchanged),
+ * PKV_ESTATE while src has pending drafts (pkv_verify; commit first). */
 PKV_API pkv_status pkv_session_fork(pkv_session *src, pkv_session **out);
 /* Release the session's references to its pages. NULL: no-op. Destroying a session
  * twice, or after its engine was destroyed, is undefined (see "Lifetimes"). */
@@ -322,7 +334,8 @@ PKV_API uint64_t pkv_session_len(const pkv_session *s, uint32_t layer);
  *     truncate and one more append, a truncate to L - r - 1 is PKV_ERANGE.
  *   - A shard (pkv_session_set_first) is never cut below its first position:
  *     PKV_ERANGE.
- * PKV_EINVAL for NULL. On failure nothing changed. */
+ * PKV_EINVAL for NULL; PKV_ESTATE while drafts are pending (pkv_verify; commit
+ * first). On failure nothing changed. */
 PKV_API pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens);
 
 typedef struct {
@@ -458,6 +471,8 @@ PKV_API pkv_status pkv_decode(pkv_session *s, uint32_t layer, const float *q, fl
  * threads: bitwise identical to n calls of pkv_decode. The sessions must be distinct
  * and belong to e. Any n >= 1 works (runs of 64 sessions; beyond 64, checking for
  * duplicates takes a sorted copy of the list).
+ * A page held by several sessions of the batch (forks, prefix-cache sessions) is read
+ * once for all of their query heads (pkv_stats.pages_read_shared), with the same bits.
  * PKV_EINVAL (NULL, n == 0, layer >= n_layers, a session twice or of another engine),
  * PKV_ESTATE (a session's layer is empty), PKV_ENOMEM (the copy above; or, as for
  * pkv_decode, spilled pages could not be brought back), PKV_EIO. On failure out is
@@ -468,9 +483,9 @@ PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
 
 /* -- RoPE in the engine (SPEC §14) -- */
 /* A layer whose pkv_layer_config sets `rope` rotates its keys itself: pkv_append,
- * pkv_prefill (and the verify of SPEC §13) take k before rotation and the engine turns
- * each key at its position (the position it is stored at, pkv_session_len before the
- * call plus its row) when it stores it; the caller rotates the queries of that layer
+ * pkv_prefill and pkv_verify take k before rotation and the engine turns each key at
+ * its position when it stores it (pkv_session_len before the call plus its row; for
+ * pkv_verify's draft i, len + depth(i)); the caller rotates the queries of that layer
  * with pkv_rope_q, which turns them exactly as the keys are turned. Values are never
  * rotated. Layers without rope behave as before: the caller rotates q and k.
  *
@@ -498,6 +513,86 @@ PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
  * PKV_EINVAL: e NULL, layer out of range, pos or q NULL with n > 0. */
 PKV_API pkv_status pkv_rope_q(const pkv_engine *e, uint32_t layer, uint32_t n,
                               const uint64_t *pos, float *q);
+/* -- speculative verify and commit (docs/speculative.md) --
+ * A speculative decoder proposes several tokens at once - a chain, or a tree of
+ * candidate continuations sharing their prefixes (EAGLE, Medusa, SpecInfer) - runs the
+ * model over all of them in one step, and keeps the longest run the model agrees
+ * with. pkv_verify is that step's attention on one layer; pkv_session_commit keeps
+ * the accepted path on every layer.
+ *
+ * Bitwise: for any root-to-node path, the outputs pkv_verify gave its drafts, and
+ * every decode after pkv_session_commit keeps that path, are to the bit what
+ * pkv_append + pkv_decode of the same rows, token by token, give (any n_threads, every
+ * dtype and quant_dot path, every variant, shards). For a chain (parent[i] = i - 1)
+ * that holds for every draft: verify of a chain is a prefill that can be taken back.
+ *
+ * Pending drafts. A verified layer holds its drafts' rows (in pages of the layer,
+ * counted in pkv_session_memory's blocks, bytes_resident and bytes_ideal, and in the
+ * budget; not in tokens) until pkv_session_commit; pkv_session_len does not move.
+ * While a layer has pending drafts:
+ *   pkv_verify of it               replaces its drafts (all of them);
+ *   pkv_append, pkv_prefill of it  PKV_ESTATE, nothing changed (other layers: as ever);
+ *   pkv_decode, pkv_decode_batch,
+ *   pkv_decode_partial(_at)        attend its cached positions only, as its length says;
+ *   pkv_session_fork, pkv_session_truncate, pkv_session_save,
+ *   pkv_session_discard            PKV_ESTATE (for any pending layer), nothing changed;
+ *   pkv_session_set_tokens         records ids of cached positions, as ever;
+ *   pkv_session_destroy            releases the drafts with the rest.
+ * RoPE (SPEC §14): on a layer with the engine's rope, draft i's key is turned at
+ * position len + depth(i) - the position it stands for, not the slot it is stored in -
+ * so a committed path holds exactly the keys pkv_append would have stored there; rotate
+ * draft i's queries with pkv_rope_q at that same position.
+ * Threads: as every session call - one thread at a time per session. */
+
+/* Most drafts of one pkv_verify. */
+#define PKV_VERIFY_MAX_DRAFTS 1024u
+
+/* Verify n draft tokens of `layer` as a tree: parent[i] < i is draft i's parent, or -1
+ * for a child of the last cached position; draft i sits at position len + depth(i)
+ * (depth 0 for parent -1; len = pkv_session_len(s, layer)) and attends to the cached
+ * positions and its ancestors, itself included, with every variant of the layer (a
+ * window counted from its own position, sinks, sink logits, soft-cap, head_dim_v).
+ * Shapes: parent [n]; q [n][n_heads][head_dim]; k [n][n_kv_heads][head_dim]; v
+ * [n][n_kv_heads][head_dim_v]; out [n][n_heads][head_dim_v] (draft i's attention
+ * output; no two arrays may overlap out). All are read during the call only (the tree
+ * is copied for pkv_session_commit). The drafts stay pending: pkv_session_len does not
+ * move until pkv_session_commit; a second verify of the same layer replaces its
+ * pending drafts. A verify of an empty layer (len 0, or a shard's first position) is
+ * allowed: its drafts attend each other only.
+ * Extremes: n 1 is a decode of one appended token that can be taken back; n from 1
+ * to PKV_VERIFY_MAX_DRAFTS works (any tree shape: a chain of 1024, or 1024 roots); n 0
+ * and n > PKV_VERIFY_MAX_DRAFTS (UINT32_MAX included) are PKV_EINVAL before any array
+ * is read. parent[i] must lie in [-1, i - 1]: -2, INT32_MIN, i and above are
+ * PKV_EINVAL. A layer holding 2^63 positions or more is PKV_EINVAL.
+ * Cost: the cached pages are read once per tile of min(n, 256 / (n_heads/n_kv_heads))
+ * drafts (once per draft on a windowed layer); each draft off the chain prefix (index
+ * != depth) takes one page of scratch for the page of its position.
+ * Everything is taken before anything is written (scratch, the layer's spilled pages
+ * back, every page the drafts need and the copy of a shared last page), so a failed
+ * call changes nothing: PKV_EINVAL (s, parent, q, k, v or out NULL; layer >= n_layers;
+ * the n and parent rules above), PKV_ENOMEM (scratch, budget), PKV_EIO (spilled pages
+ * could not be read back); out is untouched then. */
+PKV_API pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n,
+                              const int32_t *parent, const float *q, const float *k,
+                              const float *v, float *out);
+/* Keep drafts path[0..n_keep) (a root-to-node path of the pending tree: path[0] has
+ * parent -1, path[j + 1]'s parent is path[j]) on every layer that has pending drafts;
+ * they become positions len .. len + n_keep - 1 of each (rows moved within the pages
+ * where the tree put them elsewhere) and every other pending draft is released.
+ * n_keep == 0 drops them all (path may then be NULL) and reads no spilled page, so it
+ * fails only with PKV_ESTATE: a tree can always be abandoned. Layers without pending
+ * drafts are untouched; the prefix cache's token record is not extended (record the
+ * accepted tokens with pkv_session_set_tokens). path is read during the call only.
+ * Extremes: n_keep from 0 to the pending tree's n (its deepest path's length at most,
+ * since a path must be root-to-node); n_keep above n (UINT32_MAX included) is
+ * PKV_EINVAL before path is read; an entry >= n (UINT32_MAX included) is PKV_EINVAL.
+ * PKV_ESTATE: no drafts are pending, or the pending layers were verified with
+ * different trees (n or parent); PKV_EINVAL: s NULL, n_keep > n, path NULL with
+ * n_keep > 0, an entry >= n or not the child of the one before it (so no repeats);
+ * PKV_EIO / PKV_ENOMEM (n_keep > 0): the pending layers' spilled pages could not be
+ * brought back. Nothing changes on failure (the drafts stay pending). Layers that hold
+ * different trees are made one again by verifying them with the same tree. */
+PKV_API pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uint32_t *path);
 
 /* ==== 6. Persistence: session files (docs/file-format.md) =========================== */
 
@@ -511,7 +606,8 @@ PKV_API pkv_status pkv_rope_q(const pkv_engine *e, uint32_t layer, uint32_t n,
  * Q8/Q4 pages, 3 when token ids are recorded (pkv_session_set_tokens), 4 for a
  * shard, 5 with the engine's RoPE or after pkv_session_discard. The engine's session files share one I/O ring (created on first use):
  * saves and loads of different sessions may run on different threads at once.
- * PKV_EINVAL (NULL, path ""; more layers than a file's header holds), PKV_EIO,
+ * PKV_EINVAL (NULL, path ""; more layers than a file's header holds), PKV_ESTATE
+ * (drafts are pending: pkv_verify; no file holds them, commit first), PKV_EIO,
  * PKV_ENOMEM, PKV_ECORRUPT (the file would not have passed load's checks: not written,
  * a library defect - please report it). A failing close or directory fsync after the
  * rename is PKV_EIO with the new file in place (durability unknown). */

@@ -10,7 +10,7 @@
  *   store/      pool.h <- spill.h, io.h, crc32c.h
  *   cache/      btable.h <- prefix.h <- cache.h (shared state);  geom.h (geometry)
  *   session/    session.h (struct pkv_session, pkvi_ctx)
- *   attention/  exec.h  decode.h;  persist/sfile.h
+ *   attention/  exec.h  pipeline.h  decode.h;  persist/sfile.h
  *   engine/     engine.h (for the tests: an engine's contexts)
  */
 #ifndef PAGEDKV_INTERNAL_H
@@ -33,6 +33,7 @@
 #include "cache/geom.h"
 #include "session/session.h"
 #include "attention/exec.h"
+#include "attention/pipeline.h"
 #include "attention/decode.h"
 #include "persist/sfile.h"
 #include "engine/engine.h"

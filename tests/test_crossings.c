@@ -5,7 +5,8 @@
  * under a budget or a budget alone, a prefix cache, 1 or 2 threads) run random
  * operations on random sessions (append, prefill, decode, batch, partial states,
  * truncate, fork, destroy, save + load, record tokens, sessions from the prefix
- * cache, shards) and the bad inputs of each call, against a model of each session.
+ * cache, shards, speculative verify + commit of a draft tree) and the bad inputs of
+ * each call, against a model of each session.
  *
  * The model is what the documentation promises, not the library's code: a session is
  * its shard's first position and, per layer, its length and the token id of every
@@ -67,6 +68,7 @@ typedef struct {
     bool quant_dot;
     long checks, failures_checked, saves;
     long window_refusals, shard_saves, prefix_hits, spilled, enomem; /* what was reached */
+    long verified;         /* verify + commit steps that succeeded */
 } world;
 
 /* ---- the model ------------------------------------------------------------------------- */
@@ -468,6 +470,95 @@ static void op_write(world *w, slot *s, uint32_t l, uint32_t n, bool prefill)
     free(o);
 }
 
+/* Verify a small random tree on every layer, then keep a random root-to-node path of
+ * it (or none): the kept rows become the model's next positions (the other drafts
+ * hold rows no position has), and the last kept draft's verify output is, to the bit,
+ * the decode after the commit. While the drafts are pending an append is PKV_ESTATE
+ * and changes nothing. */
+static void op_verify(world *w, slot *s)
+{
+    enum { NMAX = 4 };
+    const uint32_t n = 1 + pkvt_below(&w->r, NMAX);
+    for (uint32_t l = 0; l < NL; l++)
+        if (s->len[l] + n > s->first + MAX_NEW)
+            return;
+    int32_t par[NMAX];
+    uint32_t depth[NMAX], path[NMAX], n_keep = 0;
+    bool on_path[NMAX] = {false};
+    for (uint32_t i = 0; i < n; i++) {
+        par[i] = (int32_t)pkvt_below(&w->r, i + 1) - 1;
+        depth[i] = par[i] < 0 ? 0 : depth[par[i]] + 1;
+    }
+    if (pkvt_below(&w->r, 4)) { /* a node and its ancestors, root first */
+        int32_t x = (int32_t)pkvt_below(&w->r, n);
+        n_keep = depth[x] + 1;
+        for (uint32_t j = n_keep; j-- > 0; x = par[x]) {
+            path[j] = (uint32_t)x;
+            on_path[x] = true;
+        }
+    }
+    const size_t gk = (size_t)w->g * w->d, gv = (size_t)w->g * w->dv;
+    const size_t qd = (size_t)w->h * w->d, od = (size_t)w->h * w->dv;
+    float *k = pkvt_calloc(n, gk * sizeof(float)), *v = pkvt_calloc(n, gv * sizeof(float));
+    float *q = pkvt_calloc(n, qd * sizeof(float));
+    float *o = pkvt_calloc((size_t)NL * n, od * sizeof(float));
+    uint64_t len0[NL];
+    snap *before = malloc(sizeof *before);
+    ck_assert_ptr_nonnull(before);
+    take(w, s, before);
+    pkv_status st = PKV_OK;
+    uint32_t verified = 0;
+    for (; verified < NL && st == PKV_OK; verified += st == PKV_OK) {
+        const uint32_t l = verified;
+        len0[l] = s->len[l];
+        for (uint32_t i = 0; i < n; i++) {
+            const uint64_t p = s->len[l] + depth[i];
+            const int32_t id = on_path[i] ? id_at(w, s, p) : 100000 + (int32_t)i;
+            row_of(w, id, p, l, k + i * gk, v + i * gv);
+            memcpy(q + i * qd, query(w, (uint32_t)p + 7 * i), qd * sizeof(float));
+        }
+        st = pkv_verify(s->s, l, n, par, q, k, v, o + (size_t)l * n * od);
+    }
+    if (st == PKV_OK) {
+        snap *mid = malloc(sizeof *mid);
+        ck_assert_ptr_nonnull(mid);
+        take(w, s, mid);
+        failed(w, pkv_append(s->s, 0, k, v), PKV_ESTATE, "pkv_append");
+        unchanged(w, s, mid, "an append while drafts are pending");
+        free(mid);
+        st = pkv_session_commit(s->s, n_keep, path);
+    }
+    if (st != PKV_OK) {
+        ck_assert_msg(out_of_room(w, st), "verify/commit: %s (seed %llu)", pkv_status_str(st),
+                      (unsigned long long)w->seed);
+        w->enomem++;
+        const pkv_status drop = pkv_session_commit(s->s, 0, NULL); /* never fails */
+        ck_assert(drop == (verified ? PKV_OK : PKV_ESTATE));
+        if (verified == 0)
+            unchanged(w, s, before, "a failed verify");
+    } else {
+        w->verified++;
+        for (uint32_t l = 0; l < NL; l++) {
+            s->len[l] += n_keep;
+            release(w, s, l);
+        }
+        for (uint32_t l = 0; n_keep && l < NL; l++) {
+            const uint32_t i = path[n_keep - 1];
+            float out[64 * 64];
+            ck_assert_int_eq(pkv_decode(s->s, l, query(w, (uint32_t)(len0[l] + depth[i]) +
+                                                          7 * i), out), PKV_OK);
+            ck_assert_msg(memcmp(out, o + ((size_t)l * n + i) * od, od * sizeof(float)) == 0,
+                          "layer %u: the kept draft's verify output differs from the decode "
+                          "after commit (seed %llu)", l, (unsigned long long)w->seed);
+        }
+    }
+    free(before);
+    free(k);
+    free(v);
+    free(q);
+    free(o);
+}
+
 static void op_truncate(world *w, slot *s)
 {
     const uint64_t top = max_len(s);
@@ -828,6 +919,8 @@ static void walk(world *w, int ops)
             op_batch(w);
         } else if (k < 87) {
             op_bad(w, s);
+        } else if (k < 90) {
+            op_verify(w, s);
         } else {
             check_decode(w, s, l, "decode");
         }
@@ -857,7 +950,7 @@ START_TEST(crossings_hold)
     snprintf(w->path, sizeof w->path, "%s/s.pkv", w->dir);
     snprintf(w->junk, sizeof w->junk, "%s/junk", w->dir);
     pkvt_write_file(w->junk, "\x89PKV no session file", 20);
-    long checks = 0, fails = 0, saves = 0, reached[5] = {0};
+    long checks = 0, fails = 0, saves = 0, reached[6] = {0};
     for (int i = 0; i < engines; i++) {
         memset(w->sl, 0, sizeof w->sl);
         w->seed = pkvt_seed() + (uint64_t)i * 0x1000193u;
@@ -865,6 +958,7 @@ START_TEST(crossings_hold)
         make_engine(w, i);
         w->checks = w->failures_checked = w->saves = 0;
         w->window_refusals = w->shard_saves = w->prefix_hits = w->spilled = w->enomem = 0;
+        w->verified = 0;
         walk(w, ops);
         checks += w->checks;
         fails += w->failures_checked;
@@ -874,6 +968,7 @@ START_TEST(crossings_hold)
         reached[2] += w->prefix_hits;
         reached[3] += w->spilled;
         reached[4] += w->enomem;
+        reached[5] += w->verified;
         for (int j = 0; j < SLOTS; j++)
             if (w->sl[j].s)
                 op_destroy(&w->sl[j]);
@@ -886,13 +981,13 @@ START_TEST(crossings_hold)
     fprintf(stderr, "crossings: %d engines, %ld reference checks, %ld refused calls, %ld "
                     "saves loaded; reached: %ld truncates refused by a window, %ld shard "
                     "saves, %ld prefix hits, %ld steps with spilled pages, %ld appends out "
-                    "of budget\n", engines, checks, fails, saves, reached[0], reached[1],
-            reached[2], reached[3], reached[4]);
+                    "of budget, %ld verify + commit steps\n", engines, checks, fails, saves,
+            reached[0], reached[1], reached[2], reached[3], reached[4], reached[5]);
     ck_assert_int_gt(checks, engines * 10);
     ck_assert_int_gt(fails, engines);
     ck_assert_int_gt(saves, engines / 2);
     if (!pkvt_quick()) /* the full walk reaches every crossing */
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 6; i++)
             ck_assert_msg(reached[i] > 0, "crossing %d never reached (seed %llu)", i,
                           (unsigned long long)pkvt_seed());
     pkvt_remove_dir(w->dir);

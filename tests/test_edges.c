@@ -388,6 +388,51 @@ START_TEST(every_failure_names_its_call)
     FAILS("pkv_session_discard", PKV_ERANGE, pkv_session_discard(s, 13, 13));
     FAILS("pkv_session_discard", PKV_EINVAL, pkv_session_discard(s, 9, 10)); /* no rope */
 
+    /* pkv_verify and pkv_session_commit (docs/speculative.md): the sizes and trees they
+     * refuse, and what the other calls say while drafts are pending */
+    float qd[3 * 16], kd[3 * 8], vd[3 * 8], od[3 * 16];
+    pkvt_fill(&r, qd, 48, -1, 1);
+    pkvt_fill(&r, kd, 24, -1, 1);
+    pkvt_fill(&r, vd, 24, -1, 1);
+    const int32_t tree[3] = {-1, 0, 0}, chain[3] = {-1, 0, 1};
+    const int32_t bad[4][2] = {{0, 0}, {-2, 0}, {INT32_MIN, 0}, {-1, 1}};
+    FAILS("pkv_verify", PKV_EINVAL, pkv_verify(s, 2, 3, tree, qd, kd, vd, od));
+    FAILS("pkv_verify", PKV_EINVAL, pkv_verify(s, 0, 0, tree, qd, kd, vd, od));
+    FAILS("pkv_verify", PKV_EINVAL,
+          pkv_verify(s, 0, PKV_VERIFY_MAX_DRAFTS + 1, tree, qd, kd, vd, od));
+    FAILS("pkv_verify", PKV_EINVAL, pkv_verify(s, 0, UINT32_MAX, tree, qd, kd, vd, od));
+    FAILS("pkv_verify", PKV_EINVAL, pkv_verify(s, 0, 3, NULL, qd, kd, vd, od));
+    FAILS("pkv_verify", PKV_EINVAL, pkv_verify(s, 0, 3, tree, NULL, kd, vd, od));
+    FAILS("pkv_verify", PKV_EINVAL, pkv_verify(s, 0, 3, tree, qd, kd, vd, NULL));
+    for (int i = 0; i < 4; i++)
+        FAILS("pkv_verify", PKV_EINVAL, pkv_verify(s, 0, 2, bad[i], qd, kd, vd, od));
+    FAILS("pkv_session_commit", PKV_ESTATE, pkv_session_commit(s, 0, NULL));
+    ck_assert_int_eq(pkv_verify(s, 0, 3, tree, qd, kd, vd, od), PKV_OK);
+    const uint32_t p_past[1] = {3}, p_huge[1] = {UINT32_MAX}, p_child[1] = {1};
+    const uint32_t p_twice[2] = {0, 0}, p_keep[2] = {0, 2};
+    FAILS("pkv_session_commit", PKV_EINVAL, pkv_session_commit(s, 4, p_keep));
+    FAILS("pkv_session_commit", PKV_EINVAL, pkv_session_commit(s, UINT32_MAX, p_keep));
+    FAILS("pkv_session_commit", PKV_EINVAL, pkv_session_commit(s, 1, NULL));
+    FAILS("pkv_session_commit", PKV_EINVAL, pkv_session_commit(s, 1, p_past));
+    FAILS("pkv_session_commit", PKV_EINVAL, pkv_session_commit(s, 1, p_huge));
+    FAILS("pkv_session_commit", PKV_EINVAL, pkv_session_commit(s, 1, p_child));
+    FAILS("pkv_session_commit", PKV_EINVAL, pkv_session_commit(s, 2, p_twice));
+    /* while drafts are pending (stale_reason's truncate would say so too: another
+     * call's reason first) */
+    ck_assert_int_eq(pkv_session_memory(s, NULL), PKV_EINVAL);
+    named(&w, "pkv_append", pkv_append(s, 0, k, v), PKV_ESTATE, __LINE__);
+    FAILS("pkv_prefill", PKV_ESTATE, pkv_prefill(s, 0, 1, q, k, v, out));
+    FAILS("pkv_session_fork", PKV_ESTATE, pkv_session_fork(s, &x));
+    FAILS("pkv_session_truncate", PKV_ESTATE, pkv_session_truncate(s, 12));
+    FAILS("pkv_session_save", PKV_ESTATE, pkv_session_save(s, path));
+    /* two layers verified with different trees: made one again by a verify */
+    ck_assert_int_eq(pkv_verify(s, 1, 3, chain, qd, kd, vd, od), PKV_OK);
+    FAILS("pkv_session_commit", PKV_ESTATE, pkv_session_commit(s, 2, p_keep));
+    ck_assert_int_eq(pkv_verify(s, 1, 3, tree, qd, kd, vd, od), PKV_OK);
+    ck_assert_int_eq(pkv_session_commit(s, 2, p_keep), PKV_OK);
+    ck_assert_uint_eq(pkv_session_len(s, 0), 14);
+    ck_assert_uint_eq(pkv_session_len(s, 1), 2);
+
     /* calls that succeed leave the reason as it was */
     char before[256], after[256];
     stale_reason(&w, "-");
@@ -618,6 +663,91 @@ START_TEST(extremes_of_positions_and_sizes)
 }
 END_TEST
 
+/* pkv_verify's n from 1 to PKV_VERIFY_MAX_DRAFTS, as a chain and as roots; commit's
+ * n_keep from 0 to the tree's depth; a refused verify or commit leaves the session,
+ * and a tree pending before it, as they were. */
+START_TEST(extremes_of_verify_and_commit)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed());
+    pkv_config c = pkvt_config(2, 4, 2, 4, 2, PKV_F32);
+    c.n_threads = 1;
+    pkv_engine *e = pkvt_engine_cfg(&c);
+    pkv_session *s = pkvt_session(e);
+    for (uint32_t l = 0; l < 2; l++)
+        pkvt_append_random(s, &r, l, 5, 1, 1);
+    enum { N = PKV_VERIFY_MAX_DRAFTS };
+    float *q = pkvt_alloc(N * 16 * sizeof(float)), *k = pkvt_alloc(N * 8 * sizeof(float));
+    float *v = pkvt_alloc(N * 8 * sizeof(float)), *out = pkvt_alloc(N * 16 * sizeof(float));
+    int32_t *par = pkvt_alloc(N * sizeof(int32_t));
+    uint32_t *path = pkvt_alloc(N * sizeof(uint32_t));
+    pkvt_fill(&r, q, N * 16, -1, 1);
+    pkvt_fill(&r, k, N * 8, -1, 1);
+    pkvt_fill(&r, v, N * 8, -1, 1);
+    snap a = take(s, q), b;
+
+    /* n 1: verified, then dropped (n_keep 0, path NULL): nothing changed */
+    par[0] = -1;
+    ck_assert_int_eq(pkv_verify(s, 1, 1, par, q, k, v, out), PKV_OK);
+    ck_assert_uint_eq(pkv_session_len(s, 1), 5);
+    ck_assert_int_eq(pkv_session_commit(s, 0, NULL), PKV_OK);
+    b = take(s, q);
+    same(&a, &b, "verify of 1 and commit of 0");
+    ck_assert_int_eq(pkv_session_commit(s, 0, NULL), PKV_ESTATE);
+
+    /* bad parents and sizes with no tree pending: nothing changed */
+    const int32_t wrong[5] = {1, 2, -2, INT32_MIN, INT32_MAX};
+    for (int i = 0; i < 5; i++) {
+        par[0] = -1;
+        par[1] = wrong[i];
+        ck_assert_int_eq(pkv_verify(s, 1, 2, par, q, k, v, out), PKV_EINVAL);
+    }
+    ck_assert_int_eq(pkv_verify(s, 1, N + 1, par, q, k, v, out), PKV_EINVAL);
+    b = take(s, q);
+    same(&a, &b, "refused verifies");
+
+    /* n PKV_VERIFY_MAX_DRAFTS as a chain: n_keep past it is refused, the tree stays
+     * pending through a refused verify, and the whole chain is kept */
+    for (uint32_t i = 0; i < N; i++) {
+        par[i] = (int32_t)i - 1;
+        path[i] = i;
+    }
+    ck_assert_int_eq(pkv_verify(s, 1, N, par, q, k, v, out), PKV_OK);
+    /* a discard would move rows under the pending drafts: refused before anything */
+    ck_assert_int_eq(pkv_session_discard(s, 0, 1), PKV_ESTATE);
+    ck_assert_uint_eq(pkv_session_len(s, 1), 5);
+    ck_assert_int_eq(pkv_session_commit(s, N + 1, path), PKV_EINVAL);
+    ck_assert_int_eq(pkv_session_commit(s, UINT32_MAX, path), PKV_EINVAL);
+    par[N - 1] = N - 1;
+    ck_assert_int_eq(pkv_verify(s, 1, N, par, q, k, v, out), PKV_EINVAL);
+    par[N - 1] = N - 2;
+    ck_assert_int_eq(pkv_session_commit(s, N, path), PKV_OK);
+    ck_assert_uint_eq(pkv_session_len(s, 1), 5 + N);
+    ck_assert_uint_eq(pkv_session_len(s, 0), 5);
+
+    /* n PKV_VERIFY_MAX_DRAFTS roots: a path is one of them */
+    for (uint32_t i = 0; i < N; i++)
+        par[i] = -1;
+    ck_assert_int_eq(pkv_verify(s, 0, N, par, q, k, v, out), PKV_OK);
+    path[0] = 0;
+    path[1] = 1;
+    ck_assert_int_eq(pkv_session_commit(s, 2, path), PKV_EINVAL);
+    path[0] = N - 1;
+    ck_assert_int_eq(pkv_session_commit(s, 1, path), PKV_OK);
+    ck_assert_uint_eq(pkv_session_len(s, 0), 6);
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(par);
+    free(path);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+}
+END_TEST
+
 /* The engine-free calls at their size extremes: zero sizes are EINVAL (or 0), sizes
  * whose products overflow are refused before any buffer is read. */
 /* ---- extremes of RoPE and discard (SPEC §14) ------------------------------------------ */
@@ -736,6 +866,7 @@ int main(void)
     tcase_add_test(tc, every_failure_names_its_call);
     tcase_add_test(tc, extremes_of_positions_and_sizes);
     tcase_add_test(tc, extremes_of_rope_and_discard);
+    tcase_add_test(tc, extremes_of_verify_and_commit);
     tcase_add_test(tc, extremes_of_the_engine_free_calls);
     suite_add_tcase(s, tc);
     return pkvt_run(s);

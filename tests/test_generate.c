@@ -794,6 +794,86 @@ START_TEST(synthetic_prefix_and_save)
 }
 END_TEST
 
+/* --speculate K [--tree]: the text is plain generation's, byte for byte (greedy and
+ * sampled, every dtype, a window, small pages), and the drafts are counted; bad
+ * combinations are usage errors. `model` runs stories260K, else the synthetic model. */
+static void speculate_same_text(bool model)
+{
+    static const char *const runs[][8] = {
+        {"-t", "0", "--dtype", "f32", "--block-tokens", "16", NULL},
+        {"-t", "0", "--dtype", "q8", "--block-tokens", "3", NULL},
+        {"-t", "0", "--dtype", "q4", "--block-tokens", "5", NULL},
+        {"-t", "0.8", "--seed", "7", "--dtype", "f16", NULL},
+        {"-t", "0", "--window", "40", "--sinks", "2", NULL},
+    };
+    static const char *const spec[][4] = {{"--speculate", "4", NULL, NULL},
+                                          {"--speculate", "6", "--tree", NULL}};
+    const size_t nr = pkvt_quick() ? 2 : sizeof runs / sizeof *runs;
+    for (size_t i = 0; i < nr; i++) {
+        const char *a[32];
+        size_t n = 0;
+        a[n++] = "generate";
+        if (model) {
+            a[n++] = "--model", a[n++] = model_path;
+            a[n++] = "--tokenizer", a[n++] = tok_path;
+        }
+        a[n++] = "-n", a[n++] = model ? "200" : "120";
+        a[n++] = "-i", a[n++] = "Once upon a time, there was a little girl. Once upon a";
+        for (size_t k = 0; runs[i][k]; k++)
+            a[n++] = runs[i][k];
+        a[n] = NULL;
+        pkvt_proc plain = pkvt_tool(a, NULL);
+        ck_assert_msg(plain.status == 0, "exit %d: %s", plain.status, plain.err);
+        for (size_t j = 0; j < 2; j++) {
+            size_t m = n;
+            for (size_t k = 0; spec[j][k]; k++)
+                a[m++] = spec[j][k];
+            a[m] = NULL;
+            pkvt_proc sp = pkvt_tool(a, NULL);
+            ck_assert_msg(sp.status == 0, "exit %d: %s", sp.status, sp.err);
+            ck_assert_msg(strcmp(plain.out, sp.out) == 0,
+                          "run %zu %s %s: the text differs:\n%s\n---\n%s", i, spec[j][0],
+                          spec[j][1], plain.out, sp.out);
+            ck_assert_msg(strstr(sp.err, "speculate: K ") && strstr(sp.err, " accepted"),
+                          "stderr: %s", sp.err);
+            pkvt_proc_free(&sp);
+        }
+        pkvt_proc_free(&plain);
+    }
+    const char *const tree_alone[] = {"generate", "--tree", NULL};
+    pkvt_proc r = pkvt_tool(tree_alone, NULL);
+    ck_assert_msg(r.status == 2 && strstr(r.err, "--speculate"), "%d %s", r.status, r.err);
+    pkvt_proc_free(&r);
+    const char *const with_sessions[] = {"generate", "--speculate", "2", "--sessions", "2",
+                                         NULL};
+    r = pkvt_tool(with_sessions, NULL);
+    ck_assert_msg(r.status == 2, "%d %s", r.status, r.err);
+    pkvt_proc_free(&r);
+}
+
+START_TEST(synthetic_speculate)
+{
+    speculate_same_text(false);
+}
+END_TEST
+
+START_TEST(stories_speculate)
+{
+    model_files();
+    speculate_same_text(true);
+    /* the JSON counts: a repetitive story accepts some drafts */
+    pkvt_proc r = pkvt_tool(ARGS("--model", model_path, "--tokenizer", tok_path, "-t", "0",
+                                 "-n", "200", "-i", "Once upon a time", "--speculate", "4",
+                                 "--json"),
+                            NULL);
+    ck_assert_msg(r.status == 0 && pkvt_json_u64(r.out, "speculate.drafts_proposed") > 0 &&
+                      pkvt_json_u64(r.out, "speculate.drafts_accepted") > 0 &&
+                      pkvt_json_u64(r.out, "speculate.verify_calls") > 0,
+                  "JSON: %s", r.out);
+    pkvt_proc_free(&r);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("generate");
@@ -807,6 +887,7 @@ int main(void)
     tcase_add_test(tc, synthetic_variants);
     tcase_add_test(tc, synthetic_prefix_and_save);
     tcase_add_test(tc, synthetic_context_shift);
+    tcase_add_test(tc, synthetic_speculate);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("stories260K");
     tcase_set_timeout(tm, 240);
@@ -821,6 +902,7 @@ int main(void)
     tcase_add_test(tm, stories_stop_reasons);
     tcase_add_test(tm, stories_window_unchanged);
     tcase_add_test(tm, stories_window_bounded);
+    tcase_add_test(tm, stories_speculate);
     pkvt_add_tcase_needing(s, tm, "stories260K", "model");
     return pkvt_run(s);
 }

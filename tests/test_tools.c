@@ -541,6 +541,44 @@ START_TEST(stress_json_random)
 END_TEST
 
 /* --decode-every adds exactly its multiples to the log-spaced lengths. */
+/* The many-query rows (docs/speculative.md): bench --verify/--shared give a row each
+ * with positive times and their roofline, in the JSON envelope; stress --verify/--shared
+ * time them at every decode point and leave the memory check exact. */
+START_TEST(many_query_rows)
+{
+    pkvt_proc p;
+    p = pkvt_tool((const char *[]){"bench", "--verify", "4", "--shared", "3", "--json",
+                                  "--preset", "mqa", "--ctx", "300", "--private", "20",
+                                  "--threads", "1", "--reps", "1", "--bw-mib", "64", NULL},
+                  NULL);
+    ck_assert_msg(p.status == 0 && pkvt_json_valid(p.out), "bench: exit %d: %s%s", p.status,
+                  p.out, p.err);
+    ck_assert_msg(pkvt_json_is(p.out, "command", "\"bench\""), "%s", p.out);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "rows"), 2);
+    const char *pos[] = {"rows[0].us", "rows[0].replaced_us", "rows[0].roofline_fraction",
+                         "rows[1].us", "rows[1].replaced_us", "rows[1].roofline_fraction"};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        ck_assert_msg(pkvt_json_num(p.out, pos[i]) > 0, "%s is not positive: %s", pos[i],
+                      p.out);
+    pkvt_proc_free(&p);
+    p = pkvt_tool((const char *[]){"stress", "--ctx", "200", "--heads", "4", "--kv-heads", "2",
+                                  "--head-dim", "16", "--block-tokens", "5", "--points", "3",
+                                  "--reps", "1", "--verify", "5", "--shared", "3", "--json",
+                                  "--quiet", NULL}, NULL);
+    ck_assert_msg(p.status == 0 && pkvt_json_valid(p.out), "stress: exit %d: %s%s", p.status,
+                  p.out, p.err);
+    const char *sp[] = {"decode.points[2].verify_us", "decode.points[2].k_decodes_us",
+                        "decode.points[2].shared_batch_us",
+                        "decode.points[2].separate_decodes_us"};
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++)
+        ck_assert_msg(pkvt_json_num(p.out, sp[i]) > 0, "%s is not positive: %s", sp[i], p.out);
+    pkvt_proc_free(&p);
+    static const bad_args rows[] = {{{"--verify", "17"}, "--verify"},
+                                    {{"--shared", "1"}, "--shared"}};
+    expect_usage_errors("stress", rows, sizeof rows / sizeof rows[0]);
+}
+END_TEST
+
 START_TEST(stress_decode_every)
 {
     pkvt_proc p;
@@ -1071,6 +1109,7 @@ int main(void)
     tcase_add_test(tr, block_dtypes);
     tcase_add_test(tr, stress_json_random);
     tcase_add_test(tr, stress_decode_every);
+    tcase_add_test(tr, many_query_rows);
     tcase_add_test(tr, stress_spill);
     tcase_add_test(tr, stress_sigint);
     tcase_add_test(tr, memory_guard);

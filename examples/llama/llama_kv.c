@@ -62,6 +62,11 @@ pkv_status llama_kv_attn(void *ctx, uint32_t layer, uint32_t n, float *q, const 
     const size_t kv_dim = kv->kv_dim, q_dim = kv->q_dim;
     pkv_status st;
 
+    /* drafts: n tokens of one session as a tree, pending until the caller commits */
+    if (kv->tree) {
+        st = pkv_verify(kv->rows[0], layer, n, kv->tree, q, k, v, out);
+        return st == PKV_OK ? st : failed(kv, "pkv_verify", layer, st);
+    }
     /* a prompt: n positions of one session, attended causally in one call */
     if (kv->prefill) {
         const uint64_t p0 = pkv_session_len(kv->rows[0], layer);

@@ -4,10 +4,12 @@
  * of it. With llama.h and tokenizer.h this is the whole generator a program copies;
  * it uses include/pagedkv.h alone.
  *
- * Owns: the mapping from a llama_config to a pkv_config, and the two ways a forward
+ * Owns: the mapping from a llama_config to a pkv_config, and the three ways a forward
  * pass meets the cache: a prompt (n consecutive positions of one session, one
- * pkv_prefill per layer) and a decode step (one new token in each of n sessions: a
- * pkv_append per row, then pkv_decode, or pkv_decode_batch for n > 1).
+ * pkv_prefill per layer), a decode step (one new token in each of n sessions: a
+ * pkv_append per row, then pkv_decode, or pkv_decode_batch for n > 1: sessions that
+ * share pages, forks of one prompt, read them once), and a speculative step (n draft
+ * tokens of one session as a tree, one pkv_verify per layer; docs/speculative.md).
  * Does not own: the engine and sessions (the caller creates and destroys them), the
  * rows' sessions list (the caller fills kv->rows before each step).
  *
@@ -48,6 +50,10 @@ typedef struct {
     pkv_session **rows;   /* [n] the session of each row of the next forward (prefill:
                              rows[0] takes every row) */
     bool prefill;         /* rows are consecutive positions of rows[0] (a prompt) */
+    const int32_t *tree;  /* non-NULL: rows are draft tokens of rows[0] as a tree,
+                             tree[r] the parent row of row r or -1 (pkv_verify; the
+                             caller commits the accepted path with
+                             pkv_session_commit after the forward) */
     /* after a failure: the call that failed and its layer */
     const char *failed;
     uint32_t failed_layer;

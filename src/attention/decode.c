@@ -1,465 +1,53 @@
 /*
- * decode.c - the attention pipeline: pkv_decode, pkv_decode_batch, pkv_prefill and
- * the shard calls pkv_decode_partial / pkv_merge_partials (docs/sharding.md) as one
- * pipeline of split-K tasks over fixed page chunks, run on the engine's threads and
- * merged in a fixed order.
+ * decode.c - the public calls of the attention pipeline (pipeline.c) that read cached
+ * positions: pkv_decode, pkv_decode_batch, pkv_prefill and the shard calls
+ * pkv_decode_partial / pkv_merge_partials (docs/sharding.md). pkv_verify, which reads
+ * drafts as well, is verify.c's.
  *
- * Owns the work decomposition and the merge. Works from the narrow contexts a session
- * carries (session.h): the geometry (cache/geom.h), the executor (attention/exec.h)
- * and the error sink; the calls that take an engine handle reach it through engine.c.
- * The per-page arithmetic is the kernel's (kernels/); residency and the reservation a
- * prefill writes through are session/residency.c's and session/write.c's; a layer's
- * page data is read through btable.c's array, once per query set, while the layer is
- * pinned.
+ * Owns how each call becomes query sets: a decode is a set of one query; a batch is a
+ * set per group of sessions that hold the same pages (forks, prefix-cache sessions:
+ * each page they share is read once for all of them, and those of a session alone as
+ * a set of one); a prefill is a set per page-sized tile of queries. Works from the
+ * narrow contexts a session carries (session.h): the geometry (cache/geom.h), the
+ * executor (attention/exec.h) and the error sink; the calls that take an engine handle
+ * reach it through engine.c. Residency and the reservation a prefill writes through
+ * are session/residency.c's and session/write.c's; a layer's page data is read
+ * through btable.c's array, once per call, while the layer is pinned.
  *
- * One pipeline. Its unit is a query set: nq consecutive queries of one session, at
- * the layer's last nq positions, all in its last page. A decode is a set of one
- * query; a batch is n such sets; a prefill is a set per page-sized tile of queries.
- * A set's H = nq * hg heads of a group go through the kernel as one group of H heads
- * (each K/V row is loaded once for all of them), except on the last page, where query
- * j sees only its first positions and runs alone. Per head the arithmetic is that of a
- * decode of one query: single, batched and prefill results are the same bits by
- * construction, not by a second implementation kept in step.
- *
- * Determinism (include/pagedkv.h; docs/sharding.md): the chunks are absolute. Chunk c
- * holds the pages [c * chunk_pages, (c + 1) * chunk_pages) of the layer - by position
- * alone, never by the length, the thread count, the batch or where a shard starts. What
- * a query attends is one or two runs of positions (a window's sinks and its window); a
- * run's chunks are the absolute chunks it meets, clipped to the run. The states of a
- * head are folded one by one in position order into a running state (m, l, acc) that
- * starts empty - or at (sigma, 1, 0), the learned sink logit, which is the fold of that
- * state into the empty one - by one thread, and out = acc / l at the end. The kernels
- * are page-local and head-local (kernels.h), so how a chunk's groups are cut into
- * tasks, how many heads share a kernel call and where calls split the pages do not
- * change a bit. So results are bitwise identical for any n_threads; and since a shard
- * boundary (pkv_shard_align) is a chunk boundary, the chunk states of several shards,
- * folded in position order, are the chunk states of the whole.
- *
- * Waves: a decode of any length needs only PKVI_MAX_CHUNKS chunk states of scratch.
- * The chunks are computed PKVI_MAX_CHUNKS at a time (a wave, in parallel), then each
- * (query, group) folds that wave's states into its running state. Folding is
- * sequential, so where a wave ends changes nothing either.
- *
- * Work: a task is (set, chunk, block of groups). One block holds every group unless
- * there are too few chunks to keep the threads busy; a task then walks each of its
- * pages front to back across the groups (pages are group-major), which is the stream
- * the hardware prefetcher follows (docs/performance.md, "The read side of one core").
- * Which chunk a
- * task index names is pkvi_chunk_order's: with T threads, consecutive tasks rotate over
- * T regions of the wave, so each thread streams one region of its own.
- *
- * Fold of a state (m', l', acc') into (m, l, acc):
- *     M = max(m, m');  a = exp(m - M);  b = exp(m' - M)
- *     l = l*a + l'*b;  acc = acc*a + acc'*b;  m = M;   finally out = acc / l.
+ * A batch's sets: its sessions sorted by their pages (so that sessions sharing pages
+ * sit side by side), then cut wherever two neighbours share no page, hold a different
+ * first position (shards) or, on a windowed layer, a different length (their windows
+ * differ), and wherever a set would exceed the kernels' head limit. The states of a
+ * stacked set live in the executor's batch scratch; when another call holds it (or it
+ * cannot grow) every session is a set of its own, which gives the same bits.
  */
 #include "attention/decode.h"
-#include "attention/exec.h"
+#include "attention/pipeline.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Sessions per pool run in a batch (bounds the stack tables below). */
-#define BATCH_MAX 64u
-/* Aim for at least this many tasks per thread when cutting chunks into group blocks. */
-#define TASKS_PER_THREAD 4u
+/* ---- a session's query --------------------------------------------------------------- */
 
-/* Floats of one (chunk, group) state block for H heads: m [H], l [H], acc [H][d]. */
-static size_t state_floats(uint32_t H, uint32_t d)
-{
-    return (size_t)H * ((size_t)d + 2);
-}
-
-/* Empty states for groups [g0, g0 + ng) of one chunk (blocks of sf floats). */
-static void states_clear(float *st, uint32_t ng, size_t sf, uint32_t H, uint32_t d)
-{
-    for (uint32_t i = 0; i < ng; i++, st += sf) {
-        for (uint32_t h = 0; h < H; h++) {
-            st[h] = -INFINITY;
-            st[H + h] = 0.0f;
-        }
-        memset(st + 2 * H, 0, (size_t)H * d * sizeof(float));
-    }
-}
-
-/*
- * Fold the state (mc, lc, ac[d]) into the running state (*m, *l, o[d]): the one
- * definition of the merge, for pkv_decode, prefill and pkv_merge_partials alike, so
- * their results agree to the bit. An empty state (mc = -inf, lc = 0: nothing attended) adds
- * nothing; the sink logit sigma as a first state (sigma, 1, 0) leaves exactly
- * (sigma, 1, 0), which is how the pipeline starts a head that has one.
- */
-static inline void fold_state(float *m, float *l, float *restrict o, float mc, float lc,
-                              const float *restrict ac, uint32_t d)
-{
-    if (mc == -INFINITY && lc == 0.0f) /* empty; a NaN l (NaN or inf in q) must not be
-                                          taken for empty: it poisons its head only */
-        return;
-    const float nm = fmaxf(*m, mc);
-    const float a = expf(*m - nm), w = expf(mc - nm);
-    *l = *l * a + lc * w;
-    /* by eight: independent lanes the compiler packs into vector instructions at -O2
-     * (the same multiply and add per element, so the same bits as one at a time) */
-    uint32_t x = 0;
-    for (; x + 8 <= d; x += 8)
-        for (uint32_t u = 0; u < 8; u++)
-            o[x + u] = o[x + u] * a + ac[x + u] * w;
-    for (; x < d; x++)
-        o[x] = o[x] * a + ac[x] * w;
-    *m = nm;
-}
-
-/* fold_state of a chunk state into the empty state (m = -inf, l = 0, o = 0) without
- * reading it, where mc is finite: a = e^-inf = 0 and w = e^0 = 1, so l = 0 * 0 + lc * 1
- * and o = 0 * 0 + ac * 1, which are lc + 0 and ac + 0 (-0 becomes +0): the same bits.
- * False, and nothing written, where mc is not finite (the caller folds). A decode
- * within one chunk (chunk_pages) needs no fold at all; this spares it the zeroing and
- * the fold's multiplies, about half of the merge (docs/performance.md, decision table:
- * first_state). */
-static inline bool first_state(float *m, float *l, float *restrict o, float mc, float lc,
-                               const float *restrict ac, uint32_t d)
-{
-    if (!isfinite(mc))
-        return false;
-    *m = mc;
-    *l = lc + 0.0f;
-    for (uint32_t x = 0; x < d; x++)
-        o[x] = ac[x] + 0.0f;
-    return true;
-}
-
-/* out[d] = o / l (zeros where nothing was attended: l == 0, only pkv_merge_partials
- * of empty states gets there). */
-static void finish_state(float l, const float *o, uint32_t d, float *out)
-{
-    for (uint32_t x = 0; x < d; x++)
-        out[x] = l != 0.0f ? o[x] / l : 0.0f;
-}
-
-/*
- * The chunk that a set's t-th chunk task walks when R threads share its C chunks of
- * one wave. The chunks are cut into R contiguous regions and consecutive tasks rotate
- * over them: threads that take tasks in turn from the pool's counter each walk one
- * region front to back, far from the others, instead of all walking neighbouring
- * chunks side by side (docs/performance.md, decision table: pkvi_chunk_order). Any
- * order gives the same bits: each chunk's arithmetic is its own and the fold runs in
- * chunk order.
- */
-uint32_t pkvi_chunk_order(uint32_t t, uint32_t C, uint32_t R)
-{
-    if (R > C)
-        R = C;
-    if (R <= 1)
-        return t;
-    const uint32_t q = (C + R - 1) / R;  /* chunks per region; the last may be short */
-    const uint32_t nr = (C + q - 1) / q; /* regions used: 2 .. R */
-    const uint32_t s = C - (nr - 1) * q; /* chunks of the last region: 1 .. q */
-    uint32_t k, r;                       /* the k-th chunk of region r */
-    if (t < s * nr) {                    /* rounds in which every region has a chunk */
-        k = t / nr;
-        r = t % nr;
-    } else {                             /* then the last region is done */
-        const uint32_t u = t - s * nr;
-        k = s + u / (nr - 1);
-        r = u % (nr - 1);
-    }
-    return r * q + k;
-}
-
-/* Group blocks per chunk: 1 when `tasks` chunks already give every thread enough to
- * do, else enough blocks for TASKS_PER_THREAD tasks a thread (at most g). */
-static uint32_t group_blocks(const pkvi_geom *geo, const pkvi_exec *x, bool parallel,
-                             uint64_t tasks)
-{
-    const uint64_t want = (uint64_t)x->n_threads * TASKS_PER_THREAD;
-    if (!parallel || tasks >= want)
-        return 1;
-    const uint64_t b = (want + tasks - 1) / tasks;
-    return b > geo->cfg.n_kv_heads ? geo->cfg.n_kv_heads : (uint32_t)b;
-}
-
-/* Groups [*g0, *g0 + *ng) of block b of nb. */
-static void block_groups(uint32_t g, uint32_t b, uint32_t nb, uint32_t *g0, uint32_t *ng)
-{
-    *g0 = (uint32_t)((uint64_t)b * g / nb);
-    *ng = (uint32_t)((uint64_t)(b + 1) * g / nb) - *g0;
-}
-
-/* ---- the pipeline ------------------------------------------------------------------ */
-
-/* Attended positions [p0, p1); the absolute chunks it meets are [c0, c0 + C). */
-typedef struct {
-    uint64_t p0, p1;
-    uint64_t c0, C;
-} run;
-
-/* nq queries of one session at the layer's last nq positions, all in its last page
- * (or, for pkv_decode_partial_at, one query at a later position). What they attend is
- * one run [first, len) - or, on a windowed layer (then nq == 1), the sink run
- * [first, min(sinks, lo)) and the window run [max(lo, first), len), lo = pos + 1 -
- * window; first is a shard's first position (0 for a whole session). */
-typedef struct {
-    const void *const *data;          /* the layer's page data (btable.c's array; the
-                                         layer pinned on spill engines) */
-    const pkv_layer_config *lc;       /* its variant */
-    uint64_t len;                     /* positions the last query sees */
-    uint64_t P;                       /* pages of the layer: ceil(len / bt) */
-    uint32_t nq, H;                   /* queries; heads per group, nq * hg */
-    run runs[2];                      /* in position order */
-    uint32_t n_runs;
-    uint64_t C;                       /* chunks of all runs */
-    bool sigma;                       /* starts from the layer's sink logits */
-    const float *qg;                  /* [g][H][dk] the queries, by group */
-    float *st;                        /* [1 + a wave's chunks][g] state blocks of H
-                                         heads: the running states, then the wave's */
-    float *out;                       /* [nq][h][dv]; NULL: copy states to `part` */
-    float *part;                      /* pkv_decode_partial: [C][h][dv + 2] */
-} qset;
-
-typedef struct {
-    const pkvi_geom *geo;
-    uint32_t n, blocks;               /* sets; group blocks per chunk */
-    uint32_t regions;                 /* pkvi_chunk_order's R: threads sharing the run */
-    uint64_t w0;                      /* first chunk of the wave, in every set */
-    const qset *sets;                 /* [n] */
-    uint32_t base[BATCH_MAX + 1];     /* first chunk task of each set */
-    uint32_t mbase[BATCH_MAX + 1];    /* first merge task of each set */
-} pipeline;
-
-/* Chunks of set Q in the wave from chunk w0 on. */
-static uint32_t wave_chunks(const qset *Q, uint64_t w0)
-{
-    if (Q->C <= w0)
-        return 0;
-    return Q->C - w0 < PKVI_MAX_CHUNKS ? (uint32_t)(Q->C - w0) : PKVI_MAX_CHUNKS;
-}
-
-/* Which set a task index belongs to (n <= BATCH_MAX: a linear scan). */
-static uint32_t set_of(const uint32_t *base, uint32_t task)
-{
-    uint32_t i = 0;
-    while (task >= base[i + 1])
-        i++;
-    return i;
-}
-
-/* Fold one chunk of one block of groups of one set into its partial states. */
-static void chunk_task(void *ctx, uint32_t task)
-{
-    const pipeline *j = ctx;
-    const pkvi_geom *geo = j->geo;
-    const uint32_t i = set_of(j->base, task);
-    const qset *Q = &j->sets[i];
-    const uint32_t g = geo->cfg.n_kv_heads, d = geo->cfg.head_dim, dv = geo->cfg.head_dim_v;
-    const uint32_t hg = geo->hg, H = Q->H;
-    const uint64_t bt = geo->cfg.block_tokens, cp = geo->chunk_pages;
-    /* task layout inside a set: chunk-major, group-block-minor */
-    const uint32_t t = task - j->base[i];
-    const uint32_t slot = pkvi_chunk_order(t / j->blocks, wave_chunks(Q, j->w0), j->regions);
-    uint32_t g0, ng;
-    block_groups(g, t % j->blocks, j->blocks, &g0, &ng);
-    /* the run the chunk belongs to, and its pages [first, end): the absolute chunk
-     * clipped to the run */
-    uint32_t r = 0;
-    uint64_t k = j->w0 + slot;
-    while (k >= Q->runs[r].C)
-        k -= Q->runs[r++].C;
-    const run *R = &Q->runs[r];
-    const uint64_t r_first = R->p0 / bt, r_end = (R->p1 + bt - 1) / bt;
-    const uint64_t c = R->c0 + k;
-    uint64_t first = c * cp, end = (c + 1) * cp;
-    if (first < r_first)
-        first = r_first;
-    if (end > r_end)
-        end = r_end;
-    const uint32_t row0 = first == r_first ? (uint32_t)(R->p0 % bt) : 0;
-    const uint32_t last = end == r_end ? (uint32_t)(R->p1 - (r_end - 1) * bt) : (uint32_t)bt;
-    const void *const *data = Q->data;
-
-    const size_t sf = state_floats(H, dv);
-    float *st = Q->st + ((size_t)(1 + slot) * g + g0) * sf;
-    states_clear(st, ng, sf, H, dv);
-    pkvi_kparams kp = geo->kp;
-    kp.hg = H;
-    kp.softcap = Q->lc->softcap;
-    const pkvi_heads x = {
-        .q = Q->qg + (size_t)g0 * H * d, .m = st, .l = st + H, .acc = st + 2 * (size_t)H,
-        .q_stride = (size_t)H * d, .st_stride = sf,
-    };
-    if (Q->nq == 1) { /* a decode: the last page is one more page of the walk */
-        if (row0) { /* a window starting inside its first page: that page alone, its
-                     * rows from row0 on (K and V bases moved by row0 rows) */
-            pkvi_kparams k1 = kp;
-            k1.v_offset =
-                (size_t)(bt - row0) * geo->row_bytes + (size_t)row0 * geo->row_bytes_v;
-            const void *one = (const char *)data[first] + (size_t)row0 * geo->row_bytes;
-            geo->kern->attend(&k1, &one, 1, (end == first + 1 ? last : (uint32_t)bt) - row0, g0,
-                            ng, &x);
-            first++;
-        }
-        if (end > first)
-            geo->kern->attend(&kp, data + first, (uint32_t)(end - first), last, g0, ng, &x);
-        return;
-    }
-    /* several queries (never windowed): all but the last page for all of them at once */
-    const uint64_t P = Q->P;
-    const uint64_t full_end = end == P ? P - 1 : end;
-    if (full_end > first)
-        geo->kern->attend(&kp, data + first, (uint32_t)(full_end - first), (uint32_t)bt, g0,
-                        ng, &x);
-    if (end == P) { /* the last page: each query up to and including its own position */
-        pkvi_kparams k1 = kp;
-        k1.hg = hg;
-        for (uint32_t q = 0; q < Q->nq; q++) {
-            const uint64_t pos = Q->len - Q->nq + q;
-            const pkvi_heads xq = {
-                .q = x.q + (size_t)q * hg * d, .m = x.m + (size_t)q * hg,
-                .l = x.l + (size_t)q * hg, .acc = x.acc + (size_t)q * hg * dv,
-                .q_stride = x.q_stride, .st_stride = sf,
-            };
-            geo->kern->attend(&k1, data + P - 1, 1, (uint32_t)(pos - (P - 1) * bt + 1), g0,
-                            ng, &xq);
-        }
-    }
-}
-
-
-/* Fold this wave's chunk states of one (set, query, group) in chunk order into its
- * running states; after the set's last wave, write out = acc / l. pkv_decode_partial
- * (out NULL) copies the wave's states to the caller's [chunk][head][dv + 2] instead. */
-static void merge_task(void *ctx, uint32_t task)
-{
-    const pipeline *j = ctx;
-    const pkvi_geom *geo = j->geo;
-    const uint32_t g = geo->cfg.n_kv_heads, dv = geo->cfg.head_dim_v, hg = geo->hg;
-    const uint32_t i = set_of(j->mbase, task);
-    const qset *Q = &j->sets[i];
-    const uint32_t t = task - j->mbase[i], q = t / g, group = t % g;
-    const uint32_t H = Q->H, nc = wave_chunks(Q, j->w0);
-    const size_t sf = state_floats(H, dv), cs = (size_t)g * sf;
-    const float *wave = Q->st + cs + (size_t)group * sf;
-    if (!Q->out) {
-        const size_t hs = (size_t)dv + 2, ps = (size_t)geo->cfg.n_heads * hs;
-        float *dst = Q->part + (j->w0 + Q->sigma) * ps + (size_t)group * hg * hs;
-        for (uint32_t c = 0; c < nc; c++, dst += ps) {
-            const float *b = wave + c * cs;
-            for (uint32_t h = 0; h < hg; h++) {
-                float *o = dst + h * hs;
-                o[0] = b[h];
-                o[1] = b[H + h];
-                memcpy(o + 2, b + 2 * (size_t)H + (size_t)h * dv, (size_t)dv * sizeof(float));
-            }
-        }
-        return;
-    }
-    float *run_st = Q->st + (size_t)group * sf;
-    const float *sigma = Q->sigma ? Q->lc->sink_logits + (size_t)group * hg : NULL;
-    for (uint32_t jh = q * hg; jh < (q + 1) * hg; jh++) {
-        float *m = run_st + jh, *l = run_st + H + jh;
-        float *o = run_st + 2 * (size_t)H + (size_t)jh * dv;
-        uint32_t c = 0;
-        if (j->w0 == 0) { /* the first wave: chunk 0's state where first_state can take
-                             it, else the empty state, or the sink logit's */
-            const float *ac0 = wave + 2 * (size_t)H + (size_t)jh * dv;
-            if (!sigma && nc > 0 && first_state(m, l, o, wave[jh], wave[H + jh], ac0, dv))
-                c = 1;
-            else {
-                *m = sigma ? sigma[jh - q * hg] : -INFINITY;
-                *l = sigma ? 1.0f : 0.0f;
-                memset(o, 0, (size_t)dv * sizeof(float));
-            }
-        }
-        for (; c < nc; c++) {
-            const float *b = wave + c * cs;
-            fold_state(m, l, o, b[jh], b[H + jh], b + 2 * (size_t)H + (size_t)jh * dv, dv);
-        }
-        if (j->w0 + nc == Q->C)
-            finish_state(*l, o, dv,
-                         Q->out + (size_t)q * geo->cfg.n_heads * dv +
-                             ((size_t)group * hg + (jh - q * hg)) * dv);
-    }
-}
-
-/* Run n <= BATCH_MAX query sets (their layers resident and pinned) to their outputs,
- * a wave of chunks at a time. */
-static void run_sets(const pkvi_geom *geo, pkvi_exec *x, uint32_t n, const qset *sets)
-{
-    pipeline j;
-    j.geo = geo;
-    j.n = n;
-    j.sets = sets;
-    /* work ~ K/V values x queries, counted as f16 bytes (2 a value), the unit the split
-     * thresholds were measured in: in cache, where they matter, a decode costs its
-     * arithmetic, which follows values, not stored bytes (Q4 has a quarter of f16's
-     * bytes and more work per value). In double: only a threshold, it cannot wrap. */
-    double bytes = 0;
-    const double value_bytes = 2.0 * ((double)geo->cfg.head_dim + (double)PKVI_DV(&geo->kp));
-    uint64_t waves_end = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (sets[i].C > waves_end)
-            waves_end = sets[i].C;
-        uint64_t attended = 0;
-        for (uint32_t r = 0; r < sets[i].n_runs; r++)
-            attended += sets[i].runs[r].p1 - sets[i].runs[r].p0;
-        bytes += (double)attended * geo->cfg.n_kv_heads * value_bytes * sets[i].nq;
-    }
-    const bool parallel = pkvi_exec_parallel(x, bytes);
-    pkvi_threads *pool = parallel ? x->threads : NULL;
-    j.regions = parallel ? x->n_threads : 1;
-    for (j.w0 = 0; j.w0 < waves_end; j.w0 += PKVI_MAX_CHUNKS) {
-        uint64_t chunks = 0;
-        for (uint32_t i = 0; i < n; i++)
-            chunks += wave_chunks(&sets[i], j.w0);
-        j.blocks = group_blocks(geo, x, parallel, chunks);
-        j.base[0] = j.mbase[0] = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            const uint32_t nc = wave_chunks(&sets[i], j.w0);
-            j.base[i + 1] = j.base[i] + nc * j.blocks;
-            j.mbase[i + 1] = j.mbase[i] + (nc ? sets[i].nq * geo->cfg.n_kv_heads : 0);
-        }
-        pkvi_threads_run(pool, j.base[n], chunk_task, &j);
-        pkvi_threads_run(pool, j.mbase[n], merge_task, &j);
-    }
-    pkvi_threads_call_done(x->threads);
-}
-
-/* A run of positions [p0, p1) and the absolute chunks it meets. */
-static run make_run(const pkvi_geom *geo, uint64_t p0, uint64_t p1)
-{
-    const uint64_t bt = geo->cfg.block_tokens, cp = geo->chunk_pages;
-    run r = {p0, p1, 0, 0};
-    if (p1 > p0) {
-        r.c0 = p0 / bt / cp;
-        r.C = (p1 - 1) / bt / cp - r.c0 + 1;
-    }
-    return r;
-}
-
-/* The set of the last nq positions of `layer` (all in its last page; nq == 1 on a
- * windowed layer), for a query at position pos (len - 1, or later for a shard that
- * holds earlier positions: pkv_decode_partial_at). */
-static qset last_queries(const pkvi_geom *geo, const pkvi_btable *t, uint32_t layer,
-                         uint32_t nq, uint64_t pos, const float *qg, float *st, float *out)
+/* The pages the query of a session at its last position reads: [first page, P). */
+static pkvi_qpages session_pages(const pkvi_geom *geo, const pkvi_btable *t)
 {
     const uint64_t bt = geo->cfg.block_tokens, len = pkvi_btable_len(t);
-    const uint64_t P = (len + bt - 1) / bt, first = pkvi_btable_first(t);
-    const pkv_layer_config *lc = &geo->layers[layer];
-    qset Q = {.data = pkvi_btable_data(t), .lc = lc, .len = len, .P = P, .nq = nq,
-              .H = nq * geo->hg, .sigma = lc->sink_logits && first == 0, .qg = qg,
-              .st = st, .out = out};
-    if (lc->window) {
-        const uint64_t lo = pkvi_window_lo(lc, pos);
-        const uint64_t sink_end = lc->sink_tokens < lo ? lc->sink_tokens : lo;
-        const uint64_t w_lo = lo > first ? lo : first;
-        if (sink_end > first)
-            Q.runs[Q.n_runs++] = make_run(geo, first, sink_end);
-        if (len > w_lo)
-            Q.runs[Q.n_runs++] = make_run(geo, w_lo, len);
-    } else {
-        Q.runs[Q.n_runs++] = make_run(geo, first, len);
-    }
-    for (uint32_t r = 0; r < Q.n_runs; r++)
-        Q.C += Q.runs[r].C;
+    const uint64_t P = (len + bt - 1) / bt;
+    const void *const *data = pkvi_btable_data(t);
+    return (pkvi_qpages){data, P, NULL, P, (uint32_t)(len - (P - 1) * bt)};
+}
+
+/* The set of one query of a session at position pos (len - 1, or later for a shard
+ * that holds earlier positions: pkv_decode_partial_at); seg is its one segment. */
+static pkvi_qset one_query(const pkvi_geom *geo, const pkvi_btable *t, uint32_t layer,
+                           uint64_t pos, const float *q, float *st, pkvi_seg *seg)
+{
+    const uint64_t bt = geo->cfg.block_tokens, first = pkvi_btable_first(t);
+    const pkvi_qpages qp = session_pages(geo, t);
+    *seg = (pkvi_seg){qp.head + first / bt, first / bt, qp.end, 0, 1, qp.last};
+    pkvi_qset Q = {.nq = 1, .H = geo->hg, .segs = seg, .n_segs = 1, .qg = q, .st = st};
+    pkvi_set_runs(geo, layer, first, pkvi_btable_len(t), pos, &Q);
     return Q;
 }
 
@@ -476,7 +64,7 @@ static int cmp_ptr(const void *a, const void *b)
  * would share its scratch). Pairwise for a small batch, else a sorted copy. */
 static pkv_status distinct(pkv_session *const *ss, uint32_t n)
 {
-    if (n <= BATCH_MAX) {
+    if (n <= PKVI_BATCH_MAX) {
         for (uint32_t i = 1; i < n; i++)
             for (uint32_t k = 0; k < i; k++)
                 if (ss[k] == ss[i])
@@ -496,9 +84,165 @@ static pkv_status distinct(pkv_session *const *ss, uint32_t n)
     return st;
 }
 
-/* Decode n queries, one per session: n sets of one query, BATCH_MAX per run. Every
- * session belongs to the engine whose contexts ctx names; `call` is the public call,
- * for the failure reasons. */
+/* One session of a batch: its pages, what decides which sessions may share a set,
+ * and its place in the batch. */
+typedef struct {
+    pkvi_qpages qp;
+    uint64_t first;          /* a shard's first position */
+    uint64_t wlen;           /* its length on a windowed layer, else 0 */
+    uint32_t slot;           /* index in the batch */
+} bquery;
+
+static bquery batch_query(const pkvi_geom *geo, const pkvi_btable *t, bool windowed,
+                          uint32_t slot)
+{
+    return (bquery){session_pages(geo, t), pkvi_btable_first(t),
+                    windowed ? pkvi_btable_len(t) : 0, slot};
+}
+
+/* Sessions by (first, wlen) and then by their pages' addresses, so that sessions
+ * holding the same pages sit side by side (the order decides only how many page
+ * reads sharing saves, never a result). */
+static int cmp_bquery(const void *pa, const void *pb)
+{
+    const bquery *a = pa, *b = pb;
+    if (a->first != b->first)
+        return a->first < b->first ? -1 : 1;
+    if (a->wlen != b->wlen)
+        return a->wlen < b->wlen ? -1 : 1;
+    const uint64_t end = a->qp.end < b->qp.end ? a->qp.end : b->qp.end;
+    for (uint64_t p = 0; p < end; p++) {
+        const uintptr_t x = (uintptr_t)a->qp.head[p], y = (uintptr_t)b->qp.head[p];
+        if (x != y)
+            return x < y ? -1 : 1;
+    }
+    if (a->qp.end != b->qp.end)
+        return a->qp.end < b->qp.end ? -1 : 1;
+    return (a->qp.last > b->qp.last) - (a->qp.last < b->qp.last);
+}
+
+/* The batch's sets, each a run of bq (sorted): their first query and size into
+ * start[] and size[]; returns how many. Stacked sets need the scratch. */
+static uint32_t batch_groups(const pkvi_geom *geo, const bquery *bq, uint32_t n,
+                             uint32_t *start, uint32_t *size)
+{
+    const uint32_t bt = geo->cfg.block_tokens;
+    const uint32_t cap = PKVI_MAX_GROUP_HEADS / geo->hg;
+    uint32_t ns = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (ns > 0 && size[ns - 1] < cap && bq[i].first == bq[i - 1].first &&
+            bq[i].wlen == bq[i - 1].wlen) {
+            const uint64_t p0 = bq[i].first / bt;
+            if (pkvi_qpages_common(&bq[i - 1].qp, &bq[i].qp, p0, bt) > p0) {
+                size[ns - 1]++;
+                continue;
+            }
+        }
+        start[ns] = i;
+        size[ns++] = 1;
+    }
+    return ns;
+}
+
+/* Run nb <= PKVI_BATCH_MAX sessions' queries (their layer pinned): stacked where they
+ * share pages and the scratch is free, else one set each. */
+static void run_batch(const pkvi_ctx *ctx, uint32_t layer, uint32_t nb,
+                      pkv_session *const *ss, const float *q, float *out)
+{
+    const pkvi_geom *geo = ctx->geom;
+    pkvi_exec *x = ctx->exec;
+    const uint32_t g = geo->cfg.n_kv_heads, d = geo->cfg.head_dim, hg = geo->hg;
+    const uint32_t bt = geo->cfg.block_tokens;
+    const size_t qd = (size_t)geo->cfg.n_heads * d;
+    bquery bq[PKVI_BATCH_MAX];
+    uint32_t start[PKVI_BATCH_MAX], size[PKVI_BATCH_MAX], slot[PKVI_BATCH_MAX];
+    pkvi_seg segs[4 * PKVI_BATCH_MAX];
+    pkvi_qset sets[PKVI_BATCH_MAX];
+    const bool windowed = geo->layers[layer].window != 0;
+    for (uint32_t i = 0; i < nb; i++)
+        bq[i] = batch_query(geo, ss[i]->layers[layer], windowed, i);
+    uint32_t ns = nb;
+    float *scratch = NULL;
+    uint32_t wave = PKVI_MAX_CHUNKS;
+    if (nb > 1 && !x->no_share) {
+        qsort(bq, nb, sizeof *bq, cmp_bquery);
+        ns = batch_groups(geo, bq, nb, start, size);
+        /* the stacked sets' queries and states: [g][H][d] and (1 + wave) blocks each */
+        uint64_t heads = 0, chunks = 0;
+        for (uint32_t k = 0; k < ns; k++)
+            if (size[k] > 1) {
+                heads += (uint64_t)size[k] * hg;
+                const pkvi_qpages *last = &bq[start[k] + size[k] - 1].qp;
+                chunks = last->end > chunks ? last->end : chunks; /* pages, for now */
+            }
+        if (heads) {
+            const uint64_t qf = heads * g * d;
+            const uint64_t cap = PKVI_BATCH_SCRATCH_BYTES / sizeof(float);
+            wave = pkvi_wave_for(geo, heads, cap > qf ? cap - qf : 0);
+            const uint64_t need = pkvi_split_chunks(geo, chunks) + geo->sink_chunks_max;
+            if (need < wave)
+                wave = need ? (uint32_t)need : 1;
+            scratch = pkvi_exec_scratch_take(
+                x, qf + (1 + (uint64_t)wave) * g * heads * (geo->cfg.head_dim_v + 2ull));
+        }
+        if (!scratch) { /* one set each, in the batch's order */
+            ns = nb;
+            wave = PKVI_MAX_CHUNKS;
+            for (uint32_t i = 0; i < nb; i++)
+                bq[i] = batch_query(geo, ss[i]->layers[layer], windowed, i);
+        }
+    }
+    if (ns == nb)
+        for (uint32_t i = 0; i < nb; i++)
+            start[i] = i, size[i] = 1;
+    uint32_t nseg = 0;
+    float *sp = scratch;
+    for (uint32_t k = 0; k < ns; k++) {
+        const bquery *b = &bq[start[k]];
+        const uint32_t m = size[k];
+        pkvi_qset *Q = &sets[k];
+        uint64_t end = 0;
+        for (uint32_t i = 0; i < m; i++) {
+            slot[start[k] + i] = b[i].slot;
+            const uint64_t len = pkvi_btable_len(ss[b[i].slot]->layers[layer]);
+            end = len > end ? len : end;
+        }
+        *Q = (pkvi_qset){.nq = m, .H = m * hg, .out = out, .slot = slot + start[k],
+                         .segs = segs + nseg};
+        pkvi_set_runs(geo, layer, b->first, end, end - 1, Q);
+        if (m == 1) {
+            const pkvi_qpages *p = &b->qp;
+            const uint64_t p0 = b->first / bt;
+            segs[nseg++] = (pkvi_seg){p->head + p0, p0, p->end, 0, 1, p->last};
+            Q->n_segs = 1;
+            Q->qg = q + b->slot * qd;
+            Q->st = ss[b->slot]->partials;
+            continue;
+        }
+        pkvi_qpages qp[PKVI_BATCH_MAX];
+        for (uint32_t i = 0; i < m; i++)
+            qp[i] = b[i].qp;
+        Q->n_segs = pkvi_segments(qp, m, b->first / bt, bt, segs + nseg);
+        nseg += Q->n_segs;
+        /* head hh of group gr of query i goes to qg[gr][i * hg + hh] */
+        float *qg = sp;
+        for (uint32_t gr = 0; gr < g; gr++)
+            for (uint32_t i = 0; i < m; i++)
+                memcpy(qg + ((size_t)gr * m * hg + (size_t)i * hg) * d,
+                       q + b[i].slot * qd + (size_t)gr * hg * d,
+                       (size_t)hg * d * sizeof(float));
+        Q->qg = qg;
+        Q->st = qg + (size_t)g * m * hg * d;
+        sp = Q->st + (1 + (size_t)wave) * g * m * hg * (geo->cfg.head_dim_v + 2ull);
+    }
+    pkvi_run_sets(geo, x, ns, sets, wave);
+    if (scratch)
+        pkvi_exec_scratch_put(x);
+}
+
+/* Decode n queries, one per session, PKVI_BATCH_MAX sessions per run. Every session
+ * belongs to the engine whose contexts ctx names; `call` is the public call, for the
+ * failure reasons. */
 static pkv_status decode_many(const pkvi_ctx *ctx, const char *call, uint32_t layer,
                               uint32_t n, pkv_session *const *sessions, const float *q,
                               float *out)
@@ -528,9 +272,8 @@ static pkv_status decode_many(const pkvi_ctx *ctx, const char *call, uint32_t la
 
     const size_t qd = (size_t)geo->cfg.n_heads * geo->cfg.head_dim;
     const size_t od = (size_t)geo->cfg.n_heads * geo->cfg.head_dim_v;
-    qset sets[BATCH_MAX];
-    for (uint32_t i0 = 0; i0 < n; i0 += BATCH_MAX) {
-        const uint32_t nb = n - i0 < BATCH_MAX ? n - i0 : BATCH_MAX;
+    for (uint32_t i0 = 0; i0 < n; i0 += PKVI_BATCH_MAX) {
+        const uint32_t nb = n - i0 < PKVI_BATCH_MAX ? n - i0 : PKVI_BATCH_MAX;
         uint32_t got = 0;
         pkv_status st = PKV_OK;
         for (; got < nb; got++) {
@@ -539,13 +282,17 @@ static pkv_status decode_many(const pkvi_ctx *ctx, const char *call, uint32_t la
                 break;
         }
         if (st == PKV_OK) {
-            for (uint32_t i = 0; i < nb; i++) {
-                pkv_session *s = sessions[i0 + i];
+            if (nb == 1) { /* pkv_decode: no sorting, no scratch */
+                pkv_session *s = sessions[i0];
+                pkvi_seg seg;
                 const pkvi_btable *t = s->layers[layer];
-                sets[i] = last_queries(geo, t, layer, 1, pkvi_btable_len(t) - 1,
-                                       q + (i0 + i) * qd, s->partials, out + (i0 + i) * od);
+                pkvi_qset Q = one_query(geo, t, layer, pkvi_btable_len(t) - 1, q + i0 * qd,
+                                        s->partials, &seg);
+                Q.out = out + i0 * od;
+                pkvi_run_sets(geo, ctx->exec, 1, &Q, PKVI_MAX_CHUNKS);
+            } else {
+                run_batch(ctx, layer, nb, sessions + i0, q + i0 * qd, out + i0 * od);
             }
-            run_sets(geo, ctx->exec, nb, sets);
         }
         for (uint32_t k = 0; k < got; k++)
             pkvi_session_release(sessions[i0 + k], layer);
@@ -603,6 +350,9 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     if (pkvi_boundary_check(geo, s->cache, __func__) != PKV_OK)
         return PKV_ECORRUPT;
     const pkvi_btable *t = s->layers[layer];
+    if (pkvi_btable_pending(t))
+        return pkvi_fail(s->errs, PKV_ESTATE, "pkv_prefill: layer %u has pending drafts "
+                         "(pkv_session_commit first)", layer);
     const uint32_t g = geo->cfg.n_kv_heads, d = geo->cfg.head_dim, dv = geo->cfg.head_dim_v;
     const uint32_t hg = geo->hg;
     const uint64_t bt = geo->cfg.block_tokens;
@@ -642,6 +392,7 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
         return st;
     }
     /* Nothing fails from here on: tiles of queries that land in one page. */
+    pkvi_seg segs[PKVI_MAX_GROUP_HEADS + 1];
     for (uint32_t i = 0; i < n;) {
         const uint64_t room = bt - pkvi_btable_len(t) % bt;
         uint32_t nq = n - i < tmax ? n - i : tmax;
@@ -654,9 +405,20 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
                 memcpy(qg + ((size_t)gr * nq * hg + (size_t)j * hg) * d,
                        q + (size_t)(i + j) * qd + (size_t)gr * hg * d,
                        (size_t)hg * d * sizeof(float));
-        const qset set = last_queries(geo, t, layer, nq, pkvi_btable_len(t) - 1, qg, states,
-                                      out + i * od);
-        run_sets(geo, s->exec, 1, &set);
+        /* the pages before the last for the whole tile, the last for each query */
+        const uint64_t len = pkvi_btable_len(t), first = pkvi_btable_first(t);
+        const uint64_t P = (len + bt - 1) / bt, fp = first / bt;
+        const void *const *data = pkvi_btable_data(t);
+        uint32_t ns = 0;
+        if (P - 1 > fp)
+            segs[ns++] = (pkvi_seg){data + fp, fp, P - 1, 0, nq, (uint32_t)bt};
+        for (uint32_t j = 0; j < nq; j++)
+            segs[ns++] = (pkvi_seg){data + P - 1, P - 1, P, j, j + 1,
+                                    (uint32_t)(len - nq + j - (P - 1) * bt + 1)};
+        pkvi_qset set = {.nq = nq, .H = nq * hg, .segs = segs, .n_segs = ns, .qg = qg,
+                         .st = states, .out = out + i * od};
+        pkvi_set_runs(geo, layer, first, len, len - 1, &set);
+        pkvi_run_sets(geo, s->exec, 1, &set, PKVI_MAX_CHUNKS);
         i += nq;
     }
     pkvi_session_finish(s, &r);
@@ -694,7 +456,8 @@ static pkv_status partial_at(pkv_session *s, const char *call, uint32_t layer, b
         return pkvi_fail(s->errs, PKV_EINVAL, "%s: position %llu is %s", call,
                          (unsigned long long)pos, pos == UINT64_MAX ? "UINT64_MAX, which no "
                          "layer reaches" : "before the layer's last");
-    qset Q = last_queries(geo, t, layer, 1, pos, q, s->partials, NULL);
+    pkvi_seg seg;
+    pkvi_qset Q = one_query(geo, t, layer, pos, q, s->partials, &seg);
     Q.part = states;
     const uint64_t need = Q.C + Q.sigma;
     if (need > max_chunks) {
@@ -706,8 +469,8 @@ static pkv_status partial_at(pkv_session *s, const char *call, uint32_t layer, b
     if (st != PKV_OK)
         return st;
     /* the pages may have been brought back: the set reads the table's array afresh */
-    Q.data = pkvi_btable_data(t);
-    run_sets(geo, s->exec, 1, &Q);
+    seg.pages = pkvi_btable_data(t) + seg.p0;
+    pkvi_run_sets(geo, s->exec, 1, &Q, PKVI_MAX_CHUNKS);
     pkvi_session_release(s, layer);
     if (Q.sigma) { /* the shard holding position 0 starts with the sink logits */
         const uint32_t h = geo->cfg.n_heads, dv = geo->cfg.head_dim_v;
@@ -750,51 +513,8 @@ pkv_status pkv_partial_chunks(const pkv_session *s, uint32_t layer, uint64_t *ou
         *out = 0;
         return PKV_OK;
     }
-    const qset Q = last_queries(s->geom, t, layer, 1, len - 1, NULL, NULL, NULL);
+    pkvi_qset Q;
+    pkvi_set_runs(s->geom, layer, pkvi_btable_first(t), len, len - 1, &Q);
     *out = Q.C + Q.sigma;
-    return PKV_OK;
-}
-
-/* Fold head j of n states [n][h][dv + 2] in order from the empty state into (*m, *l,
- * o[dv]). */
-static void fold_head(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
-                      uint32_t j, float *m, float *l, float *o)
-{
-    const uint32_t h = geo->cfg.n_heads, dv = geo->cfg.head_dim_v;
-    const size_t hs = (size_t)dv + 2, ps = (size_t)h * hs;
-    *m = -INFINITY;
-    *l = 0.0f;
-    memset(o, 0, (size_t)dv * sizeof(float));
-    for (uint32_t c = 0; c < n_chunks; c++) {
-        const float *b = states + c * ps + j * hs;
-        fold_state(m, l, o, b[0], b[1], b + 2, dv);
-    }
-}
-
-pkv_status pkvi_merge_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
-                               float *out)
-{
-    const uint32_t h = geo->cfg.n_heads, dv = geo->cfg.head_dim_v;
-    for (uint32_t j = 0; j < h; j++) {
-        float m, l, *o = out + (size_t)j * dv;
-        fold_head(geo, n_chunks, states, j, &m, &l, o);
-        finish_state(l, o, dv, o);
-    }
-    return PKV_OK;
-}
-
-pkv_status pkvi_fold_partials(const pkvi_geom *geo, uint32_t n_chunks, const float *states,
-                              float *state_out)
-{
-    const uint32_t h = geo->cfg.n_heads;
-    const size_t hs = (size_t)geo->cfg.head_dim_v + 2;
-    /* into a copy first: state_out may be one of the states */
-    float *tmp = malloc((size_t)h * hs * sizeof(float));
-    if (!tmp)
-        return PKV_ENOMEM;
-    for (uint32_t j = 0; j < h; j++)
-        fold_head(geo, n_chunks, states, j, tmp + j * hs, tmp + j * hs + 1, tmp + j * hs + 2);
-    memcpy(state_out, tmp, (size_t)h * hs * sizeof(float));
-    free(tmp);
     return PKV_OK;
 }

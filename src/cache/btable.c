@@ -16,6 +16,8 @@
 
 struct pkvi_btable {
     uint64_t len;            /* cached positions (absolute: a shard's start at first) */
+    uint64_t pend;           /* pending drafts (pkv_verify): rows stored at positions
+                                len .. len + pend - 1, which len does not count */
     uint64_t n_pages;        /* entries in use (B1) */
     uint64_t cap;            /* capacity of pages[] and data[] */
     pkvi_page **pages;       /* [cap] descriptors, one reference each (NULL: the hole) */
@@ -128,6 +130,11 @@ uint64_t pkvi_btable_first(const pkvi_btable *t)
     return t->first;
 }
 
+uint64_t pkvi_btable_pending(const pkvi_btable *t)
+{
+    return t->pend;
+}
+
 uint64_t pkvi_btable_held(const pkvi_btable *t)
 {
     return t->n_pages - (t->hole_hi - t->hole_lo);
@@ -199,7 +206,17 @@ bool pkvi_btable_tail_shared(const pkvi_btable *t)
 void pkvi_btable_cow_tail(pkvi_btable *t, pkvi_pages ps, pkvi_page *fresh,
                           uint64_t page_bytes)
 {
-    const uint64_t i = t->n_pages - 1;
+    pkvi_btable_cow_at(t, ps, t->n_pages - 1, fresh, page_bytes);
+}
+
+bool pkvi_btable_shared_at(const pkvi_btable *t, uint64_t i)
+{
+    return i < t->n_pages && t->pages[i] && t->pages[i]->refs > 1;
+}
+
+void pkvi_btable_cow_at(pkvi_btable *t, pkvi_pages ps, uint64_t i, pkvi_page *fresh,
+                        uint64_t page_bytes)
+{
     memcpy(fresh->data, t->pages[i]->data, (size_t)page_bytes);
     drop_entry(t, ps, i);
     fresh->refs = 1;
@@ -217,12 +234,39 @@ void pkvi_btable_advance(pkvi_btable *t, uint64_t n)
     t->len += n;
 }
 
+/* ---- pending drafts ------------------------------------------------------------------ */
+
+void pkvi_btable_set_pending(pkvi_btable *t, uint64_t n)
+{
+    t->pend = n;
+}
+
+void pkvi_btable_drop_from(pkvi_btable *t, pkvi_pages ps, uint64_t i)
+{
+    for (uint64_t k = i; k < t->n_pages; k++)
+        if (t->pages[k])
+            drop_entry(t, ps, k);
+    if (i < t->n_pages)
+        t->n_pages = i;
+}
+
+void pkvi_btable_settle(pkvi_btable *t, pkvi_pages ps, uint64_t bt, uint64_t n_keep)
+{
+    t->len += n_keep;
+    t->pend = 0;
+    pkvi_btable_drop_from(t, ps, (t->len + bt - 1) / bt);
+}
+
 /* ---- giving pages back ----------------------------------------------------------------- */
 
 void pkvi_btable_truncate(pkvi_btable *t, pkvi_pages ps, uint64_t bt, uint64_t n)
 {
-    if (n >= t->len)
-        return;
+    if (n >= t->len) {
+        if (!t->pend) /* pending drafts go too (a destroy) */
+            return;
+        n = t->len;
+    }
+    t->pend = 0;
     const uint64_t keep = (n + bt - 1) / bt;
     for (uint64_t i = keep; i < t->n_pages; i++)
         if (t->pages[i]) /* else released (the hole) */
@@ -536,8 +580,9 @@ bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
 {
     if (t->n_pages > t->cap || (t->n_pages && (!t->pages || !t->data)))
         return false;
-    /* B1 reads len, which a writer updates outside the lock: only when quiescent. */
-    if (quiescent && t->n_pages != (t->len + bt - 1) / bt)
+    /* B1 reads len, which a writer updates outside the lock: only when quiescent.
+     * Pending drafts (pkv_verify) hold pages past len. */
+    if (quiescent && t->n_pages != (t->len + t->pend + bt - 1) / bt)
         return false;
     if (t->hole_lo > t->hole_hi || t->hole_hi > t->n_pages)
         return false;

@@ -28,8 +28,12 @@
  * own tables without it (len, n_pages, the data array): only the owner changes them,
  * and the spiller moves pages only of unpinned tables.
  *
+ * Pending drafts (pkv_verify, session/drafts.c): `pending` rows stored at positions
+ * len .. len + pending - 1, in pages of this table, that len does not count until a
+ * commit makes some of them positions (pkvi_btable_settle) and drops the rest.
+ *
  * Invariants (pkvi_btable_check; B1 between calls, the rest always, under the lock):
- *   B1  n_pages == ceil(len / bt)            (a reservation may push pages ahead of
+ *   B1  n_pages == ceil((len + pending) / bt) (a reservation may push pages ahead of
  *                                             the rows it writes: then n_pages > that)
  *   B2  data[i] == pages[i]->data for i < n_pages while the page is settled, NULL while
  *       it is spilled or in transit (spill.h: a reader waits for the transfer);
@@ -82,6 +86,7 @@ PKVI_HIDDEN uint64_t pkvi_btable_len(const pkvi_btable *t);     /* positions, ab
 PKVI_HIDDEN uint64_t pkvi_btable_n_pages(const pkvi_btable *t); /* entries, hole included */
 PKVI_HIDDEN uint64_t pkvi_btable_first(const pkvi_btable *t);   /* a shard's first
                                                                     position; 0 else */
+PKVI_HIDDEN uint64_t pkvi_btable_pending(const pkvi_btable *t); /* pending draft rows */
 /* Entries that name a page: n_pages less the hole. */
 PKVI_HIDDEN uint64_t pkvi_btable_held(const pkvi_btable *t);
 /* Entries whose page is in the spill file or in transit (B3). */
@@ -114,15 +119,34 @@ PKVI_HIDDEN bool pkvi_btable_tail_shared(const pkvi_btable *t);
  * (refs 0), which replaces it; the old page loses this holder. */
 PKVI_HIDDEN void pkvi_btable_cow_tail(pkvi_btable *t, pkvi_pages ps, pkvi_page *fresh,
                                       uint64_t page_bytes);
+/* The same for entry i (< n_pages, not in the hole): whether its page has another
+ * holder, and its copy-on-write. */
+PKVI_HIDDEN bool pkvi_btable_shared_at(const pkvi_btable *t, uint64_t i);
+PKVI_HIDDEN void pkvi_btable_cow_at(pkvi_btable *t, pkvi_pages ps, uint64_t i,
+                                    pkvi_page *fresh, uint64_t page_bytes);
 /* Mark entries [from, to) as being written (on) or not (off): B5's writer side. */
 PKVI_HIDDEN void pkvi_btable_mark_writing(pkvi_btable *t, uint64_t from, uint64_t to,
                                           bool on);
 /* n more positions were written: len += n (within the entries pushed). Owner thread. */
 PKVI_HIDDEN void pkvi_btable_advance(pkvi_btable *t, uint64_t n);
 
+/* ---- pending drafts (session/drafts.c) -------------------------------------------- */
+
+/* n draft rows were stored at positions len .. len + n - 1 (within the entries
+ * pushed); 0: none pending. Owner thread, under the lock. */
+PKVI_HIDDEN void pkvi_btable_set_pending(pkvi_btable *t, uint64_t n);
+/* Drop entries [i, n_pages) (pages of drafts no longer pending). */
+PKVI_HIDDEN void pkvi_btable_drop_from(pkvi_btable *t, pkvi_pages ps, uint64_t i);
+/* A commit: the first n_keep pending rows (already moved into place) become positions,
+ * len += n_keep; the rest are no longer pending, and entries past ceil(len / bt) are
+ * dropped. */
+PKVI_HIDDEN void pkvi_btable_settle(pkvi_btable *t, pkvi_pages ps, uint64_t bt,
+                                    uint64_t n_keep);
+
 /* ---- giving pages back: truncate, a window's release ------------------------------- */
 
-/* Keep positions [0, n): entries past ceil(n / bt) are dropped. */
+/* Keep positions [0, n): entries past ceil(n / bt) are dropped, and pending drafts
+ * with them. */
 PKVI_HIDDEN void pkvi_btable_truncate(pkvi_btable *t, pkvi_pages ps, uint64_t bt,
                                       uint64_t n);
 /* Why truncating to n would lose a position a decode at n - 1 reads, on a layer of

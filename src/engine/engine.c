@@ -405,6 +405,9 @@ pkv_status pkv_engine_stats(const pkv_engine *ce, pkv_stats *out)
     s.page_bytes = e->geom.page_bytes;
     s.mem_budget = e->geom.cfg.mem_budget;
     pkvi_cache_stats(&e->cache, &s);
+    s.pages_read_shared = atomic_load_explicit(&e->exec.pages_shared, memory_order_relaxed);
+    s.pages_read_private = atomic_load_explicit(&e->exec.pages_private, memory_order_relaxed);
+    s.page_reads_saved = atomic_load_explicit(&e->exec.reads_saved, memory_order_relaxed);
     *out = s;
     return PKV_OK;
 }

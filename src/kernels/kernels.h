@@ -32,8 +32,15 @@
 #endif
 /* The SIMD files' function specifier: their micro-kernels and the walk (walk.h) are
  * inlined into one out-of-line function per dtype and path, where the dtype, the head
- * and token blocks and the tile's shape are constants. */
+ * and token blocks and the tile's shape are constants. An unoptimized build (-O0: the
+ * ASan recipe's debug buildtype) cannot inline the tile functions walk.h receives as
+ * arguments, which gcc refuses for always_inline; there they are plain static inline
+ * functions (the same arithmetic, called). */
+#if defined(__OPTIMIZE__)
 #define PKVI_INLINE static inline __attribute__((always_inline))
+#else
+#define PKVI_INLINE static inline
+#endif
 /* Tokens scored per softmax tile inside a kernel (stack scratch of
  * PKVI_TILE * heads-per-group floats). */
 #define PKVI_TILE 16u

@@ -612,6 +612,9 @@ pkv_status pkv_session_save(pkv_session *s, const char *path)
     if (path == NULL || *path == '\0')
         return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_save: path is %s",
                          path ? "empty" : "NULL");
+    if (pkvi_session_pending(s)) /* drafts are no positions yet: no file holds them */
+        return pkvi_fail(s->errs, PKV_ESTATE, "pkv_session_save: drafts are pending "
+                         "(pkv_session_commit first)");
     pkvi_io *io = NULL;
     pkv_status st = pkvi_cache_file_io(s->cache, &io);
     if (st != PKV_OK)

@@ -371,6 +371,10 @@ pkv_status pkv_session_discard(pkv_session *s, uint64_t p0, uint64_t p1)
                          (unsigned long long)p0, (unsigned long long)p1);
     if (pkvi_boundary_check(geo, cache, __func__) != PKV_OK)
         return PKV_ECORRUPT;
+    /* pending drafts sit past len in slots a move would overwrite or leave behind */
+    if (pkvi_session_pending(s))
+        return pkvi_fail(s->errs, PKV_ESTATE, "pkv_session_discard: drafts are pending "
+                         "(pkv_session_commit first)");
     plan p = {.p0 = p0, .p1 = p1, .delta = p1 - p0};
     p.lp = calloc(L, sizeof *p.lp);
     if (!p.lp)

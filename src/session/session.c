@@ -54,6 +54,9 @@ void pkvi_session_free(pkv_session *s)
     free(s->layers);
     free(s->partials);
     free(s->tokens);
+    for (uint32_t l = 0; s->drafts && l < s->geom->cfg.n_layers; l++)
+        free(s->drafts[l]);
+    free(s->drafts);
     free(s);
 }
 
@@ -161,6 +164,9 @@ pkv_status pkv_session_fork(pkv_session *src, pkv_session **out)
     pkvi_cache *cache = src->cache;
     if (pkvi_boundary_check(geo, cache, __func__) != PKV_OK)
         return PKV_ECORRUPT;
+    if (pkvi_session_pending(src))
+        return pkvi_fail(src->errs, PKV_ESTATE, "pkv_session_fork: drafts are pending "
+                         "(pkv_session_commit first)");
     const pkvi_ctx ctx = {geo, cache, src->exec, src->errs};
     pkv_session *s = pkvi_session_alloc(&ctx);
     if (!s)
@@ -234,6 +240,9 @@ pkv_status pkv_session_truncate(pkv_session *s, uint64_t n_tokens)
     pkvi_cache *cache = s->cache;
     if (pkvi_boundary_check(geo, cache, __func__) != PKV_OK)
         return PKV_ECORRUPT;
+    if (pkvi_session_pending(s))
+        return pkvi_fail(s->errs, PKV_ESTATE, "pkv_session_truncate: drafts are pending "
+                         "(pkv_session_commit first)");
     uint64_t max_len = 0;
     for (uint32_t l = 0; l < geo->cfg.n_layers; l++)
         if (pkvi_btable_len(s->layers[l]) > max_len)

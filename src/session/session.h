@@ -5,8 +5,10 @@
  * (session/private.h is what they share):
  *
  *   session/discard.c   pkv_session_discard: drop positions, move the later rows down
+ *   session/drafts.c    pending drafts of pkv_verify: their trees, pkv_session_commit
  *   session/reuse.c     set_tokens / from_prefix: sessions and the prefix cache
- *   session/write.c     the reservation every write goes through; append, load pages
+ *   session/write.c     the reservation every write goes through; append, load pages,
+ *                       the rows of drafts and the moves of a commit
  *   session.c           lifecycle: create, fork, truncate, destroy, the session list,
  *                       the decode scratch, the token record, set_first (shards)
  *   session/residency.c the LRU order the spiller follows, making room under the
@@ -79,6 +81,10 @@ struct pkv_session {
     uint64_t record_max;     /* positions the record may reach: a discard's p0 (its
                                 shifted K/V is no prefill of those ids), UINT64_MAX
                                 otherwise; a truncate to it or below lifts it */
+    /* the tree of each layer's pending drafts (session/drafts.c): [n_layers] parent
+     * arrays of the layer's last pkv_verify, as many entries as its table's pending
+     * rows; NULL (the array, or a layer's entry) while none is pending. Owner thread. */
+    int32_t **drafts;
     /* Test hook (pkvi_session_hook_before_write; NULL otherwise): called by a write
      * after its pages are reserved and the lock is dropped, just before it stores the
      * rows - where a descheduled writer once let another session's rollback share its
@@ -94,6 +100,15 @@ typedef struct {
     uint64_t end_page;       /* one past the last */
     bool pinned;             /* spill engines: the layer is pinned */
 } pkvi_reservation;
+
+/* Whether any layer of s holds pending drafts (pkv_verify not yet committed). */
+static inline bool pkvi_session_pending(const pkv_session *s)
+{
+    for (uint32_t l = 0; l < s->geom->cfg.n_layers; l++)
+        if (pkvi_btable_pending(s->layers[l]))
+            return true;
+    return false;
+}
 
 /* ---- session.c ------------------------------------------------------------------------ */
 
@@ -128,6 +143,38 @@ PKVI_HIDDEN void pkvi_session_finish(pkv_session *s, pkvi_reservation *r);
  * the layer's length a multiple of block_tokens. PKV_EINVAL otherwise. */
 PKVI_HIDDEN pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer,
                                               const void *bytes, uint32_t tokens);
+
+/* Reserve room for n draft rows of `layer` at positions len .. len + n - 1 (pkv_verify;
+ * the caller acquired the layer): as pkvi_session_reserve, over the layer's pending
+ * drafts, which this replaces (their pages past the n rows are released once
+ * everything is held). PKV_ENOMEM, PKV_EIO, PKV_EINVAL; nothing changed. */
+PKVI_HIDDEN pkv_status pkvi_session_reserve_drafts(pkv_session *s, uint32_t layer,
+                                                   uint64_t n, pkvi_reservation *r);
+/* Store the n draft rows (k, v [n][g][d]) at slots len .. len + n - 1, len
+ * unchanged: the layer's pending drafts. A rope layer turns draft j's key at position
+ * len + depth[j] (the position it stands for), not at its slot. Within the reservation. */
+PKVI_HIDDEN void pkvi_session_write_drafts(pkv_session *s, const pkvi_reservation *r,
+                                           uint64_t n, const uint32_t *depth,
+                                           const float *k, const float *v);
+/* A commit of `layer` (acquired by the caller when n_keep > 0; n_keep == 0 moves no
+ * row and drops the drafts' pages as a truncate does): pending drafts path[0..n_keep) become
+ * positions len .. len + n_keep - 1 (rows moved where the tree put them elsewhere), the
+ * rest are released. Cannot fail. */
+PKVI_HIDDEN void pkvi_session_keep_drafts(pkv_session *s, uint32_t layer, uint32_t n_keep,
+                                          const uint32_t *path);
+
+/* ---- session/drafts.c ----------------------------------------------------------------- */
+
+/* A copy of the tree parent[0..n) for pkvi_drafts_set (malloc'ed; NULL when out of
+ * memory), made before a verify reserves anything. */
+PKVI_HIDDEN int32_t *pkvi_drafts_copy(const pkv_session *s, uint32_t n,
+                                      const int32_t *parent);
+/* Whether s can record a tree for every layer (the per-layer array exists);
+ * PKV_ENOMEM otherwise, nothing changed. */
+PKVI_HIDDEN pkv_status pkvi_drafts_ready(pkv_session *s);
+/* The verify of `layer` succeeded: tree (from pkvi_drafts_copy) is its pending tree,
+ * replacing the one before. */
+PKVI_HIDDEN void pkvi_drafts_set(pkv_session *s, uint32_t layer, int32_t *tree);
 
 /* Load of a windowed layer: positions up to page * block_tokens were released when it
  * was saved; the table gets its hole [sink pages, page) (a shard's: [0, page)) so the

@@ -2,8 +2,10 @@
  * session/write.c - every write into a layer, as one reserve-then-commit path
  * (session.h draws it): pkvi_session_reserve / _write / _write_pages / _finish (which
  * also gives back what a windowed layer will not read again), and the calls made of
- * it - pkv_append, the loader's pkvi_session_push_page - plus the loader's
- * pkvi_session_skip_pages (a windowed layer's released hole).
+ * it - pkv_append, the loader's pkvi_session_push_page, the draft rows of pkv_verify
+ * (pkvi_session_reserve_drafts / _write_drafts) and the moves of a commit
+ * (pkvi_session_keep_drafts) - plus the loader's pkvi_session_skip_pages (a windowed
+ * layer's released hole).
  *
  * Owns the order a write takes things in, and with it B5's writer side: a page is
  * marked as being written only while its table holds it alone, and nothing is given
@@ -21,8 +23,13 @@
 
 /* ---- reserve, write, finish ------------------------------------------------------------ */
 
-pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
-                                pkvi_reservation *r, const char *call)
+/* Rows [len, len + n) of `layer`: for a write (they become positions) or for drafts,
+ * which replace the layer's pending drafts: the pages those hold past the n rows are
+ * released once everything is held. Page len / bt, where a partial first row goes,
+ * is brought back and copied if shared; pages past the table's entries are taken.
+ * `call` is the public call, for the failure reasons. */
+static pkv_status reserve_rows(pkv_session *s, uint32_t layer, uint64_t n, bool drafts,
+                               pkvi_reservation *r, const char *call)
 {
     const pkvi_geom *geo = s->geom;
     pkvi_cache *cache = s->cache;
@@ -33,8 +40,8 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
         return pkvi_fail(s->errs, PKV_EINVAL, "%s: layer %u holds %llu positions; %llu more %s",
                          call, layer, (unsigned long long)start, (unsigned long long)n,
                          n ? "overflow a position" : "is nothing to write");
-    const uint64_t end_page = (end_len + bt - 1) / bt;
-    const uint64_t n_new = end_page - pkvi_btable_n_pages(t);
+    const uint64_t end_page = (end_len + bt - 1) / bt, had = pkvi_btable_n_pages(t);
+    const uint64_t n_new = end_page > had ? end_page - had : 0;
     const bool partial = start % bt != 0;
 
     /* The page list: on the stack for an append (at most 2 pages), else allocated. */
@@ -56,13 +63,12 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
     bool cow = false;
     for (;;) {
         if (partial &&
-            (st = pkvi_session_fault_in(geo, cache, t, layer, pkvi_btable_n_pages(t) - 1)) !=
-                PKV_OK)
+            (st = pkvi_session_fault_in(geo, cache, t, layer, start / bt)) != PKV_OK)
             break;
-        cow = partial && pkvi_btable_tail_shared(t);
+        cow = partial && pkvi_btable_shared_at(t, start / bt);
         if ((st = pkvi_session_take_pages(geo, cache, n_new + cow, fresh)) != PKV_OK)
             break;
-        const bool cow_now = partial && pkvi_btable_tail_shared(t);
+        const bool cow_now = partial && pkvi_btable_shared_at(t, start / bt);
         if (cow_now == cow)
             break;
         for (uint64_t i = 0; i < n_new + cow; i++)
@@ -97,11 +103,15 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
     /* Nothing fails from here on. */
     const pkvi_pages ps = pkvi_cache_pages(cache);
     if (cow) { /* copy-on-write: the only copy a fork ever causes */
-        pkvi_btable_cow_tail(t, ps, fresh[n_new], geo->page_bytes);
+        pkvi_btable_cow_at(t, ps, start / bt, fresh[n_new], geo->page_bytes);
         pkvi_prefix_trim(&cache->prefix, ps); /* the original may be cached now */
     }
     for (uint64_t i = 0; i < n_new; i++)
         pkvi_btable_push(t, fresh[i]);
+    if (drafts) { /* the drafts before are replaced: their rows are overwritten next */
+        pkvi_btable_drop_from(t, ps, end_page);
+        pkvi_btable_set_pending(t, 0);
+    }
     r->layer = layer;
     r->first_page = start / bt;
     r->end_page = end_page;
@@ -114,24 +124,37 @@ pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
     return PKV_OK;
 }
 
-void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
-                        const float *k, const float *v)
+pkv_status pkvi_session_reserve(pkv_session *s, uint32_t layer, uint64_t n,
+                                pkvi_reservation *r, const char *call)
+{
+    return reserve_rows(s, layer, n, false, r, call);
+}
+
+pkv_status pkvi_session_reserve_drafts(pkv_session *s, uint32_t layer, uint64_t n,
+                                       pkvi_reservation *r)
+{
+    return reserve_rows(s, layer, n, true, r, "pkv_verify");
+}
+
+/* Store n rows (k, v [n][g][d]) at positions pos, pos + 1, ... of table t (layer's).
+ * A rope layer turns each key at its position (SPEC §14): the slot it is stored at, or
+ * for drafts (depth non-NULL) pos + depth[j], the position the draft stands for - a
+ * commit moves a kept draft's row to exactly that position, so its bits are then what
+ * an append there would have stored. */
+static void store_rows(pkv_session *s, pkvi_btable *t, uint32_t layer, uint64_t pos,
+                       uint64_t n, const uint32_t *depth, const float *k, const float *v)
 {
     const pkvi_geom *geo = s->geom;
-    pkvi_btable *t = s->layers[r->layer];
     const uint32_t d = geo->cfg.head_dim, dv = geo->cfg.head_dim_v, g = geo->cfg.n_kv_heads;
-    const uint64_t bt = geo->cfg.block_tokens;
+    const uint64_t bt = geo->cfg.block_tokens, base = pos;
     const pkvi_kparams *kp = &geo->kp;
-    const pkvi_rope *rope = pkvi_layer_rope(geo, r->layer);
+    const pkvi_rope *rope = pkvi_layer_rope(geo, layer);
     float cs[PKVI_ROPE_MAX_DIMS], kr[PKVI_MAX_HEAD_DIM]; /* rope: the angles, one key */
-    if (s->hook_before_write)
-        s->hook_before_write(s->hook_ctx);
-    uint64_t pos = pkvi_btable_len(t);
     for (uint64_t j = 0; j < n; j++, pos++, k += (size_t)g * d, v += (size_t)g * dv) {
         char *page = pkvi_btable_page(t, pos / bt)->data;
         const uint64_t row = pos % bt;
-        if (rope) /* SPEC §14: the key turns at the position it is stored at */
-            pkvi_rope_at(rope, pos, cs);
+        if (rope)
+            pkvi_rope_at(rope, depth ? base + depth[j] : pos, cs);
         for (uint32_t gi = 0; gi < g; gi++) {
             char *gb = page + gi * kp->group_stride;
             const float *key = k + (size_t)gi * d;
@@ -145,6 +168,69 @@ void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
                                  v + (size_t)gi * dv, dv);
         }
     }
+}
+
+void pkvi_session_write_drafts(pkv_session *s, const pkvi_reservation *r, uint64_t n,
+                               const uint32_t *depth, const float *k, const float *v)
+{
+    pkvi_btable *t = s->layers[r->layer];
+    if (s->hook_before_write)
+        s->hook_before_write(s->hook_ctx);
+    store_rows(s, t, r->layer, pkvi_btable_len(t), n, depth, k, v);
+    pthread_mutex_lock(&s->cache->lock);
+    pkvi_btable_set_pending(t, n);
+    pthread_mutex_unlock(&s->cache->lock);
+}
+
+void pkvi_session_keep_drafts(pkv_session *s, uint32_t layer, uint32_t n_keep,
+                              const uint32_t *path)
+{
+    const pkvi_geom *geo = s->geom;
+    pkvi_cache *cache = s->cache;
+    pkvi_btable *t = s->layers[layer];
+    const uint32_t g = geo->cfg.n_kv_heads;
+    const uint64_t bt = geo->cfg.block_tokens, len = pkvi_btable_len(t);
+    const pkvi_kparams *kp = &geo->kp;
+    /* draft path[j] sits at len + path[j] >= len + j, and path[j] < path[j + 1]: moving
+     * in order of j never overwrites a row still to move. A stored row moves as its
+     * bytes, so the position holds what storing it there would have. The pages are this
+     * table's alone: a verify copied a shared one, and nothing shares pending pages. */
+    for (uint32_t j = 0; j < n_keep; j++) {
+        if (path[j] == j)
+            continue;
+        const uint64_t from = len + path[j], to = len + j;
+        const char *src = pkvi_btable_page(t, from / bt)->data;
+        char *dst = pkvi_btable_page(t, to / bt)->data;
+        for (uint32_t gi = 0; gi < g; gi++) {
+            const size_t gs = gi * kp->group_stride;
+            memcpy(dst + gs + (to % bt) * geo->row_bytes, src + gs + (from % bt) * geo->row_bytes,
+                   (size_t)geo->row_bytes);
+            memcpy(dst + gs + kp->v_offset + (to % bt) * geo->row_bytes_v,
+                   src + gs + kp->v_offset + (from % bt) * geo->row_bytes_v,
+                   (size_t)geo->row_bytes_v);
+        }
+    }
+    const pkv_layer_config *lc = &geo->layers[layer];
+    const pkvi_pages ps = pkvi_cache_pages(cache);
+    pthread_mutex_lock(&cache->lock);
+    pkvi_btable_settle(t, ps, bt, n_keep);
+    /* a windowed layer gives back what nothing reads again, as a write's finish does */
+    const uint64_t sinks = pkvi_sink_pages(geo, lc);
+    const uint64_t keep = lc->window ? pkvi_window_keep_from(lc, len + n_keep, bt) : 0;
+    if (pkvi_btable_release_due(t, sinks, keep))
+        pkvi_btable_release(t, ps, sinks, keep);
+    pkvi_prefix_trim(&cache->prefix, ps);
+    s->lru = ++cache->clock;
+    pthread_mutex_unlock(&cache->lock);
+}
+
+void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
+                        const float *k, const float *v)
+{
+    pkvi_btable *t = s->layers[r->layer];
+    if (s->hook_before_write)
+        s->hook_before_write(s->hook_ctx);
+    store_rows(s, t, r->layer, pkvi_btable_len(t), n, NULL, k, v);
     pkvi_btable_advance(t, n);
 }
 
@@ -199,6 +285,9 @@ pkv_status pkv_append(pkv_session *s, uint32_t layer, const float *k, const floa
         return pkvi_fail(s->errs, PKV_EINVAL, "pkv_append: k or v is NULL");
     if (pkvi_boundary_check(s->geom, s->cache, __func__) != PKV_OK)
         return PKV_ECORRUPT;
+    if (pkvi_btable_pending(s->layers[layer]))
+        return pkvi_fail(s->errs, PKV_ESTATE, "pkv_append: layer %u has pending drafts "
+                         "(pkv_session_commit first)", layer);
     pkvi_reservation r;
     const pkv_status st = pkvi_session_reserve(s, layer, 1, &r, "pkv_append");
     if (st != PKV_OK)

@@ -1,6 +1,7 @@
 /*
  * fuzz_api.c - libFuzzer harness: the input bytes are a geometry and a sequence of API
- * calls (create, append, decode, batch decode, fork, truncate, save/load, destroy) over
+ * calls (create, append, decode, batch decode, fork, truncate, save/load, destroy, a
+ * verify of a draft tree with the commit of one of its paths) over
  * a few sessions, with or without a budget and spill. Every result is checked against
  * a trivial model (contiguous per-layer histories and a double-precision dense
  * reference), and the engine's invariants are checked after every call.
@@ -135,7 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     float k[MAXGD], v[MAXGD], q[MAXQD], out[MAXQD], out2[MAXQD];
 
     for (int ops = 0; r.n && ops < 400; ops++) {
-        uint8_t op = byte(&r) % 8;
+        uint8_t op = byte(&r) % 9;
         slot *S = &slots[byte(&r) % NS];
         uint32_t layer = byte(&r) % nl;
         if (!S->s && op != 0)
@@ -255,6 +256,73 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (uint32_t i = 0; i < n; i++) {
                 if (pkv_decode(ss[i], layer, qs[i], bo[i]) == PKV_OK)
                     CHECK(memcmp(bo[i], op_ + i * h * d, (size_t)h * d * sizeof(float)) == 0);
+            }
+            break;
+        }
+        case 8: { /* verify a tree on every layer, then commit a path of it */
+            enum { ND = 6 };
+            const uint32_t n = 1 + byte(&r) % ND;
+            int32_t parent[ND];
+            float dk[ND][MAXGD], dv_[ND][MAXGD], dq[ND][MAXQD], dout[ND * MAXQD];
+            for (uint32_t i = 0; i < n; i++) {
+                parent[i] = (int32_t)(byte(&r) % (i + 1)) - 1;
+                for (uint32_t x = 0; x < g * d; x++) {
+                    dk[i][x] = value(&r);
+                    dv_[i][x] = value(&r);
+                }
+                for (uint32_t x = 0; x < h * d; x++)
+                    dq[i][x] = value(&r);
+            }
+            /* the drafts' rows, packed [n][g][d] and [n][h][d] */
+            float kp[ND * MAXGD], vp[ND * MAXGD], qp[ND * MAXQD];
+            for (uint32_t i = 0; i < n; i++) {
+                memcpy(kp + i * g * d, dk[i], (size_t)g * d * sizeof(float));
+                memcpy(vp + i * g * d, dv_[i], (size_t)g * d * sizeof(float));
+                memcpy(qp + i * h * d, dq[i], (size_t)h * d * sizeof(float));
+            }
+            bool verified[MAXL] = {false};
+            for (uint32_t l = 0; l < nl; l++) {
+                pkv_status st = pkv_verify(S->s, l, n, parent, qp, kp, vp, dout);
+                CHECK(st == PKV_OK || (st == PKV_ENOMEM && mode != 0) ||
+                      (st == PKV_EIO && mode == 2));
+                verified[l] = st == PKV_OK;
+                CHECK(pkv_session_len(S->s, l) == S->L[l].len);
+            }
+            uint32_t path[ND], m = 0;
+            for (int32_t a = (int32_t)(byte(&r) % (n + 1)) - 1; a >= 0; a = parent[a])
+                path[m++] = (uint32_t)a;
+            for (uint32_t j = 0; j < m / 2; j++) { /* root first */
+                const uint32_t t = path[j];
+                path[j] = path[m - 1 - j];
+                path[m - 1 - j] = t;
+            }
+            bool any = false, room = true;
+            for (uint32_t l = 0; l < nl; l++) {
+                any = any || verified[l];
+                room = room && (!verified[l] || S->L[l].len + m <= MAXT);
+            }
+            if (!room)
+                m = 0;
+            pkv_status st = pkv_session_commit(S->s, m, path);
+            CHECK(any ? (st == PKV_OK || (mode == 2 && (st == PKV_ENOMEM || st == PKV_EIO)))
+                      : st == PKV_ESTATE);
+            if (st != PKV_OK && any) { /* drafts still pending: drop them */
+                CHECK(pkv_session_commit(S->s, 0, NULL) == PKV_OK);
+                m = 0;
+            }
+            for (uint32_t l = 0; l < nl; l++) {
+                layer_model *L = &S->L[l];
+                for (uint32_t j = 0; verified[l] && j < m; j++, L->len++) {
+                    memcpy(L->K[L->len], dk[path[j]], sizeof dk[0]);
+                    memcpy(L->V[L->len], dv_[path[j]], sizeof dv_[0]);
+                }
+                CHECK(pkv_session_len(S->s, l) == L->len);
+            }
+            if (S->L[layer].len) {
+                for (uint32_t x = 0; x < h * d; x++)
+                    q[x] = value(&r);
+                if (pkv_decode(S->s, layer, q, out) == PKV_OK)
+                    expect_decode(S->s, &S->L[layer], q, out);
             }
             break;
         }

@@ -85,7 +85,7 @@ class Config(unittest.TestCase):
         # the ctypes structs end where the C ones do (a field appended to the header
         # and not here would shift nothing before it, but this catches reordering)
         self.assertEqual(ctypes.sizeof(_lib.Config), 80)
-        self.assertEqual(ctypes.sizeof(_lib.Stats), 96)
+        self.assertEqual(ctypes.sizeof(_lib.Stats), 120)
         self.assertEqual(ctypes.sizeof(_lib.Memory), 56)
 
     def test_bad_keywords(self):
@@ -312,6 +312,73 @@ class Sessions(unittest.TestCase):
             t, n = e.from_prefix(list(range(40)))
             self.assertEqual(n, 32)
             self.assertEqual(t.len(0), 32)
+
+
+class Speculative(unittest.TestCase):
+    """Session.verify and Session.commit (docs/speculative.md): a tree's drafts get the
+    bits of append + decode along their paths, a commit keeps one path, bad trees and
+    paths are the library's statuses with nothing changed."""
+
+    def test_verify_commit_bitwise(self):
+        parent = [-1, 0, 0, 1, 3, -1]
+        r = rng(7)
+        with pagedkv.Engine(**G, block_tokens=4, kv_dtype="f16") as e:
+            s = e.session()
+            fill(s, 0, 9)
+            fill(s, 1, 9, seed=1)
+            base = s.fork()
+            n = len(parent)
+            q = r.standard_normal((2, n, 4, 8), dtype=np.float32)
+            k = r.standard_normal((2, n, 2, 8), dtype=np.float32)
+            v = r.standard_normal((2, n, 2, 8), dtype=np.float32)
+            out = [s.verify(layer, parent, q[layer], k[layer], v[layer]) for layer in (0, 1)]
+            self.assertEqual(len(s), 9)                          # pending, not cached
+            self.assertGreater(e.stats()["pages_read_shared"], 0)
+
+            def path_to(i):
+                p = []
+                while i >= 0:
+                    p.append(i)
+                    i = parent[i]
+                return p[::-1]
+            for i in range(n):                                   # every draft
+                with base.fork() as t:
+                    for j in path_to(i):
+                        t.append(0, k[0, j], v[0, j])
+                    self.assertTrue(np.array_equal(t.decode(0, q[0, i]), out[0][i]))
+            with self.assertRaises(pagedkv.InvalidArgument):
+                s.commit([1, 3])                                 # not from a root
+            with self.assertRaises(pagedkv.StateError):
+                s.fork()                                         # drafts pending
+            s.commit(path_to(4))
+            self.assertEqual(len(s), 9 + 4)
+            with self.assertRaises(pagedkv.StateError):
+                s.commit([0])                                    # nothing pending
+            with base.fork() as t:
+                for layer in (0, 1):
+                    for j in path_to(4):
+                        t.append(layer, k[layer, j], v[layer, j])
+                qq = r.standard_normal((4, 8), dtype=np.float32)
+                for layer in (0, 1):
+                    self.assertTrue(np.array_equal(t.decode(layer, qq), s.decode(layer, qq)))
+            e.check()
+
+    def test_bad_trees(self):
+        with pagedkv.Engine(**G) as e, e.session() as s:
+            fill(s, 0, 3)
+            z = np.zeros
+            for bad in ([0], [-1, 1], [-2], [-1, 5]):
+                n = len(bad)
+                with self.assertRaises(pagedkv.InvalidArgument):
+                    s.verify(0, bad, z((n, 4, 8)), z((n, 2, 8)), z((n, 2, 8)))
+            with self.assertRaises((pagedkv.InvalidArgument, ValueError)):
+                s.verify(0, [], z((0, 4, 8)), z((0, 2, 8)), z((0, 2, 8)))
+            with self.assertRaises(ValueError):
+                s.verify(0, [-1, 0], z((1, 4, 8)), z((2, 2, 8)), z((2, 2, 8)))  # shapes
+            self.assertEqual(s.memory()["blocks"], 1)            # nothing changed
+            s.verify(0, [-1, 0], z((2, 4, 8)), z((2, 2, 8)), z((2, 2, 8)))
+            s.commit()                                           # drop them all
+            self.assertEqual(len(s), 3)
 
 
 class Lifetime(unittest.TestCase):

@@ -150,6 +150,28 @@ class Arguments(unittest.TestCase):
         self.refused("prefill out", lambda o: s.prefill(0, Q[None], K[None], K[None], out=o),
                      outs)
 
+    def test_speculative(self):
+        s, P = self.s, [-1]
+        self.refused("verify layer", lambda l: s.verify(l, P, Q[None], K[None], K[None]),
+                     BAD_U32)
+        self.refused("verify parent", lambda p: s.verify(0, p, Q[None], K[None], K[None]),
+                     BAD_TOKENS)
+        self.refused("verify q", lambda a: s.verify(0, P, a, K[None], K[None]),
+                     bad_arrays((1, 4, 8)))
+        self.refused("verify k", lambda a: s.verify(0, P, Q[None], a, K[None]),
+                     bad_arrays((1, 2, 8)))
+        self.refused("verify v", lambda a: s.verify(0, P, Q[None], K[None], a),
+                     bad_arrays((1, 2, 8)))
+        self.refused("commit path", s.commit,
+                     [([-1], ValueError), ([2**32], OverflowError), ([1.0], TypeError),
+                      ("ab", TypeError), ([[0]], ValueError), ([True], TypeError),
+                      (np.array([0.5]), TypeError)])
+        # the library's own checks, through its status
+        self.refused("verify tree", lambda p: s.verify(0, p, Q[None], K[None], K[None]),
+                     [([0], pagedkv.InvalidArgument), ([-2], pagedkv.InvalidArgument)],
+                     library=True)
+        self.refused("commit", s.commit, [([0], pagedkv.StateError)], library=True)
+
     def test_truncate(self):
         self.refused("truncate", self.s.truncate, BAD_U64)
         # the report's case: 2**64 + 3 used to truncate a 10-token session to 3
@@ -271,7 +293,8 @@ class Arguments(unittest.TestCase):
             "Engine": {"session", "load", "from_prefix", "decode_batch", "stats", "check", "rope_q",
                        "last_error", "close", "closed"},
             "Session": {"append", "decode", "prefill", "fork", "truncate", "len", "memory",
-                        "load", "save", "set_tokens", "close", "closed", "engine", "discard"},
+                        "load", "save", "set_tokens", "close", "closed", "engine", "discard",
+                        "verify", "commit"},
         }
         # no arguments, or none that reach C: fork, memory, stats, check, last_error,
         # close, closed, engine (test_lifetime covers them on closed objects)

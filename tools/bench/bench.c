@@ -549,6 +549,10 @@ int cmd_bench(int argc, char **argv)
     int sm = bench_spill_mode(argc, argv);
     if (sm >= 0)
         return sm;
+    for (int i = 1; i < argc; i++) /* the many-query rows: bench/many.c */
+        if (!strncmp(argv[i], "--verify", 8) || !strncmp(argv[i], "--shared", 8) ||
+            !strncmp(argv[i], "--prefill-after", 15))
+            return bench_many(argc, argv);
     bench_opts o;
     int rc = bench_parse(argc, argv, &o);
     if (rc != CLI_OK)

@@ -146,6 +146,9 @@ typedef struct {
     uint32_t path;
 } bench_variant;
 
+/* `pagedkv bench --verify K | --shared N | --prefill-after C` (bench/many.c): its own
+ * options and rows. */
+int bench_many(int argc, char **argv);
 /* bench/options.c. bench_parse: the decode mode's options into o; CLI_OK to run,
  * CLI_HELP after --help, CLI_USAGE on a bad argument (message printed).
  * bench_spill_mode: with --spill on the command line, its options and the run

@@ -72,6 +72,14 @@ static void usage(FILE *f)
         "  --block-tokens B    tokens per page (default: the library's, 16)\n"
         "  --sessions N        N continuations of one prompt, forked after the prompt so\n"
         "                      they share its pages (default 1)\n"
+        "  --parallel          with --sessions: the sessions' steps as one\n"
+        "                      pkv_decode_batch, which reads the prompt's shared pages\n"
+        "                      once for all of them (the default; reports page reads)\n"
+        "  --speculate K       speculative decoding: up to K drafts a step from prompt\n"
+        "                      lookup (the continuation of the longest earlier match of\n"
+        "                      the last 1-3 tokens), verified in one pkv_verify a layer;\n"
+        "                      the text is that of plain generation (docs/speculative.md)\n"
+        "  --tree              with --speculate: up to 4 candidates, merged as a tree\n"
         "  --prefix-cache      with --sessions: sessions 2..N are not forks but requests\n"
         "                      that take the prompt from the prefix cache\n"
         "                      (docs/prefix-cache.md) and run the model over the rest;\n"
@@ -144,6 +152,9 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
         {.name = "json", .kind = OPT_FLAG, .dst = &o->json},
         {.name = "save", .kind = OPT_STRING, .dst = &o->save_path},
         {.name = "prefix-cache", .kind = OPT_FLAG, .dst = &o->prefix_cache},
+        {.name = "parallel", .kind = OPT_FLAG, .dst = &o->parallel},
+        {.name = "speculate", .kind = OPT_U32, .dst = &o->speculate, .lo = 1, .hi = 64},
+        {.name = "tree", .kind = OPT_FLAG, .dst = &o->tree},
         {.name = "window", .kind = OPT_U32, .dst = &o->v.window, .lo = 0, .hi = UINT32_MAX},
         {.name = "sinks", .kind = OPT_U32, .dst = &o->v.sinks, .lo = 0, .hi = UINT32_MAX},
         {.name = "rollback", .kind = OPT_U32, .dst = &o->v.rollback, .lo = 0,
@@ -156,6 +167,12 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
                        NULL);
     if (rc != CLI_OK)
         return rc;
+    if (o->tree && !o->speculate)
+        return cli_usage_error(CMD, "--tree needs --speculate K");
+    if (o->speculate && (o->sessions > 1 || o->check || o->prefix_cache))
+        return cli_usage_error(CMD, "--speculate runs one session: it does not combine "
+                               "with --sessions, --prefix-cache or --check (--check-e2e "
+                               "does)");
     if (o->prefix_cache && o->sessions < 2)
         return cli_needs_error(CMD, "--prefix-cache", "--sessions N (N >= 2)",
                                "sessions 2..N take the prompt from the prefix cache that "
@@ -277,6 +294,8 @@ static int gen_setup(gen *g)
 
     const uint32_t N = g->N, S = g->steps, V = c->vocab_size, L = c->n_layers;
     uint32_t rows = g->P > N ? g->P : N;
+    if (o->speculate && rows < 1 + GEN_SPEC_BRANCHES * o->speculate) /* a step's tree */
+        rows = 1 + GEN_SPEC_BRANCHES * o->speculate;
     if (o->check_e2e && S > rows)
         rows = S;
     st = llama_state_init(&g->st, c, rows);
@@ -535,7 +554,7 @@ static void emit(const gen *g, uint32_t s, uint32_t i)
 }
 
 /* Print session s's tokens [from, to), except a final BOS that stopped it. */
-static void emit_range(const gen *g, uint32_t s, uint32_t from, uint32_t to)
+void gen_emit_range(const gen *g, uint32_t s, uint32_t from, uint32_t to)
 {
     const uint32_t *t = g->tok + (size_t)s * (g->steps + 1);
     for (uint32_t i = from; i < to; i++)
@@ -544,7 +563,7 @@ static void emit_range(const gen *g, uint32_t s, uint32_t from, uint32_t to)
 }
 
 /* Sample session s's next token from `logits` (sampled step `k`). */
-static bool take(gen *g, uint32_t s, uint32_t k, const float *logits)
+bool gen_take(gen *g, uint32_t s, uint32_t k, const float *logits)
 {
     const uint32_t V = g->c->vocab_size;
     float coin = llama_rng_coin(&g->rng[s]);
@@ -599,15 +618,20 @@ static int gen_run(gen *g)
         memcpy(t, g->prompt, P * sizeof *t);
         g->ntok[s] = P;
         if (sample_first)
-            live = take(g, s, 0, gen_first_logits(g, s)) || live;
+            live = gen_take(g, s, 0, gen_first_logits(g, s)) || live;
         else
             t[g->ntok[s]++] = g->prompt[P];   /* -n ended inside the prompt */
     }
     if (stream) {
-        emit_range(g, 0, 0, g->ntok[0]);
+        gen_emit_range(g, 0, 0, g->ntok[0]);
         fflush(stdout);
     }
 
+    if (g->o->speculate && live && sample_first) {
+        if (gen_speculate(g, attn_cb, stream) != CLI_OK)
+            return CLI_FAIL;
+        live = false;
+    }
     /* token loop: no allocation from here on */
     t0 = cli_now();
     for (uint32_t pos = P; live && sample_first && pos < g->steps; pos++) {
@@ -634,20 +658,21 @@ static int gen_run(gen *g)
             return cli_fail(CMD, "%s", g->err[0] ? g->err : pkv_status_str(st));
         for (uint32_t r = 0; r < n; r++) {
             uint32_t s = g->act[r];
-            take(g, s, pos + 1 - P, g->logits + (size_t)r * V);
+            gen_take(g, s, pos + 1 - P, g->logits + (size_t)r * V);
             if (stream)
-                emit_range(g, s, g->ntok[s] - 1, g->ntok[s]);
+                gen_emit_range(g, s, g->ntok[s] - 1, g->ntok[s]);
         }
         if (stream)
             fflush(stdout);
     }
-    g->t_decode = cli_now() - t0 - (g->check_secs - check_before);
+    if (!g->o->speculate)
+        g->t_decode = cli_now() - t0 - (g->check_secs - check_before);
     if (stream) {
         printf("\n");
     } else if (!g->o->json) {
         for (uint32_t s = 0; s < N; s++) {
             printf("[session %u]\n", s);
-            emit_range(g, s, 0, g->ntok[s]);
+            gen_emit_range(g, s, 0, g->ntok[s]);
             printf("\n");
         }
     }

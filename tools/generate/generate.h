@@ -51,10 +51,23 @@ typedef struct {
     bool prefix_cache;              /* --prefix-cache: sessions 1.. from the cache */
     bool context_shift;             /* --context-shift: a full context drops half (docs/rope.md) */
     uint32_t keep;                  /* --keep: positions a context shift keeps at the start */
+    uint32_t speculate;             /* --speculate K: drafts a step (0: off) */
+    bool tree;                      /* --tree: several candidates as a tree */
+    bool parallel;                  /* --parallel: the N sessions' steps as one batch */
     cli_variant v;                  /* --window, --sinks, --rollback, --softcap */
 } gen_opts;
 
-enum { MODE_PREFILL, MODE_DECODE, MODE_DENSE };   /* what attn_cb does: gen.mode */
+enum { MODE_PREFILL, MODE_DECODE, MODE_DENSE, MODE_VERIFY }; /* what attn_cb does */
+
+/* --speculate --tree: the most candidates of a step's tree (generate/speculate.c) */
+#define GEN_SPEC_BRANCHES 4u
+
+/* --speculate (generate/speculate.c): what the steps did */
+typedef struct {
+    uint64_t steps;                 /* forwards of a tree (one pkv_verify per layer) */
+    uint64_t proposed, accepted;    /* drafts below the root, summed over the steps */
+    double attn_secs;               /* inside the attention of those forwards */
+} gen_spec;
 
 typedef struct {
     const gen_opts *o;
@@ -101,6 +114,7 @@ typedef struct {
     double t_prefill, t_decode;
     uint64_t n_generated;
     gen_prefix pfx;
+    gen_spec spec;
     char err[512];
 } gen;
 
@@ -144,5 +158,16 @@ void gen_prefix_report(const gen *g, json_writer *W);
  * the model's seq_len keeps its first --keep positions and drops half of the rest
  * (pkv_session_discard). CLI_OK, or CLI_FAIL with the engine's reason. */
 int gen_context_shift(gen *g, uint32_t n);
+
+/* Sample session s's next token from `logits` (sampled step k: its coin, and for
+ * --check-e2e its record); false when the token ends the text. Print session s's
+ * tokens [from, to) (generate.c). */
+bool gen_take(gen *g, uint32_t s, uint32_t k, const float *logits);
+void gen_emit_range(const gen *g, uint32_t s, uint32_t from, uint32_t to);
+/* --speculate (generate/speculate.c): session 0's token loop after its first token,
+ * one tree of drafts a step through attn (stream: print tokens as they come);
+ * gen_speculate_report adds the figures (to W, or to stderr when W is NULL). */
+int gen_speculate(gen *g, llama_attn_fn attn, bool stream);
+void gen_speculate_report(const gen *g, json_writer *W);
 
 #endif

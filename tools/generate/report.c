@@ -222,7 +222,10 @@ int gen_report(gen *g)
         json_open(W, "engine", '{');
         JSON_U64S(W, {"pages_in_use", es.pages_in_use}, {"pages_free", es.pages_free},
                   {"bytes_in_use", engine_bytes}, {"sum_session_resident", sum_resident},
-                  {"bytes_allocator", es.bytes_allocator});
+                  {"bytes_allocator", es.bytes_allocator},
+                  {"pages_read_shared", es.pages_read_shared},
+                  {"pages_read_private", es.pages_read_private},
+                  {"page_reads_saved", es.page_reads_saved});
         json_close(W, '}');
         json_u64(W, "prompt_positions", g->P);
         json_fmt(W, "prefill_seconds", "%.6f", g->t_prefill);
@@ -241,6 +244,7 @@ int gen_report(gen *g)
             json_close(W, '}');
         }
         gen_prefix_report(g, W);
+        gen_speculate_report(g, W);
         if (o->check_e2e) {
             json_open(W, "check_e2e", '{');
             json_bool(W, "passed", true);
@@ -274,7 +278,13 @@ int gen_report(gen *g)
             (unsigned long long)g->n_generated, (unsigned long long)decoded, g->t_decode,
             tps, pkv_dtype_name(cfg.kv_dtype), cfg.n_threads, es.isa,
             o->check ? ", --check time excluded" : "");
+    if (es.pages_read_shared)
+        fprintf(stderr, "page reads: %llu shared by several queries at once (sparing %llu), "
+                        "%llu private\n", (unsigned long long)es.pages_read_shared,
+                (unsigned long long)es.page_reads_saved,
+                (unsigned long long)es.pages_read_private);
     gen_prefix_report(g, NULL);
+    gen_speculate_report(g, NULL);
     if (o->check)
         fprintf(stderr, "check: passed, %llu attention rows vs pkv_attention_reference, max "
                         "|diff| %.3g, worst %.4f of the tolerance (%.0e x max|V|), %.2f s\n",

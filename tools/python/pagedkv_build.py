@@ -9,7 +9,7 @@ downloaded (pyproject.toml's build-system requires nothing), so pip's isolated b
 works offline, where one that requires setuptools would have to fetch it first.
 
 What the wheel carries beyond the sources: pagedkv/_install.py with LIBDIR, the
-directory of the installed libpagedkv.so.2 when it is known at build time - from
+directory of the installed libpagedkv.so.3 when it is known at build time - from
 `pip install --config-settings libdir=DIR`, else $PAGEDKV_LIBDIR, else
 `pkg-config --variable=libdir pagedkv` (meson install's pagedkv.pc) - so that the
 installed package finds the library without ldconfig or LD_LIBRARY_PATH. The

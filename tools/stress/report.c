@@ -208,6 +208,14 @@ static void print_json(const stress_run *r, const line_fit fit[2], const bucket 
                   {"rss_bytes", p->rss}, {"pages", p->pages},
                   {"window_pages_max", p->window_pages_max});
         json_num(W, "p50_windowed_us", p->p50_windowed);
+        if (o->verify) {
+            json_num(W, "verify_us", p->verify_us);
+            json_num(W, "k_decodes_us", p->k_decodes_us);
+        }
+        if (o->shared) {
+            json_num(W, "shared_batch_us", p->shared_us);
+            json_num(W, "separate_decodes_us", p->separate_us);
+        }
         json_close(W, '}');
     }
     json_close(W, ']');
@@ -322,6 +330,27 @@ static void print_text(const stress_run *r, const line_fit fit[2], const bucket 
             printf("  %llu (%llu)", (unsigned long long)p->window_pages_max,
                    (unsigned long long)r->ceiling);
         printf("\n");
+    }
+    if (o->verify || o->shared) { /* stress/many.c: layer 0 of session 0, medians */
+        printf("many queries a page read (layer 0, session 0; us, medians):\n  %12s", "context");
+        if (o->verify)
+            printf(" %12s %12s %8s", "verify K", "K decodes", "speedup");
+        if (o->shared)
+            printf(" %12s %12s %8s", "batch N", "N decodes", "speedup");
+        printf("   (K = %u, N = %u)\n", o->verify, o->shared);
+        for (size_t i = 0; i < r->n_points; i++) {
+            const stress_point *p = &r->points[i];
+            if (i + 1 < r->n_points && ilog2(r->points[i + 1].ctx) == ilog2(p->ctx))
+                continue;
+            printf("  %12llu", (unsigned long long)p->ctx);
+            if (o->verify)
+                printf(" %12.1f %12.1f %8.2f", p->verify_us, p->k_decodes_us,
+                       p->k_decodes_us / p->verify_us);
+            if (o->shared)
+                printf(" %12.1f %12.1f %8.2f", p->shared_us, p->separate_us,
+                       p->separate_us / p->shared_us);
+            printf("\n");
+        }
     }
     if (r->windowed && sr->n)
         printf("windowed: from %llu to %llu tokens (%zu points past sinks + window + "

@@ -68,6 +68,10 @@ static void usage(FILE *f)
         "                       drop half of the rest and fill again; memory and decode\n"
         "                       time after each shift (flat), --svg plots them\n"
         "  --keep N             with --shift: positions kept at the start (default 1)\n"
+        "  --verify K           at each decode point, a pkv_verify of K drafts (up to 16)\n"
+        "                       against K pkv_decode calls (layer 0, session 0)\n"
+        "  --shared N           at each decode point, one pkv_decode_batch of N forks (up\n"
+        "                       to 16) against N pkv_decode calls (docs/speculative.md)\n"
         "  --budget BYTES       resident page budget (0 = none)\n"
         "  --spill-dir DIR      spill pages beyond the budget to a file in DIR\n"
         "  --force              run without --budget even if the K/V cache exceeds the\n"
@@ -126,6 +130,8 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
         {.name = "svg-logx", .kind = OPT_FLAG, .dst = &o->svg_logx, .needs = "svg",
          .why = "it sets the context axis of the plot"},
         {.name = "quiet", .kind = OPT_FLAG, .dst = &o->quiet},
+        {.name = "verify", .kind = OPT_U32, .dst = &o->verify, .lo = 1, .hi = STRESS_MANY_MAX},
+        {.name = "shared", .kind = OPT_U32, .dst = &o->shared, .lo = 2, .hi = STRESS_MANY_MAX},
         /* the options of `stress --mpi` alone (stress/mpi.c), refused in its words */
         {.name = "exchange", .kind = OPT_STRING, .dst = &mpi_value, .needs = "mpi",
          .why = mpi_only},
@@ -557,6 +563,9 @@ measured:
                   .p90 = pct(r->lat, k, 0.9),
                   .max = r->lat[k - 1], .rss = cli_rss_bytes(),
                   .p50_windowed = kw ? pct(r->wlat, kw, 0.5) : NAN};
+    const pkv_status st2 = stress_many_point(r, n, pt);
+    if (st2 != PKV_OK)
+        return st2;
     check_memory(r, n, pt);
     return PKV_OK;
 }

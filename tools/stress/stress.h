@@ -38,7 +38,11 @@ typedef struct {
     pkv_dtype dtype;
     const char *spill_dir, *svg, *preset;
     bool json, quiet, svg_logx, force;
+    uint32_t verify, shared;     /* --verify K, --shared N (stress/many.c; 0: off) */
 } stress_opts;
+
+/* Most drafts of --verify and sessions of --shared (stress/many.c). */
+#define STRESS_MANY_MAX 16u
 
 typedef struct { uint64_t ctx; float us; } stress_sample;   /* one timed pkv_decode */
 
@@ -49,6 +53,10 @@ typedef struct {                 /* one decode point: latency and memory at ctx 
     uint64_t pages;              /* pages held, all sessions and layers */
     uint64_t window_pages_max;   /* most pages one windowed layer holds (0: none) */
     double p50_windowed;         /* us, p50 over the windowed layers' decodes (NaN: none) */
+    /* stress/many.c, layer 0 of session 0, medians (NaN: not asked): a pkv_verify of
+       --verify K drafts and K pkv_decode calls; one pkv_decode_batch of --shared N
+       forks and N pkv_decode calls */
+    double verify_us, k_decodes_us, shared_us, separate_us;
 } stress_point;
 
 typedef struct {
@@ -98,5 +106,8 @@ int stress_prefix(const stress_opts *o);
 /* `--shift N` (docs/rope.md): a full context shifted N times, memory and decode time after
  * each shift, its report and plot (stress/shift.c). Returns the exit status. */
 int stress_shift(const stress_opts *o);
+/* --verify, --shared at decode point n (stress/many.c): their four figures into pt
+ * (NaN when not asked); the session is left as it was. A library status on failure. */
+pkv_status stress_many_point(stress_run *r, uint64_t n, stress_point *pt);
 
 #endif

@@ -400,6 +400,43 @@ class Session:
         self._check(L.pkv_session_discard(h, A.u64(p0, "discard p0"), A.u64(p1, "discard p1")),
                     "discard")
 
+    def verify(self, layer, parent, q, k, v, out=None):
+        """Attention of n draft tokens of `layer` as a tree (docs/speculative.md):
+        parent[i] < i is draft i's parent, or -1 for a child of the last cached position;
+        q [n][n_heads][head_dim], k [n][n_kv_heads][head_dim], v [n][n_kv_heads]
+        [head_dim_v] -> [n][n_heads][head_dim_v]. The drafts stay pending (len does not
+        move) until commit(); a second verify of the layer replaces them."""
+        h, e = self._handle(), self._engine
+        layer = self._layer(layer, "verify")
+        pa = A.token_ids(parent, "verify parent")
+        n = A.u32(pa.size, "verify: the number of drafts")
+        qa = A.float32(q, (n, e.n_heads, e.head_dim), "verify q")
+        ka = A.float32(k, (n, e.n_kv_heads, e.head_dim), "verify k")
+        va = A.float32(v, (n, e.n_kv_heads, e.head_dim_v), "verify v")
+        o = A.out_array(out, (n, e.n_heads, e.head_dim_v), "verify", qa, ka, va)
+        self._check(L.pkv_verify(h, layer, n, pa.ctypes.data if n else None,
+                                 qa.ctypes.data, ka.ctypes.data, va.ctypes.data,
+                                 o.ctypes.data), "verify")
+        return o
+
+    def commit(self, path=()):
+        """Keep the pending drafts path (a root-to-node path of the verified tree: path[0]
+        has parent -1, path[j + 1]'s parent is path[j]) on every verified layer: they
+        become the next len(path) positions; every other draft is released. An empty path
+        drops them all."""
+        h = self._handle()
+        if isinstance(path, (str, bytes, bytearray)):
+            raise TypeError("commit: path must be a sequence of draft indices")
+        pa = np.asarray(path)
+        if pa.ndim != 1:
+            raise ValueError(f"commit: path must be 1-D, got shape {pa.shape}")
+        if pa.size and pa.dtype.kind not in "iu":
+            raise TypeError(f"commit: draft indices must be integers, got dtype {pa.dtype}")
+        idx = [A.u32(int(i), f"commit path[{j}]") for j, i in enumerate(pa)]
+        arr = np.ascontiguousarray(idx, dtype=np.uint32)
+        n = A.u32(arr.size, "commit: the path's length")
+        self._check(L.pkv_session_commit(h, n, arr.ctypes.data if n else None), "commit")
+
     def fork(self):
         """A new Session sharing every page of this one (copy-on-write)."""
         src = self._handle()

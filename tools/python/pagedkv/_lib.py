@@ -10,7 +10,7 @@ Where it is looked for, first found wins:
      writes pkg-config's libdir of pagedkv when it knows one), then the lib
      directories of the interpreter's prefix (sys.prefix: a virtual environment or
      the prefix pagedkv was installed into beside this Python).
-  3. The dynamic loader's path: dlopen("libpagedkv.so.2") (LD_LIBRARY_PATH,
+  3. The dynamic loader's path: dlopen("libpagedkv.so.3") (LD_LIBRARY_PATH,
      the ldconfig cache, /lib and /usr/lib).
 When none has it, ImportError names every place tried and why each failed.
 """
@@ -72,7 +72,9 @@ class Stats(ctypes.Structure):
                 ("pages_in_use", "pages_free", "pages_spilled", "page_bytes",
                  "bytes_allocator", "mem_budget", "pages_cached", "prefix_lookups",
                  "prefix_hit_tokens")] + \
-               [("pool", ctypes.c_char_p)]
+               [("pool", ctypes.c_char_p)] + \
+               [(n, ctypes.c_uint64) for n in
+                ("pages_read_shared", "pages_read_private", "page_reads_saved")]
 
 
 def _prefix_libdirs():
@@ -165,6 +167,8 @@ pkv_session_truncate = _fn("pkv_session_truncate", st, P, u64)
 pkv_session_memory = _fn("pkv_session_memory", st, P, ctypes.POINTER(Memory))
 pkv_prefill = _fn("pkv_prefill", st, P, u32, u32, P, P, P, P)
 pkv_decode_batch = _fn("pkv_decode_batch", st, P, u32, u32, P, P, P)
+pkv_verify = _fn("pkv_verify", st, P, u32, u32, P, P, P, P, P)
+pkv_session_commit = _fn("pkv_session_commit", st, P, u32, P)
 pkv_session_save = _fn("pkv_session_save", st, P, ctypes.c_char_p)
 pkv_session_load = _fn("pkv_session_load", st, P, ctypes.c_char_p, ctypes.POINTER(P))
 pkv_kv_cache_bytes = _fn("pkv_kv_cache_bytes", st, u64, u64, u64, u64, u64, u64,

@@ -64,6 +64,15 @@ pkv_status llama_kv_attn(void *ctx, uint32_t layer, uint32_t n, float *q, const 
 
     /* drafts: n tokens of one session as a tree, pending until the caller commits */
     if (kv->tree) {
+        /* draft r's query turns at len + depth(r), where the engine turns its key */
+        const uint64_t p0 = pkv_session_len(kv->rows[0], layer);
+        for (uint32_t r = 0; r < n; r++) {
+            uint64_t p = p0;
+            for (int32_t a = kv->tree[r]; a >= 0; a = kv->tree[a])
+                p++;
+            if ((st = pkv_rope_q(kv->eng, layer, 1, &p, q + r * q_dim)) != PKV_OK)
+                return failed(kv, "pkv_rope_q", layer, st);
+        }
         st = pkv_verify(kv->rows[0], layer, n, kv->tree, q, k, v, out);
         return st == PKV_OK ? st : failed(kv, "pkv_verify", layer, st);
     }

@@ -165,7 +165,23 @@ typedef struct {
     float    softcap;         /* 0: none; else every score s becomes softcap*tanh(s/softcap) */
     const float *sink_logits; /* NULL, or [n_heads]: one learned logit per query head that
                                  joins that head's softmax denominator (gpt-oss); copied */
+    /* SPEC §14 (appended in soname 3): RoPE in the engine, see "RoPE in the engine"
+       in section 5. All four 0: the caller rotates q and k itself, as before. */
+    uint32_t rope;            /* 0 none, PKV_ROPE_NORM (adjacent pairs (2i, 2i+1): llama2.c,
+                                 GPT-J) or PKV_ROPE_NEOX (pairs (i, i + rope_dims/2): Llama
+                                 3, Qwen, Mistral) */
+    uint32_t rope_dims;       /* leading values of each head that rotate: even, at most
+                                 head_dim (0 = head_dim); the rest pass unchanged */
+    float    rope_theta;      /* base, e.g. 10000 (Llama 2) or 500000 (Llama 3); finite,
+                                 > 0 (0 = 10000) */
+    float    rope_freq_scale; /* linear position scale: the angle of pair i at position p
+                                 is p * rope_freq_scale * rope_theta^(-2i / rope_dims);
+                                 finite, > 0 (0 = 1, none) */
 } pkv_layer_config;
+
+/* Values of pkv_layer_config.rope (SPEC §14). */
+#define PKV_ROPE_NORM 1u
+#define PKV_ROPE_NEOX 2u
 
 typedef struct {
     uint32_t n_layers, n_heads, n_kv_heads, head_dim;
@@ -224,7 +240,10 @@ typedef struct pkv_session pkv_session;
  *   without PKV_Q8/PKV_Q4 pages; a layer_cfg entry with sink_tokens or
  *   rollback_tokens but no window, a negative or non-finite softcap, a non-finite
  *   sink logit, or more sink_tokens than 64 split-K chunks hold (64 * ceil(512 /
- *   block_tokens) * block_tokens: 32768 at block_tokens 16); PKV_FORCE_ISA naming
+ *   block_tokens) * block_tokens: 32768 at block_tokens 16); a layer_cfg entry with
+ *   bad rope fields (rope not 0, PKV_ROPE_NORM or PKV_ROPE_NEOX; rope_dims odd or
+ *   above head_dim, or 0 with an odd head_dim; rope_theta or rope_freq_scale negative
+ *   or not finite; any of them set without rope); PKV_FORCE_ISA naming
  *   kernels this host cannot run; PKV_PREFETCH set to anything but l1 or l2.
  *   pkv_config_explain says which.
  * PKV_ENOMEM: the allocator failed. PKV_EIO: the spill file could not be created. */
@@ -333,6 +352,56 @@ typedef struct {
 /* Exact memory figures of one session. PKV_EINVAL for NULL. */
 PKV_API pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out);
 
+/* -- context shift (SPEC §14): dropping positions, needs RoPE in the engine -- */
+
+/* Drop positions [p0, p1) of every layer of s: positions from p1 on move down by
+ * p1 - p0 and attend as if they had always been there - their keys are turned back by
+ * p1 - p0 positions (re-rotated), their values copied unchanged - so a decode at the new
+ * end sees what a session that had appended those rows at their new positions sees,
+ * within the rounding below. This is llama.cpp's context shift (seq_rm + seq_add): keep
+ * the first n_keep positions, drop the next n_discard, continue.
+ *
+ * Per layer of length len: len <= p0, nothing; p0 < len <= p1, truncated to p0 (no
+ * rotation needed); len > p1, shifted: len becomes len - (p1 - p0). Pages that held only
+ * dropped positions are released; the rows that move are rewritten inside the session's
+ * own pages, and a page shared with a fork or the prefix cache is copied first (the
+ * other holders keep theirs). Pages wholly below p0 stay shared. Cost: O(rows that
+ * move) per layer, no more than appending them again (docs/rope.md has the figures).
+ * The token record (pkv_session_set_tokens) ends at p0, and cannot be extended past p0
+ * again until a truncate to p0 or below: the moved K/V is not what those ids give from
+ * scratch, so it must not serve prefix-cache hits (pkv_session_set_tokens past that is
+ * PKV_ESTATE).
+ *
+ * Rounding: re-rotated keys are rounded to the storage dtype again, and a key that moves
+ * n times carries n + 1 roundings. They can add up coherently (the same turn, rounded
+ * the same way, each time), so the drift from a key rotated exactly at its final
+ * position grows about linearly with n: f32 by about 2e-8 of |k| per shift (the f32
+ * cos/sin of the shift); f16, bf16, Q8 and Q4 by up to one rounding of their type per
+ * shift (after 100 shifts Q4 keys are noise, bf16 and Q8 ones off by about 10%).
+ * docs/rope.md has the figures after 1, 10 and 100 shifts; a cache that shifts often
+ * belongs in f32 or f16. Values are copied, never rounded again.
+ *
+ * Variants: a windowed layer may lose nothing a decode at its new end, or after a
+ * truncate of up to rollback_tokens, would read: positions it had released and that
+ * land below its new window are simply gone (a discard below the window's start drops
+ * what the window had released); a discard that would bring released positions back
+ * into the window, or into its sinks, is PKV_ERANGE. A shard (pkv_session_set_first):
+ * [p0, p1) must lie at or above its first position, else PKV_ERANGE. Spill engines:
+ * the layers' pages from p0 on are brought back into memory first, all of them at once
+ * (they must fit mem_budget together with the copies of shared pages).
+ *
+ * Statuses; a failed call changes nothing (lengths, contents, sharing, the record):
+ *   PKV_OK      also for p0 == p1 <= the longest layer (nothing to do).
+ *   PKV_EINVAL  s NULL; p0 > p1; a layer holding positions >= p1 has no rope (its keys
+ *               cannot be re-rotated).
+ *   PKV_ERANGE  p1 beyond every layer's length; a shard's first position above p0; a
+ *               windowed layer as above.
+ *   PKV_ENOMEM  pages for the copies (under the budget, after spilling) or bookkeeping.
+ *   PKV_EIO     spilled pages could not be read back.
+ * One session, one thread (like every call on a session); other sessions of the engine
+ * may be used meanwhile. */
+PKV_API pkv_status pkv_session_discard(pkv_session *s, uint64_t p0, uint64_t p1);
+
 /* -- the prefix cache (docs/prefix-cache.md): sessions by token ids -- */
 
 /* Record the token ids of positions [0, n) of s (tokens[0..n); n <= every layer's
@@ -347,7 +416,9 @@ PKV_API pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out);
  * n 0 records nothing (tokens may be NULL); n above any layer's length (UINT64_MAX
  * included) is PKV_ERANGE before tokens is read.
  * PKV_EINVAL (s NULL; tokens NULL with n > 0; ids that differ from the recorded
- * ones), PKV_ERANGE, PKV_ENOMEM; the record and the index unchanged on failure. */
+ * ones), PKV_ERANGE, PKV_ESTATE (n past the p0 of a pkv_session_discard, until a
+ * truncate to p0 or below), PKV_ENOMEM; the record and the index unchanged on
+ * failure. */
 PKV_API pkv_status pkv_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *tokens);
 /* A new session sharing (as a fork does, O(pages), no copy) the longest cached prefix
  * of tokens[0..n) in whole pages of every layer, at most n - 1 positions so the
@@ -410,6 +481,38 @@ PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
                                     pkv_session *const *sessions, const float *q,
                                     float *out);
 
+/* -- RoPE in the engine (SPEC §14) -- */
+/* A layer whose pkv_layer_config sets `rope` rotates its keys itself: pkv_append,
+ * pkv_prefill and pkv_verify take k before rotation and the engine turns each key at
+ * its position when it stores it (pkv_session_len before the call plus its row; for
+ * pkv_verify's draft i, len + depth(i)); the caller rotates the queries of that layer
+ * with pkv_rope_q, which turns them exactly as the keys are turned. Values are never
+ * rotated. Layers without rope behave as before: the caller rotates q and k.
+ *
+ * The rotation: the first rope_dims values of every head rotate as rope_dims/2 pairs
+ * (PKV_ROPE_NORM: (2i, 2i+1); PKV_ROPE_NEOX: (i, i + rope_dims/2)); pair i at position
+ * p turns by the angle p * f_i, f_i = rope_freq_scale * rope_theta^(-2i / rope_dims),
+ * (x, y) -> (x cos - y sin, x sin + y cos). Accuracy against the exact rotation: each
+ * rotated pair is within 2^-20 * |(x, y)| (about 1e-6 relative) for positions below
+ * 2^24, plus p * f_i * 2^-52 of angle beyond (the resolution of a double angle; at
+ * p = 2^40 with f_i = 1 that is 2^-12 radians). docs/rope.md has the method (tables of
+ * cos/sin per base-64 digit of the position, built once per engine in double, stored in
+ * f32) and which models use which style.
+ *
+ * Which style follows the weights' layout, not the model's name: PKV_ROPE_NORM for
+ * llama2.c checkpoints, GPT-J and llama.cpp's "llama" GGUF files (its converter permutes
+ * Wq and Wk of Llama and Mistral into adjacent pairs); PKV_ROPE_NEOX for Hugging Face
+ * checkpoints (rotate_half: Llama 2/3, Mistral, Qwen, Gemma, Phi-3) and GGUF files of
+ * Qwen, Gemma, Phi-3, Falcon and GPT-NeoX. */
+
+/* Rotate query rows q [n][n_heads][head_dim] of `layer` in place, row j at position
+ * pos[j] (any uint64_t), exactly as the engine rotates the keys it stores for that layer
+ * (the same bits for the same position). A layer without rope: q is left as it is (its
+ * keys are stored as given). n == 0 does nothing (pos and q may then be NULL). Reads
+ * only immutable tables: thread-safe, any number of threads at once. Never allocates.
+ * PKV_EINVAL: e NULL, layer out of range, pos or q NULL with n > 0. */
+PKV_API pkv_status pkv_rope_q(const pkv_engine *e, uint32_t layer, uint32_t n,
+                              const uint64_t *pos, float *q);
 /* -- speculative verify and commit (docs/speculative.md) --
  * A speculative decoder proposes several tokens at once - a chain, or a tree of
  * candidate continuations sharing their prefixes (EAGLE, Medusa, SpecInfer) - runs the
@@ -431,10 +534,14 @@ PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
  *   pkv_append, pkv_prefill of it  PKV_ESTATE, nothing changed (other layers: as ever);
  *   pkv_decode, pkv_decode_batch,
  *   pkv_decode_partial(_at)        attend its cached positions only, as its length says;
- *   pkv_session_fork, pkv_session_truncate, pkv_session_save
- *                                  PKV_ESTATE (for any pending layer), nothing changed;
+ *   pkv_session_fork, pkv_session_truncate, pkv_session_save,
+ *   pkv_session_discard            PKV_ESTATE (for any pending layer), nothing changed;
  *   pkv_session_set_tokens         records ids of cached positions, as ever;
  *   pkv_session_destroy            releases the drafts with the rest.
+ * RoPE (SPEC §14): on a layer with the engine's rope, draft i's key is turned at
+ * position len + depth(i) - the position it stands for, not the slot it is stored in -
+ * so a committed path holds exactly the keys pkv_append would have stored there; rotate
+ * draft i's queries with pkv_rope_q at that same position.
  * Threads: as every session call - one thread at a time per session. */
 
 /* Most drafts of one pkv_verify. */
@@ -497,7 +604,7 @@ PKV_API pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uin
  * (the header, the page table, the engine it must load into). Format versions: the
  * oldest that holds the session - 1 for a plain engine, 2 with attention variants or
  * Q8/Q4 pages, 3 when token ids are recorded (pkv_session_set_tokens), 4 for a
- * shard. The engine's session files share one I/O ring (created on first use):
+ * shard, 5 with the engine's RoPE or after pkv_session_discard. The engine's session files share one I/O ring (created on first use):
  * saves and loads of different sessions may run on different threads at once.
  * PKV_EINVAL (NULL, path ""; more layers than a file's header holds), PKV_ESTATE
  * (drafts are pending: pkv_verify; no file holds them, commit first), PKV_EIO,
@@ -505,13 +612,14 @@ PKV_API pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uin
  * a library defect - please report it). A failing close or directory fsync after the
  * rename is PKV_EIO with the new file in place (durability unknown). */
 PKV_API pkv_status pkv_session_save(pkv_session *s, const char *path);
-/* Read a session file (format versions 1 to 4, docs/file-format.md) into a new
+/* Read a session file (format versions 1 to 5, docs/file-format.md) into a new
  * session of e; a version-3 or -4 file's token ids are recorded again (its full
- * pages are reusable by pkv_session_from_prefix), a version-4 file is a shard again.
+ * pages are reusable by pkv_session_from_prefix), a version-4 or -5 file with a first
+ * position is a shard again, a version-5 file keeps its discard limit on the record.
  * The whole file is validated before the session is built: PKV_EINVAL for a file that
  * is not a session file (magic, not a regular file), or a sound file of an unknown
- * version or of another geometry, dtype, block size, scale, attention variant or
- * shard alignment; PKV_ECORRUPT for any other damage; PKV_EIO, PKV_ENOMEM; PKV_EINVAL
+ * version or of another geometry, dtype, block size, scale, attention variant, RoPE
+ * or shard alignment; PKV_ECORRUPT for any other damage; PKV_EIO, PKV_ENOMEM; PKV_EINVAL
  * also for NULL or path "". Nothing is half-loaded. pkv_engine_last_error names the
  * cause. */
 PKV_API pkv_status pkv_session_load(pkv_engine *e, const char *path, pkv_session **out);
@@ -668,7 +776,8 @@ PKV_API pkv_status pkv_engine_check(pkv_engine *e);
  *   window == 0); with a sink logit sigma_i (else sigma_i = -inf):
  *   out_i = sum_A e^(s_j - m) v_j / (sum_A e^(s_j - m) + e^(sigma_i - m)),
  *   m = max(sigma_i, max_A s_j).
- * pkv_causal_attention is this with lc NULL and head_dim_v = head_dim.
+ * pkv_causal_attention is this with lc NULL and head_dim_v = head_dim. lc's rope
+ * fields are not applied: the oracle takes q and k already rotated.
  * PKV_EINVAL for NULL arrays, zero sizes, h % g != 0, a bad scale, sink_tokens or
  * rollback_tokens without a window, a negative or non-finite softcap, a non-finite
  * sink logit, overflowing sizes; PKV_ENOMEM. */

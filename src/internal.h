@@ -22,6 +22,7 @@
 #include "base/threads.h"
 #include "base/window.h"
 #include "kernels/kernels.h"
+#include "rope/rope.h"
 #include "store/crc32c.h"
 #include "store/io.h"
 #include "store/pool.h"

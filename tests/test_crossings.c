@@ -716,7 +716,7 @@ static void op_bad(world *w, slot *s)
     memset(k, 0, sizeof k);
     float *q = query(w, 3);
     uint32_t n = 0;
-    switch (pkvt_below(&w->r, 12)) {
+    switch (pkvt_below(&w->r, 13)) {
     case 0: failed(w, pkv_append(s->s, NL, k, k), PKV_EINVAL, "pkv_append"); break;
     case 1: failed(w, pkv_append(s->s, 0, k, NULL), PKV_EINVAL, "pkv_append"); break;
     case 2: failed(w, pkv_decode(s->s, NL, q, o), PKV_EINVAL, "pkv_decode"); break;
@@ -763,6 +763,16 @@ static void op_bad(world *w, slot *s)
         memcpy(qq, q, (size_t)w->h * w->d * sizeof(float));
         memcpy(qq + (size_t)w->h * w->d, q, (size_t)w->h * w->d * sizeof(float));
         failed(w, pkv_decode_batch(w->e, 0, 2, two, qq, o), PKV_EINVAL, "pkv_decode_batch");
+        break;
+    }
+    case 11: { /* SPEC §14: a discard the session refuses (these engines have no rope) */
+        const uint64_t top = max_len(s);
+        if (pkvt_below(&w->r, 2))
+            failed(w, pkv_session_discard(s->s, top + 1, top), PKV_EINVAL,
+                   "pkv_session_discard");
+        else
+            failed(w, pkv_session_discard(s->s, s->first, top + 1), PKV_ERANGE,
+                   "pkv_session_discard");
         break;
     }
     default: failed(w, pkv_session_fork(s->s, NULL), PKV_EINVAL, "pkv_session_fork"); break;

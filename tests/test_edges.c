@@ -116,6 +116,27 @@ START_TEST(every_rule_is_refused_alike)
         case 34: c.spill_dir = file; what = "spill_dir a file"; break;
         case 35: setenv("PKV_FORCE_ISA", "sse9", 1); what = "PKV_FORCE_ISA=sse9"; break;
         case 36: setenv("PKV_PREFETCH", "l3", 1); what = "PKV_PREFETCH=l3"; break;
+        /* SPEC §14: the rope fields (head_dim 8) */
+        case 37: lc[0].rope = 3; what = "rope 3"; break;
+        case 38: lc[0].rope = UINT32_MAX; what = "rope UINT32_MAX"; break;
+        case 39: lc[0].rope = PKV_ROPE_NORM; lc[0].rope_dims = 3; what = "rope_dims odd"; break;
+        case 40: lc[0].rope = PKV_ROPE_NEOX; lc[0].rope_dims = 10; what = "rope_dims 10 > 8";
+            break;
+        case 41: lc[1].rope = PKV_ROPE_NEOX; lc[1].rope_dims = UINT32_MAX - 1;
+            what = "rope_dims UINT32_MAX - 1"; break;
+        case 42: lc[0].rope = PKV_ROPE_NORM; lc[0].rope_theta = -1.0f; what = "rope_theta -1";
+            break;
+        case 43: lc[0].rope = PKV_ROPE_NORM; lc[0].rope_theta = NAN; what = "rope_theta NaN";
+            break;
+        case 44: lc[0].rope = PKV_ROPE_NORM; lc[0].rope_freq_scale = INFINITY;
+            what = "rope_freq_scale inf"; break;
+        case 45: lc[0].rope = PKV_ROPE_NORM; lc[0].rope_freq_scale = -0.5f;
+            what = "rope_freq_scale -0.5"; break;
+        case 46: lc[1].rope_dims = 8; what = "rope_dims without rope"; break;
+        case 47: lc[1].rope_theta = 10000.0f; what = "rope_theta without rope"; break;
+        case 48: lc[1].rope_freq_scale = 1.0f; what = "rope_freq_scale without rope"; break;
+        case 49: c.head_dim = 7; lc[0].rope = PKV_ROPE_NEOX; what = "rope_dims 0, head_dim 7";
+            break;
         default: break;
         }
         if (!what)
@@ -137,6 +158,19 @@ START_TEST(every_rule_is_refused_alike)
     c.block_tokens = 3;
     lc[1].sink_tokens = 64 * 171 * 3;
     ck_assert_int_eq(agree(&c, "the sink limit at bt 3"), PKV_OK);
+    c = base_config();
+    memset(lc, 0, sizeof lc);
+    c.layer_cfg = lc;
+    lc[0] = (pkv_layer_config){.rope = PKV_ROPE_NEOX, .rope_dims = 8, .rope_theta = 3e38f,
+                               .rope_freq_scale = 1e-30f};
+    lc[1] = (pkv_layer_config){.rope = PKV_ROPE_NORM, .rope_dims = 2, .window = 4};
+    ck_assert_int_eq(agree(&c, "rope at its limits"), PKV_OK);
+    c.head_dim = 7;
+    lc[0].rope_dims = 6;
+    lc[1].rope_dims = 0; /* head_dim 7 is odd, but layer 1's default would be 7 */
+    ck_assert_int_eq(agree(&c, "rope_dims 0 with head_dim 7"), PKV_EINVAL);
+    lc[1].rope_dims = 6;
+    ck_assert_int_eq(agree(&c, "rope_dims 6 of head_dim 7"), PKV_OK);
     c = base_config();
     c.head_dim = c.head_dim_v = 4096;
     ck_assert_int_eq(agree(&c, "head_dim 4096"), PKV_OK);
@@ -343,6 +377,16 @@ START_TEST(every_failure_names_its_call)
     FAILS("pkv_fold_partials", PKV_EINVAL, pkv_fold_partials(e, 1, st, NULL));
     FAILS("pkv_session_pages", PKV_EINVAL, pkv_session_pages(s, 2, 0, 1, pi, NULL));
     FAILS("pkv_session_pages", PKV_EINVAL, pkv_session_pages(s, 0, 0, 1, NULL, NULL));
+    const uint64_t pos1[1] = {3};
+    FAILS("pkv_rope_q", PKV_EINVAL, pkv_rope_q(e, 2, 1, pos1, q));
+    FAILS("pkv_rope_q", PKV_EINVAL, pkv_rope_q(e, UINT32_MAX, 0, NULL, NULL));
+    FAILS("pkv_rope_q", PKV_EINVAL, pkv_rope_q(e, 0, 1, NULL, q));
+    FAILS("pkv_rope_q", PKV_EINVAL, pkv_rope_q(e, 0, 1, pos1, NULL));
+    FAILS("pkv_session_discard", PKV_EINVAL, pkv_session_discard(s, 5, 3));
+    FAILS("pkv_session_discard", PKV_EINVAL, pkv_session_discard(s, UINT64_MAX, 0));
+    FAILS("pkv_session_discard", PKV_ERANGE, pkv_session_discard(s, 0, UINT64_MAX));
+    FAILS("pkv_session_discard", PKV_ERANGE, pkv_session_discard(s, 13, 13));
+    FAILS("pkv_session_discard", PKV_EINVAL, pkv_session_discard(s, 9, 10)); /* no rope */
 
     /* pkv_verify and pkv_session_commit (docs/speculative.md): the sizes and trees they
      * refuse, and what the other calls say while drafts are pending */
@@ -669,6 +713,9 @@ START_TEST(extremes_of_verify_and_commit)
         path[i] = i;
     }
     ck_assert_int_eq(pkv_verify(s, 1, N, par, q, k, v, out), PKV_OK);
+    /* a discard would move rows under the pending drafts: refused before anything */
+    ck_assert_int_eq(pkv_session_discard(s, 0, 1), PKV_ESTATE);
+    ck_assert_uint_eq(pkv_session_len(s, 1), 5);
     ck_assert_int_eq(pkv_session_commit(s, N + 1, path), PKV_EINVAL);
     ck_assert_int_eq(pkv_session_commit(s, UINT32_MAX, path), PKV_EINVAL);
     par[N - 1] = N - 1;
@@ -703,6 +750,81 @@ END_TEST
 
 /* The engine-free calls at their size extremes: zero sizes are EINVAL (or 0), sizes
  * whose products overflow are refused before any buffer is read. */
+/* ---- extremes of RoPE and discard (SPEC §14) ------------------------------------------ */
+
+/* pkv_rope_q at the far positions stays finite and keeps each pair's norm (a rotation);
+ * the same position gives the same bits; a layer without rope leaves q alone; n 0 with
+ * NULL arrays does nothing. pkv_session_discard at every extreme of (p0, p1): the
+ * refused ones change nothing, p0 == p1 changes nothing, [0, len) of the longest layer
+ * empties it. */
+START_TEST(extremes_of_rope_and_discard)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed());
+    pkv_layer_config lc[2] = {{.rope = PKV_ROPE_NEOX}, {.rope = PKV_ROPE_NORM, .window = 6}};
+    pkv_config c = pkvt_config(2, 4, 2, 4, 2, PKV_F32);
+    c.layer_cfg = lc;
+    c.n_threads = 1;
+    pkv_engine *e = pkvt_engine_cfg(&c);
+    const uint64_t far[7] = {0, 1, 1ull << 24, (1ull << 24) + 1, 1ull << 40, 1ull << 63,
+                             UINT64_MAX};
+    float q[7][16], q0[7][16];
+    pkvt_fill(&r, &q0[0][0], 7 * 16, -1, 1);
+    memcpy(q, q0, sizeof q);
+    ck_assert_int_eq(pkv_rope_q(e, 0, 0, NULL, NULL), PKV_OK);
+    ck_assert_int_eq(pkv_rope_q(e, 0, 7, far, &q[0][0]), PKV_OK);
+    for (int j = 0; j < 7; j++)
+        for (int h = 0; h < 4; h++)
+            for (int i = 0; i < 2; i++) { /* NEOX pairs (i, i + 2) of each head of 4 */
+                const float *a = &q0[j][4 * h], *b = &q[j][4 * h];
+                const double n0 = (double)a[i] * a[i] + (double)a[i + 2] * a[i + 2];
+                const double n1 = (double)b[i] * b[i] + (double)b[i + 2] * b[i + 2];
+                ck_assert(isfinite(b[i]) && isfinite(b[i + 2]));
+                ck_assert_msg(fabs(n1 - n0) <= 1e-5 * (n0 + 1e-30), "pos %llu: norm %g -> %g",
+                              (unsigned long long)far[j], n0, n1);
+            }
+    ck_assert_mem_eq(q[0], q0[0], sizeof q[0]); /* position 0 turns by nothing */
+    float again[16];
+    memcpy(again, q0[5], sizeof again);
+    ck_assert_int_eq(pkv_rope_q(e, 0, 1, &far[5], again), PKV_OK);
+    ck_assert_mem_eq(again, q[5], sizeof again);
+
+    pkv_session *s = pkvt_session(e);
+    for (uint32_t l = 0; l < 2; l++)
+        pkvt_append_random(s, &r, l, 21, 1, 1);
+    float qq[16];
+    pkvt_fill(&r, qq, 16, -1, 1);
+    snap a = take(s, qq), b;
+    static const uint64_t bad[][2] = {{1, 0}, {UINT64_MAX, 0}, {UINT64_MAX, UINT64_MAX - 1},
+                                      {0, 22}, {21, 22}, {0, UINT64_MAX}, {22, 22},
+                                      {UINT64_MAX, UINT64_MAX}, {1ull << 63, 1ull << 63},
+                                      {1, 16}}; /* the last: layer 1's window */
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const pkv_status st = pkv_session_discard(s, bad[i][0], bad[i][1]);
+        ck_assert_msg(st == PKV_EINVAL || st == PKV_ERANGE, "discard [%llu, %llu): %s",
+                      (unsigned long long)bad[i][0], (unsigned long long)bad[i][1],
+                      pkv_status_str(st));
+        b = take(s, qq);
+        same(&a, &b, "a refused discard");
+    }
+    for (uint64_t p = 0; p <= 21; p += 7) { /* nothing to drop */
+        ck_assert_int_eq(pkv_session_discard(s, p, p), PKV_OK);
+        b = take(s, qq);
+        same(&a, &b, "discard [p, p)");
+    }
+    ck_assert_int_eq(pkv_session_discard(s, 20, 21), PKV_OK); /* the last position: a cut */
+    ck_assert_uint_eq(pkv_session_len(s, 0), 20);
+    ck_assert_int_eq(pkv_session_discard(s, 0, 20), PKV_OK);
+    ck_assert_uint_eq(pkv_session_len(s, 0), 0);
+    ck_assert_uint_eq(pkv_session_len(s, 1), 0);
+    ck_assert_int_eq(pkv_session_discard(s, 0, 0), PKV_OK);
+    ck_assert_int_eq(pkv_session_discard(NULL, 0, 0), PKV_EINVAL);
+    ck_assert_int_eq(pkv_rope_q(NULL, 0, 0, NULL, NULL), PKV_EINVAL);
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    pkv_engine_destroy(e);
+}
+END_TEST
+
 START_TEST(extremes_of_the_engine_free_calls)
 {
     float x[4] = {0}, y[4];
@@ -743,6 +865,7 @@ int main(void)
     tcase_add_test(tc, random_configs_are_judged_alike);
     tcase_add_test(tc, every_failure_names_its_call);
     tcase_add_test(tc, extremes_of_positions_and_sizes);
+    tcase_add_test(tc, extremes_of_rope_and_discard);
     tcase_add_test(tc, extremes_of_verify_and_commit);
     tcase_add_test(tc, extremes_of_the_engine_free_calls);
     suite_add_tcase(s, tc);

@@ -68,6 +68,7 @@ static int count_of(const char *s, const char *needle)
 
 static char model_path[4096], tok_path[4096];
 
+
 /* model_path and tok_path from pkvt_model_dir(). The "stories260K" case runs only where
  * they are there (pkvt_add_tcase_needing, PKV_TEST_NEEDS=model): absent, it fails. */
 static void model_files(void)
@@ -656,6 +657,40 @@ START_TEST(stories_window_unchanged)
 }
 END_TEST
 
+/* --context-shift (docs/rope.md): a run of -n past the model's seq_len (the synthetic
+ * model's 4096; stories260K's stories end on BOS long before its 512) keeps generating,
+ * the full cache keeping --keep positions and dropping half of the rest; before the
+ * shift its tokens are those of a run without the option. */
+START_TEST(synthetic_context_shift)
+{
+    pkvt_proc a = pkvt_tool(ARGS("-n", "300", "--json"), NULL);
+    pkvt_proc b = pkvt_tool(ARGS("-n", "4200", "--context-shift", "--keep", "8", "--json"),
+                            NULL);
+    ck_assert_msg(a.status == 0 && b.status == 0, "exit %d / %d: %s", a.status, b.status,
+                  b.err);
+    static uint32_t ta[400], tb[4300];
+    const size_t na = json_ints(a.out, "sessions[0].tokens", ta, 400);
+    const size_t nb = json_ints(b.out, "sessions[0].tokens", tb, 4300);
+    ck_assert_uint_eq(na, 301);   /* -n positions, and the token sampled at the last */
+    ck_assert_uint_eq(nb, 4201);
+    for (size_t i = 0; i < na; i++)
+        ck_assert_msg(ta[i] == tb[i], "token %zu: %u without a shift, %u with", i, ta[i], tb[i]);
+    ck_assert_double_eq(pkvt_json_num(b.out, "context_shifts"), 1);
+    ck_assert_double_eq(pkvt_json_num(b.out, "sessions[0].positions"), 4200 - (4096 - 8) / 2);
+    ck_assert_ptr_nonnull(strstr(b.out, "\"stop_reason\": \"steps\""));
+    pkvt_proc_free(&a);
+    pkvt_proc_free(&b);
+    /* a --keep that leaves no room to shift is a usage error, as is --check with it */
+    a = pkvt_tool(ARGS("-n", "5000", "--context-shift", "--keep", "4095"), NULL);
+    ck_assert_int_eq(a.status, 2);
+    ck_assert_ptr_nonnull(strstr(a.err, "--keep"));
+    pkvt_proc_free(&a);
+    a = pkvt_tool(ARGS("-n", "50", "--context-shift", "--check"), NULL);
+    ck_assert_int_eq(a.status, 2);
+    pkvt_proc_free(&a);
+}
+END_TEST
+
 /* A small window: the run still works (its attention checked against the variant's
  * dense reference, and end to end) and every layer holds at most the page ceiling
  * (docs/variants.md) of pages, well below what the positions would need unwindowed. */
@@ -851,6 +886,7 @@ int main(void)
     tcase_add_test(tc, synthetic_check_cost);
     tcase_add_test(tc, synthetic_variants);
     tcase_add_test(tc, synthetic_prefix_and_save);
+    tcase_add_test(tc, synthetic_context_shift);
     tcase_add_test(tc, synthetic_speculate);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("stories260K");

@@ -483,6 +483,70 @@ START_TEST(shards_save_and_load)
 }
 END_TEST
 
+/* Version 5 (SPEC §14): an engine with RoPE saves version 5, a whole session and a
+ * shard alike (the shard's first position rides in the version-4 fields inside it),
+ * also after a discard (the record's limit, a window's stale rows); each loads to the
+ * bit (save_holds). A version-4 shard file (no RoPE) does not load into a RoPE engine:
+ * another config, EINVAL. */
+START_TEST(rope_saves_version_5)
+{
+    scratch t;
+    scratch_init(&t);
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() ^ 5);
+    pkv_layer_config lc[2] = {{.rope = PKV_ROPE_NEOX},
+                              {.window = 40, .sink_tokens = 3, .rope = PKV_ROPE_NORM,
+                               .rope_dims = 4, .rope_theta = 500000.0f}};
+    for (int shard = 0; shard < 2; shard++) {
+        pkv_config c = pkvt_config(2, 4, 2, 8, 16, shard ? PKV_Q8 : PKV_F16);
+        c.layer_cfg = lc;
+        c.n_threads = 1;
+        pkv_engine *e = pkvt_engine_cfg(&c);
+        const uint64_t first = shard ? pkv_shard_align(e) : 0;
+        pkv_session *s = pkvt_session(e);
+        if (shard)
+            ck_assert_int_eq(pkv_session_set_first(s, first), PKV_OK);
+        for (uint32_t l = 0; l < 2; l++)
+            pkvt_append_random(s, &r, l, 200, 2.0f, 1.0f);
+        pkvt_write_file(t.path, "old", 3);
+        const unsigned char prev[3] = {'o', 'l', 'd'};
+        ck_assert_int_eq(save_holds(e, s, &t, prev, 3, "rope"), PKV_OK);
+        pkv_file_info fi;
+        ck_assert_int_eq(pkv_session_file_check(t.path, &fi, NULL, 0), PKV_OK);
+        ck_assert_uint_eq(fi.version, 5);
+        ck_assert_int_eq(pkv_session_discard(s, first + 16, first + 88), PKV_OK);
+        ck_assert_int_eq(save_holds(e, s, &t, prev, 3, "rope, discarded"), PKV_OK);
+        ck_assert_int_eq(pkv_session_file_check(t.path, &fi, NULL, 0), PKV_OK);
+        ck_assert_uint_eq(fi.version, 5);
+        pkv_session *x = NULL;
+        ck_assert_int_eq(pkv_session_load(e, t.path, &x), PKV_OK);
+        ck_assert_uint_eq(pkv_session_len(x, 0), first + 200 - 72);
+        if (shard) /* a shard again */
+            ck_assert_int_eq(pkv_session_truncate(x, first - 1), PKV_ERANGE);
+        pkv_session_destroy(x);
+        pkv_session_destroy(s);
+        if (shard) { /* the same shard without RoPE: version 4, refused by e */
+            pkv_layer_config plain[2] = {{0}, {.window = 40, .sink_tokens = 3}};
+            pkv_config cp = c;
+            cp.layer_cfg = plain;
+            pkv_engine *ep = pkvt_engine_cfg(&cp);
+            pkv_session *w = pkvt_session(ep);
+            ck_assert_int_eq(pkv_session_set_first(w, first), PKV_OK);
+            pkvt_append_random(w, &r, 0, 20, 1.0f, 1.0f);
+            ck_assert_int_eq(save_holds(ep, w, &t, prev, 3, "v4 shard"), PKV_OK);
+            ck_assert_int_eq(pkv_session_file_check(t.path, &fi, NULL, 0), PKV_OK);
+            ck_assert_uint_eq(fi.version, 4);
+            ck_assert_int_eq(pkv_session_load(e, t.path, &x), PKV_EINVAL);
+            pkv_session_destroy(w);
+            pkv_engine_destroy(ep);
+        }
+        ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+        pkv_engine_destroy(e);
+    }
+    pkvt_remove_dir(t.dir);
+}
+END_TEST
+
 /* The writer's own check: a session whose file would not pass the reader's checks
  * (here its two layers' tables swapped by hand, so that the full layer would claim the
  * windowed one's released pages) is not written - PKV_ECORRUPT, a reason that says
@@ -813,8 +877,8 @@ START_TEST(forged_consistent_checksums)
     uint32_t h = pkvt_le32(orig + 12);
     ck_assert_uint_eq(h, 92 + 8 * 2);
 
-    /* A version this build does not know (it reads 1 to 4), sound header: EINVAL. */
-    uint32_t versions[] = {0, 5, 0xffffffffu};
+    /* A version this build does not know (it reads 1 to 5), sound header: EINVAL. */
+    uint32_t versions[] = {0, 6, 0xffffffffu};
     for (int i = 0; i < 3; i++) {
         memcpy(b, orig, n);
         pkvt_put_le32(b + 8, versions[i]);
@@ -1245,6 +1309,7 @@ int main(void)
     tcase_add_test(fmt, roundtrip_windowed_truncate);
     tcase_add_test(fmt, rollback_truncate_saves_a_loadable_file);
     tcase_add_test(fmt, shards_save_and_load);
+    tcase_add_test(fmt, rope_saves_version_5);
     tcase_add_test(fmt, save_checks_what_it_commits);
     if (getenv("PKV_TOOL") != NULL)
         tcase_add_test(fmt, inspect_tool);

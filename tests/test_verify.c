@@ -859,6 +859,63 @@ START_TEST(walk_mixes_verify_with_everything)
 }
 END_TEST
 
+/* RoPE layers (SPEC §14): draft i's key turns at len + depth(i), not at its slot, so a
+ * tree off the chain gives every draft append + decode's bits along its path, and the
+ * commit of any path leaves the keys an append would have stored (every dtype, both
+ * styles, partial rotation, a window on one layer). */
+START_TEST(rope_trees_match_token_by_token)
+{
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed ^ 0x9e3779b9u);
+    static const int32_t parent[8] = {-1, -1, 0, 0, 2, 1, -1, 4};
+    const uint32_t n = 8;
+    for (uint32_t dt = 0; dt < 5; dt++) {
+        pkv_layer_config lc[2];
+        memset(lc, 0, sizeof lc);
+        lc[0].rope = PKV_ROPE_NEOX;
+        lc[1].rope = PKV_ROPE_NORM;
+        lc[1].rope_dims = 8;
+        lc[1].rope_theta = 500000;
+        lc[1].window = 5 + dt;
+        pkv_config c = pkvt_config(2, 4, 2, 16, 1 + dt % 4 * 3, (pkv_dtype)dt);
+        c.layer_cfg = lc;
+        pkv_engine *e = pkvt_engine_cfg(&c);
+        pkv_session *base = pkvt_session(e);
+        for (uint32_t l = 0; l < c.n_layers; l++)
+            pkvt_append_random(base, &r, l, 3 + pkvt_below(&r, 20), 1.5f, 2.0f);
+        rows x[2];
+        for (uint32_t l = 0; l < c.n_layers; l++)
+            x[l] = random_rows(&r, &c, n);
+        float *out = pkvt_calloc((size_t)n * c.n_heads * c.head_dim, sizeof(float));
+        for (uint32_t node = 0; node <= n; node++) {
+            pkv_session *s = NULL, *twin = NULL;
+            ck_assert_int_eq(pkv_session_fork(base, &s), PKV_OK);
+            for (uint32_t l = 0; l < c.n_layers; l++) {
+                ck_assert_int_eq(pkv_verify(s, l, n, parent, x[l].q, x[l].k, x[l].v, out),
+                                 PKV_OK);
+                if (node == 0)
+                    check_drafts(base, &c, l, n, parent, &x[l], out, seed);
+            }
+            uint32_t path[8], m = node < n ? path_to(parent, node, path) : 0;
+            ck_assert_int_eq(pkv_session_commit(s, m, m ? path : NULL), PKV_OK);
+            ck_assert_int_eq(pkv_session_fork(base, &twin), PKV_OK);
+            for (uint32_t l = 0; l < c.n_layers; l++)
+                append_path(twin, &c, l, &x[l], path, m);
+            same_decodes(s, twin, &c, &r, "rope path", seed);
+            pkv_session_destroy(s);
+            pkv_session_destroy(twin);
+        }
+        ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+        for (uint32_t l = 0; l < c.n_layers; l++)
+            rows_free(&x[l]);
+        free(out);
+        pkv_session_destroy(base);
+        pkv_engine_destroy(e);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("verify");
@@ -872,6 +929,7 @@ int main(void)
     tcase_add_test(tc, pending_drafts_spill_and_come_back);
     tcase_add_test(tc, drop_needs_no_read);
     tcase_add_test(tc, walk_mixes_verify_with_everything);
+    tcase_add_test(tc, rope_trees_match_token_by_token);
     suite_add_tcase(s, tc);
     return pkvt_run(s);
 }

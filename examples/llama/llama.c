@@ -547,7 +547,7 @@ pkv_status llama_forward(const llama_model *m, llama_state *s, uint32_t n,
         matmul_rows(s->q, s->xb, w->wq + (size_t)l * d * d, n, d, d);
         matmul_rows(s->k, s->xb, w->wk + (size_t)l * kv * d, n, d, kv);
         matmul_rows(s->v, s->xb, w->wv + (size_t)l * kv * d, n, d, kv);
-        for (uint32_t r = 0; r < n; r++)
+        for (uint32_t r = 0; r < n && !s->rope_in_attn; r++)
             rope(c, s->rope_freq, pos[r], s->q + (size_t)r * d, s->k + (size_t)r * kv);
         pkv_status st = attn(attn_ctx, l, n, s->q, s->k, s->v, s->att);
         if (st != PKV_OK)

@@ -3,7 +3,8 @@
  * (a llama2.c checkpoint or seeded synthetic ones), the forward pass, and sampling.
  *
  * Owns: the model's weights and configuration, its activation buffers, the math of
- * one forward pass over a batch of rows (RMSNorm, interleaved RoPE, attention through
+ * one forward pass over a batch of rows (RMSNorm, interleaved RoPE - here, or by the
+ * cache when llama_state.rope_in_attn says so -, attention through
  * a caller-supplied function, SwiGLU feed-forward, classifier), the sampler.
  * Does not own: any KV cache. Attention is a callback (llama_attn_fn): the generator
  * passes llama_kv_attn (llama_kv.h: pkv_prefill / pkv_append + pkv_decode), the dense
@@ -86,16 +87,21 @@ typedef struct {
     float *hb;    /* [rows][hidden] gate, then silu(gate) * up */
     float *hb2;   /* [rows][hidden] up */
     float *rope_freq; /* [hs/2] base^(-2i/hs) */
+    /* The attention callback rotates q and k itself (an engine whose layers have rope:
+     * llama_kv_rope); llama_forward then hands them over as the projections gave
+     * them. false (llama_state_init's default): llama_forward rotates them first. */
+    bool rope_in_attn;
 } llama_state;
 
 pkv_status llama_state_init(llama_state *s, const llama_config *c, uint32_t max_rows);
 void llama_state_free(llama_state *s);
 
 /* Attention of one layer for n rows: q [n][n_heads][hs], k, v [n][n_kv_heads][hs],
- * out [n][n_heads][hs]. What "the cache" is belongs to the callee. */
-typedef pkv_status (*llama_attn_fn)(void *ctx, uint32_t layer, uint32_t n,
-                                    const float *q, const float *k, const float *v,
-                                    float *out);
+ * out [n][n_heads][hs]. What "the cache" is belongs to the callee. q is the forward
+ * pass's own buffer, which the callee may rotate in place (llama_kv_attn does, with
+ * the engine's RoPE). */
+typedef pkv_status (*llama_attn_fn)(void *ctx, uint32_t layer, uint32_t n, float *q,
+                                    const float *k, const float *v, float *out);
 
 /* Forward n rows (tokens[r] at position pos[r]) through every layer; the logits of
  * rows first_logit..n-1 go to logits[(r - first_logit) * vocab]. Returns the first

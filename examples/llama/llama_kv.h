@@ -18,6 +18,8 @@
  *     llama_model m;   llama_load(&m, "stories260K.bin", err, sizeof err);
  *     llama_state st;  llama_state_init(&st, &m.cfg, n_prompt);   // rows at most
  *     pkv_engine *e;   llama_kv_engine(&m.cfg, 0, PKV_F32, 0, &e);
+ *                      // or with the engine's RoPE: llama_kv_config, llama_kv_rope,
+ *                      // pkv_engine_create, and st.rope_in_attn = true
  *     pkv_session *s;  pkv_session_create(e, &s);
  *     llama_kv kv = llama_kv_init(e, &m.cfg, &s);
  *     kv.prefill = true;
@@ -44,6 +46,7 @@
 typedef struct {
     pkv_engine *eng;
     uint32_t kv_dim;      /* n_kv_heads * head_size: floats of one row's k or v */
+    uint32_t q_dim;       /* n_heads * head_size: floats of one row's q */
     pkv_session **rows;   /* [n] the session of each row of the next forward (prefill:
                              rows[0] takes every row) */
     bool prefill;         /* rows are consecutive positions of rows[0] (a prompt) */
@@ -64,13 +67,23 @@ pkv_config llama_kv_config(const llama_config *c, uint32_t block_tokens, pkv_dty
 pkv_status llama_kv_engine(const llama_config *c, uint32_t block_tokens, pkv_dtype dt,
                            uint32_t threads, pkv_engine **out);
 
+/* The engine's RoPE for model c (docs/rope.md): lc [c->n_layers] is filled with llama2.c's
+ * rotation (PKV_ROPE_NORM, theta 10000, every dim of a head) and set as cfg's
+ * layer_cfg, keeping any window, sinks or soft-cap already in lc. The generator then
+ * sets its llama_state's rope_in_attn: the engine turns each key at its position, and
+ * llama_kv_attn the queries (pkv_rope_q), at the positions the cache holds them - so a
+ * context shift (pkv_session_discard) needs nothing more from the model. */
+void llama_kv_rope(const llama_config *c, pkv_layer_config *lc, pkv_config *cfg);
+
 /* A llama_kv for model c on engine e, rows as above, in decode mode. */
 llama_kv llama_kv_init(pkv_engine *e, const llama_config *c, pkv_session **rows);
 
 /* The llama_attn_fn (ctx: a llama_kv): q [n][n_heads][hs], k, v [n][n_kv_heads][hs],
- * out [n][n_heads][hs]. Returns the first failing library status, with kv->failed
- * naming the call. */
-pkv_status llama_kv_attn(void *ctx, uint32_t layer, uint32_t n, const float *q,
-                         const float *k, const float *v, float *out);
+ * out [n][n_heads][hs]. A row's position is where its session stores it (its length
+ * before the row); q is rotated there in place (pkv_rope_q: nothing on an engine
+ * without rope). Returns the first failing library status, with kv->failed naming the
+ * call. */
+pkv_status llama_kv_attn(void *ctx, uint32_t layer, uint32_t n, float *q, const float *k,
+                         const float *v, float *out);
 
 #endif

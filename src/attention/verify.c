@@ -285,7 +285,7 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
         return st;
     }
     /* nothing fails from here on */
-    pkvi_session_write_drafts(s, &r, n, k, v);
+    pkvi_session_write_drafts(s, &r, n, p.depth, k, v);
     place(&p, pkvi_btable_data(t), images, pool, qp);
     attend(&p, s, qp, q, out, segs, qg);
     pkvi_session_finish(s, &r);

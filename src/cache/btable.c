@@ -26,6 +26,9 @@ struct pkvi_btable {
     uint64_t n_spilled;      /* entries whose data[i] is NULL but for the hole: the
                                 page spilled or in transit (B3) */
     uint64_t hole_lo, hole_hi; /* released entries [hole_lo, hole_hi); empty: equal */
+    uint64_t stale_lo, stale_hi; /* positions a discard (SPEC §14) left without rows
+                                  nothing may read: its new hole's and up to a page of
+                                  rows beyond, which held pages keep (empty: equal) */
     uint64_t first;          /* a shard's first position (pkv_session_set_first): its
                                 first first / bt entries are a hole; 0 otherwise */
     uint32_t pins;           /* calls reading or writing this table's pages right now
@@ -274,6 +277,10 @@ void pkvi_btable_truncate(pkvi_btable *t, pkvi_pages ps, uint64_t bt, uint64_t n
         t->hole_hi = keep;
     if (t->hole_hi <= t->hole_lo)
         t->hole_lo = t->hole_hi = 0;
+    if (t->stale_hi > n)
+        t->stale_hi = n;
+    if (t->stale_hi <= t->stale_lo)
+        t->stale_lo = t->stale_hi = 0;
     if (n < t->first) /* only a destroy goes below a shard's first position */
         t->first = 0;
     t->len = n;
@@ -289,12 +296,16 @@ pkvi_cut pkvi_btable_cut_check(const pkvi_btable *t, uint64_t bt, uint32_t w, ui
     /* a windowed layer goes back only as far as what a decode at n - 1 reads is held;
      * the hole below a shard's first position holds other shards' positions, not
      * released ones */
-    const uint64_t base = t->first > t->hole_lo * bt ? t->first : t->hole_lo * bt;
-    if (!w || n >= t->len || n == 0 || t->hole_hi * bt <= base)
+    if (!w || n >= t->len || n == 0)
         return PKVI_CUT_OK;
     const uint64_t lo = n > w ? n - w : 0;
-    if (lo < t->hole_hi * bt && n > base) {
+    const uint64_t base = t->first > t->hole_lo * bt ? t->first : t->hole_lo * bt;
+    if (t->hole_hi * bt > base && lo < t->hole_hi * bt && n > base) {
         *at = t->hole_hi * bt;
+        return PKVI_CUT_RELEASED;
+    }
+    if (t->stale_hi > t->stale_lo && lo < t->stale_hi && n > t->stale_lo) {
+        *at = t->stale_hi;
         return PKVI_CUT_RELEASED;
     }
     return PKVI_CUT_OK;
@@ -360,6 +371,54 @@ pkv_status pkvi_btable_skip_to(pkvi_btable *t, uint64_t bt, uint64_t lo, uint64_
     return PKV_OK;
 }
 
+/* ---- a discard's new tail (SPEC §14) ----------------------------------------------------- */
+
+void pkvi_btable_hole(const pkvi_btable *t, uint64_t *lo, uint64_t *hi)
+{
+    *lo = t->hole_lo;
+    *hi = t->hole_hi;
+}
+
+void pkvi_btable_stale(const pkvi_btable *t, uint64_t *lo, uint64_t *hi)
+{
+    *lo = t->stale_lo;
+    *hi = t->stale_hi;
+}
+
+void pkvi_btable_set_stale(pkvi_btable *t, uint64_t lo, uint64_t hi)
+{
+    t->stale_lo = hi > lo ? lo : 0;
+    t->stale_hi = hi > lo ? hi : 0;
+}
+
+void pkvi_page_mark_writing(pkvi_page *pg, bool on)
+{
+    atomic_store_explicit(&pg->writing, on ? 1u : 0u, memory_order_relaxed);
+}
+
+void pkvi_btable_rewrite(pkvi_btable *t, pkvi_pages ps, uint64_t from, pkvi_page *const *dst,
+                         uint64_t n, const pkvi_btable_shape *sh)
+{
+    for (uint64_t i = from + n; i < t->n_pages; i++)
+        if (t->pages[i])
+            drop_entry(t, ps, i);
+    for (uint64_t i = 0; i < n; i++) {
+        pkvi_page *old = t->pages[from + i], *pg = dst[i];
+        if (pg == old)
+            continue;
+        if (old)
+            drop_entry(t, ps, from + i);
+        if (pg)
+            pg->refs = 1; /* fresh: the table's is its first reference */
+        set_entry(t, from + i, pg);
+    }
+    t->n_pages = from + n;
+    t->len = sh->len;
+    t->hole_lo = sh->hole_hi > sh->hole_lo ? sh->hole_lo : 0;
+    t->hole_hi = sh->hole_hi > sh->hole_lo ? sh->hole_hi : 0;
+    pkvi_btable_set_stale(t, sh->stale_lo, sh->stale_hi);
+}
+
 /* ---- sharing ----------------------------------------------------------------------------- */
 
 void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src)
@@ -373,6 +432,8 @@ void pkvi_btable_share(pkvi_btable *dst, const pkvi_btable *src)
     }
     dst->hole_lo = src->hole_lo;
     dst->hole_hi = src->hole_hi;
+    dst->stale_lo = src->stale_lo;
+    dst->stale_hi = src->stale_hi;
     dst->n_pages = src->n_pages;
     dst->n_spilled = src->n_spilled;
     dst->len = src->len;
@@ -524,6 +585,8 @@ bool pkvi_btable_check(const pkvi_btable *t, uint64_t bt, bool quiescent)
     if (quiescent && t->n_pages != (t->len + t->pend + bt - 1) / bt)
         return false;
     if (t->hole_lo > t->hole_hi || t->hole_hi > t->n_pages)
+        return false;
+    if (t->stale_lo > t->stale_hi || (quiescent && t->stale_hi > t->len))
         return false;
     /* a shard: its first first / bt entries are the hole */
     if (t->first && (t->first % bt || t->len < t->first || t->hole_lo != 0 ||

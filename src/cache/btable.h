@@ -178,6 +178,32 @@ PKVI_HIDDEN pkv_status pkvi_btable_set_first(pkvi_btable *t, uint64_t bt, uint64
 PKVI_HIDDEN pkv_status pkvi_btable_skip_to(pkvi_btable *t, uint64_t bt, uint64_t lo,
                                            uint64_t page);
 
+/* ---- a discard's new tail (SPEC §14, session/discard.c) ---------------------------- */
+
+/* The hole's entries [*lo, *hi) (equal: none). */
+PKVI_HIDDEN void pkvi_btable_hole(const pkvi_btable *t, uint64_t *lo, uint64_t *hi);
+/* Stale positions [*lo, *hi) (equal: none): rows a discard left in held pages that no
+ * decode may read (their source had been released by the window). pkvi_btable_cut_check
+ * refuses a truncate that would read them, like the hole's; a truncate clips them. */
+PKVI_HIDDEN void pkvi_btable_stale(const pkvi_btable *t, uint64_t *lo, uint64_t *hi);
+PKVI_HIDDEN void pkvi_btable_set_stale(pkvi_btable *t, uint64_t lo, uint64_t hi);
+/* What a table becomes after a discard: its length, hole (entries) and stale positions. */
+typedef struct {
+    uint64_t len;
+    uint64_t hole_lo, hole_hi;
+    uint64_t stale_lo, stale_hi;
+} pkvi_btable_shape;
+/* Entries [from, from + n) become dst[0..n): the entry's own page (kept), a fresh page
+ * (pkvi_page_create: refs 0; the table takes its first reference and the old page
+ * loses this holder) or NULL (the hole); entries past from + n are dropped; then the
+ * table takes the shape sh. from + n <= n_pages (a discard only shrinks a table). */
+PKVI_HIDDEN void pkvi_btable_rewrite(pkvi_btable *t, pkvi_pages ps, uint64_t from,
+                                     pkvi_page *const *dst, uint64_t n,
+                                     const pkvi_btable_shape *sh);
+/* Mark one page as being written (on) or not (off): B5's writer side for the pages a
+ * discard rewrites in place (held by this table alone). */
+PKVI_HIDDEN void pkvi_page_mark_writing(pkvi_page *pg, bool on);
+
 /* ---- sharing: forks and the prefix cache (docs/prefix-cache.md) -------------------- */
 
 /* dst (empty, capacity reserved) names every page of src: one more reference each. */

@@ -12,7 +12,9 @@
  *   page_bytes == n_kv_heads * kp.group_stride, kp.group_stride == bt * (row_bytes +
  *   row_bytes_v), kp.v_offset == bt * row_bytes: a page is group-major, each group's
  *   bt K rows then its bt V rows (docs/design.md, "Page layout").
- *   layers[l] is all zeros for a plain causal layer; cfg.layer_cfg == layers or NULL.
+ *   layers[l] is all zeros for a plain causal layer; cfg.layer_cfg == layers or NULL;
+ *   its rope fields are resolved (defaults filled in), and rope[l] != NULL exactly
+ *   when layers[l].rope != 0.
  *   chunk c of a layer is its pages [c * chunk_pages, (c + 1) * chunk_pages), whatever
  *   its length (decode.c: what makes results independent of threads and shards).
  */
@@ -21,6 +23,7 @@
 
 #include "base/window.h"
 #include "kernels/kernels.h"
+#include "rope/rope.h"
 
 /* Split-K chunks computed at once (a wave, decode.c): bounds the partial-state
  * scratch at (PKVI_MAX_CHUNKS + 1) * h * (dv + 2) floats per session, however long
@@ -43,7 +46,16 @@ typedef struct {
     uint32_t chunk_pages;        /* split-K chunk, fixed (independent of threads) */
     pkvi_kparams kp;             /* kernel geometry */
     const pkvi_kernels *kern;    /* chosen once at creation */
+    const pkvi_rope *const *rope;/* [n_layers] each layer's RoPE, NULL where the caller
+                                    rotates (SPEC §14); NULL when no layer has one.
+                                    Layers of one config share an object. */
 } pkvi_geom;
+
+/* Layer l's RoPE, or NULL when its keys are stored as given. */
+static inline const pkvi_rope *pkvi_layer_rope(const pkvi_geom *geo, uint32_t l)
+{
+    return geo->rope ? geo->rope[l] : NULL;
+}
 
 /* Split-K chunks of pages [0, n_pages) of a layer: ceil(n_pages / chunk_pages). The
  * chunks are absolute (decode.c): chunk c holds pages [c * chunk_pages, (c + 1) *

@@ -77,6 +77,9 @@ struct pkv_engine {
     pkvi_errs errs;              /* the last error's text, its own lock */
     pkvi_ctx ctx;                /* pointers to the four above: what modules get */
     pkv_layer_config *layers;    /* [n_layers], sink_logits owned; geom.layers */
+    pkvi_rope **ropes;           /* [n_layers] geom.rope (NULL: no layer has rope) */
+    pkvi_rope **rope_objs;       /* [n_rope_objs] the distinct ones, owned */
+    uint32_t n_rope_objs;
     char *spill_dir;             /* owned copy of cfg.spill_dir, or NULL */
     bool cache_ok, exec_ok;      /* initialised (a failed create frees what is) */
 };
@@ -185,6 +188,9 @@ static pkv_status resolve(const pkv_config *cfg, pkv_config *out, char *why, siz
                           "block_tokens %u (%u split-K chunks of sinks)", l, lc->sink_tokens,
                           (unsigned long long)max_sinks(c.block_tokens), c.block_tokens,
                           PKVI_MAX_CHUNKS);
+        char rwhy[160];
+        if (!pkvi_rope_check(lc, c.head_dim, NULL, rwhy, sizeof rwhy))
+            return reject(why, n, PKV_EINVAL, "layer_cfg[%u]: %s", l, rwhy);
     }
     if (c.quant_dot > 1)
         return reject(why, n, PKV_EINVAL, "quant_dot %u: must be 0 (exact) or 1 (integer)",
@@ -232,6 +238,39 @@ pkv_status pkv_config_explain(const pkv_config *cfg, char *why, size_t why_size)
     return resolve(cfg, NULL, why, why_size);
 }
 
+/* Each layer's RoPE (SPEC §14): one object per distinct config, with the rotation
+ * kernels that go with the decode kernels chosen. PKV_ENOMEM. */
+static pkv_status rope_init(pkv_engine *e)
+{
+    pkvi_geom *geo = &e->geom;
+    const uint32_t L = geo->cfg.n_layers;
+    bool any = false;
+    for (uint32_t l = 0; l < L; l++)
+        any |= e->layers[l].rope != 0;
+    if (!any)
+        return PKV_OK;
+    e->ropes = calloc(L, sizeof *e->ropes);
+    e->rope_objs = calloc(L, sizeof *e->rope_objs);
+    if (!e->ropes || !e->rope_objs)
+        return PKV_ENOMEM;
+    const pkvi_rope_kernels *k = pkvi_rope_kernels_for(geo->kern->isa);
+    for (uint32_t l = 0; l < L; l++) {
+        if (!e->layers[l].rope)
+            continue;
+        for (uint32_t i = 0; i < e->n_rope_objs && !e->ropes[l]; i++)
+            if (pkvi_rope_same(e->rope_objs[i], &e->layers[l]))
+                e->ropes[l] = e->rope_objs[i];
+        if (e->ropes[l])
+            continue;
+        const pkv_status st = pkvi_rope_new(&e->layers[l], k, &e->rope_objs[e->n_rope_objs]);
+        if (st != PKV_OK)
+            return st;
+        e->ropes[l] = e->rope_objs[e->n_rope_objs++];
+    }
+    geo->rope = (const pkvi_rope *const *)e->ropes;
+    return PKV_OK;
+}
+
 /* The geometry of resolved config c: sizes, the layer array (copied, sink logits too),
  * the split-K chunk, the kernels. PKV_ENOMEM, PKV_EINVAL. */
 static pkv_status geom_init(pkv_engine *e, const pkv_config *c)
@@ -274,6 +313,9 @@ static pkv_status geom_init(pkv_engine *e, const pkv_config *c)
                          c->layer_cfg[l].sink_logits;
     }
     geo->variants |= c->head_dim_v != c->head_dim;
+    for (uint32_t l = 0; l < c->n_layers; l++) /* the rope defaults, filled in (valid:
+                                                  resolve checked them) */
+        (void)pkvi_rope_check(&e->layers[l], c->head_dim, &e->layers[l], NULL, 0);
     for (uint32_t l = 0; l < c->n_layers; l++) { /* at most PKVI_MAX_CHUNKS: resolve */
         const uint64_t ch = sink_chunks(&e->layers[l], c->block_tokens);
         if (ch > geo->sink_chunks_max)
@@ -291,6 +333,9 @@ static pkv_status geom_init(pkv_engine *e, const pkv_config *c)
     if (st != PKV_OK)
         return st;
     geo->kern = pkvi_kernels_for_dtype(geo->kern, c->kv_dtype);
+    st = rope_init(e);
+    if (st != PKV_OK)
+        return st;
     return pkvi_prefetch_l2(&geo->kp.pf_l2);
 }
 
@@ -339,6 +384,10 @@ void pkv_engine_destroy(pkv_engine *e)
     for (uint32_t l = 0; e->layers && l < e->geom.cfg.n_layers; l++)
         free((float *)e->layers[l].sink_logits);
     free(e->layers);
+    for (uint32_t i = 0; i < e->n_rope_objs; i++)
+        pkvi_rope_free(e->rope_objs[i]);
+    free(e->rope_objs);
+    free(e->ropes);
     free(e->spill_dir);
     free(e);
 }
@@ -463,6 +512,24 @@ pkv_status pkv_fold_partials(const pkv_engine *ce, uint32_t n_chunks, const floa
 uint64_t pkv_shard_align(const pkv_engine *e)
 {
     return e ? pkvi_shard_align(&e->geom) : 0;
+}
+
+pkv_status pkv_rope_q(const pkv_engine *ce, uint32_t layer, uint32_t n, const uint64_t *pos,
+                      float *q)
+{
+    if (!ce)
+        return PKV_EINVAL;
+    pkv_engine *e = (pkv_engine *)ce; /* the error sink is not part of the logical state */
+    const pkvi_geom *geo = &e->geom;
+    if (layer >= geo->cfg.n_layers)
+        return pkvi_fail(&e->errs, PKV_EINVAL, "pkv_rope_q: layer %u, but the engine has %u",
+                         layer, geo->cfg.n_layers);
+    if (n && (!pos || !q))
+        return pkvi_fail(&e->errs, PKV_EINVAL, "pkv_rope_q: pos or q is NULL");
+    const pkvi_rope *r = pkvi_layer_rope(geo, layer);
+    if (r) /* else the layer's keys are stored as given: so are its queries */
+        pkvi_rope_rows(r, n, pos, q, geo->cfg.n_heads, geo->cfg.head_dim);
+    return PKV_OK;
 }
 
 /* ---- for the tests (engine/engine.h) ------------------------------------------------------ */

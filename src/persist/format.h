@@ -12,11 +12,12 @@
  *   alignment and header limit and pkvi_sfile_info (persist/sfile.h, shared with the
  *   tests), the checksum (store/crc32c.h).
  *
- * Layout, versions 1 to 4 (every integer little-endian; offsets in bytes):
+ * Layout, versions 1 to 5 (every integer little-endian; offsets in bytes):
  *   header   [0, header_bytes)       the fixed fields at PKVI_SFILE_OFF_*, layer_len[L];
  *                                    v2: the extension, per-layer records, sink
  *                                    logits; v3: the token record; v4: the shard's
- *                                    first position; then its CRC-32C
+ *                                    first position; v5: the record's limit,
+ *                                    per-layer RoPE and stale rows; then its CRC-32C
  *   table    [header_bytes, + 16 n)  n_pages entries: layer u32, crc u32, index u64
  *   gap      zeros up to data_off = align_up(header_bytes + 16 n, PKVI_SFILE_ALIGN)
  *   pages    [data_off, + n page_bytes)
@@ -52,6 +53,12 @@ enum {
                                      last page */
     PKVI_SFILE_V4_EXTRA = 16,     /* v4, after the v3 fields: first u64 (a shard's first
                                      position), reserved u64 */
+    PKVI_SFILE_V5_EXTRA = 16,     /* v5, after the v4 fields: record_max u64 (how far
+                                     the token record may grow: a discard's p0, else
+                                     all ones), reserved u64 */
+    PKVI_SFILE_V5_LAYER = 32,     /* v5, then per layer: rope, rope_dims, rope_theta bits,
+                                     rope_freq_scale bits (u32 each), stale_lo, stale_hi
+                                     (u64: a discard's stale positions, btable.h) */
     PKVI_SFILE_PREFIX_BYTES = 16, /* magic, version, header_bytes: the same in every
                                      version */
     PKVI_SFILE_ENTRY_BYTES = 16,  /* page-table entry: layer u32, crc u32, index u64 */
@@ -102,6 +109,13 @@ static inline uint64_t pkvi_align_up(uint64_t x, uint64_t a)
     return (x + a - 1) / a * a;
 }
 
+/* Bytes the version-5 fields take at the end of a header of n_layers layers (before
+ * its CRC); 0 for older versions. */
+static inline uint64_t pkvi_sfile_v5_bytes(uint32_t version, uint32_t n_layers)
+{
+    return version >= 5 ? PKVI_SFILE_V5_EXTRA + (uint64_t)PKVI_SFILE_V5_LAYER * n_layers : 0;
+}
+
 /* ---- persist/header.c: what a sound file is (the reader's and the writer's check) --- */
 
 /* Parse the hbytes header bytes h (its CRC, version, every field and their
@@ -145,6 +159,19 @@ static inline uint32_t pkvi_sfile_page_tokens(uint64_t len, uint64_t np, uint64_
 {
     return i + 1 < np ? bt : (uint32_t)(len - (np - 1) * bt);
 }
+
+/* ---- persist/rope_fields.c: version 5 (SPEC §14) -------------------------------------- */
+
+/* Parse the version-5 fields of the sound header h (hbytes, the version-2 to -4 fields
+ * and layer lengths already in `in`) into in's rope fields, stale and record_max (a
+ * file before version 5: none). PKV_ECORRUPT when they are inconsistent, PKV_ENOMEM;
+ * *why a static reason. */
+PKVI_HIDDEN pkv_status pkvi_sfile_read_v5(const unsigned char *h, uint32_t hbytes,
+                                          pkvi_sfile_info *in, const char **why);
+/* Whether every layer's RoPE config in the file is the engine's. */
+PKVI_HIDDEN bool pkvi_sfile_rope_match(const pkvi_sfile_info *in, const pkvi_geom *geo);
+/* A loaded session takes the file's stale positions and record limit. */
+PKVI_HIDDEN void pkvi_sfile_rope_apply(const pkvi_sfile_info *in, pkv_session *s);
 
 /* ---- persist/format.c ---------------------------------------------------------------- */
 

@@ -99,7 +99,8 @@ static pkv_status parse_extensions(const unsigned char *h, uint32_t hbytes, uint
     }
     /* the logits follow; the header's size must be exactly what they need */
     const uint64_t tail = (in->version >= 3 ? PKVI_SFILE_V3_EXTRA : 0) +
-                          (in->version >= 4 ? PKVI_SFILE_V4_EXTRA : 0);
+                          (in->version >= 4 ? PKVI_SFILE_V4_EXTRA : 0) +
+                          pkvi_sfile_v5_bytes(in->version, in->n_layers);
     uint64_t want = 0;
     if (!pkvi_mul(n_logit_layers, 4ull * in->n_heads, &want) ||
         !pkvi_add(want, v2_min + tail, &want) || want != hbytes)
@@ -179,6 +180,9 @@ pkv_status pkvi_sfile_parse_header(const unsigned char *h, uint32_t hbytes,
             return st;
     }
     in->header_sound = true;
+    const pkv_status st5 = pkvi_sfile_read_v5(h, hbytes, in, why); /* RoPE, discards */
+    if (st5 != PKV_OK)
+        return st5;
 
     /* Internal consistency of a header whose CRC matched: our writer never produces
      * these, so they are damage (or a forged file), not another format. */
@@ -295,6 +299,8 @@ pkv_status pkvi_sfile_match_engine(const pkvi_sfile_info *in, const pkvi_geom *g
         if (!same)
             return fail(why, PKV_EINVAL, "the file's attention variants differ from the engine's");
     }
+    if (!pkvi_sfile_rope_match(in, geo))
+        return fail(why, PKV_EINVAL, "the file's RoPE config differs from the engine's");
     if (!pkvi_sfile_dtype_code(c->kv_dtype, &code) || code != in->dtype_code)
         return fail(why, PKV_EINVAL, "the file's dtype differs from the engine's");
     if (in->block_tokens != c->block_tokens)
@@ -315,6 +321,8 @@ void pkvi_sfile_info_free(pkvi_sfile_info *info)
     free(info->layer_cfg);
     free(info->logits);
     free(info->hole_hi);
+    free(info->stale);
+    info->stale = NULL;
     info->layer_len = NULL;
     info->layer_cfg = NULL;
     info->logits = NULL;

@@ -471,6 +471,8 @@ pkv_status pkvi_session_load_io(const pkvi_ctx *ctx, const char *path, pkvi_io *
             r.why = "could not record the token ids";
     }
     free(ids);
+    if (st == PKV_OK)
+        pkvi_sfile_rope_apply(&info, s);  /* version 5: stale rows, record limit */
     if (st != PKV_OK) {
         pkv_session_destroy(s);
         s = NULL;

@@ -23,7 +23,8 @@
  *     (but in the microseconds between link and rename), and whatever it left is
  *     removed by the next save to the directory: a save's temporary is flock'ed from
  *     creation until after the rename, so an unlocked one is a dead save's.
- *   - It writes the oldest version that holds the session (1 for a plain engine).
+ *   - It writes the oldest version that holds the session (1 for a plain engine; 5
+ *     with rope or a discard's traces, SPEC §14).
  */
 #include "persist/format.h"
 
@@ -366,8 +367,17 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
         }
     /* The oldest version that holds the session: 1 for a plain engine (so readers of
      * version 1 still read what it saves), 2 with variants or block dtypes, 3 with
-     * recorded token ids, 4 for a shard. */
-    const uint32_t version = first ? 4u : s->n_tokens ? 3u : geo->variants || code > 2 ? 2u : 1u;
+     * recorded token ids, 4 for a shard, 5 with RoPE or a discard's traces (SPEC §14). */
+    bool v5 = s->record_max != UINT64_MAX;
+    for (uint32_t l = 0; l < L; l++) {
+        uint64_t lo, hi;
+        pkvi_btable_stale(s->layers[l], &lo, &hi);
+        v5 |= geo->layers[l].rope != 0 || hi > lo;
+    }
+    const uint32_t version = v5      ? 5u
+                             : first ? 4u
+                             : s->n_tokens ? 3u
+                             : geo->variants || code > 2 ? 2u : 1u;
     uint64_t n_logit_layers = 0;
     for (uint32_t l = 0; l < L; l++)
         n_logit_layers += geo->layers[l].sink_logits != NULL;
@@ -380,6 +390,7 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
         hbytes += PKVI_SFILE_V3_EXTRA;
     if (version >= 4)
         hbytes += PKVI_SFILE_V4_EXTRA;
+    hbytes += pkvi_sfile_v5_bytes(version, L);
     if (hbytes > PKVI_SFILE_MAX_HEADER) { /* more layers than the format holds */
         if (why != NULL)
             *why = "more layers than a file's header holds (1 MiB of header)";
@@ -516,8 +527,25 @@ pkv_status pkvi_session_save_opts(pkv_session *s, const char *path, pkvi_io *io,
             pkvi_put32(z + 8, ids_crc);
             z += PKVI_SFILE_V3_EXTRA;
         }
-        if (version >= 4) /* the shard's first position */
+        if (version >= 4) { /* the shard's first position */
             pkvi_put64(z, first);
+            z += PKVI_SFILE_V4_EXTRA;
+        }
+        if (version >= 5) { /* the record's limit, each layer's rope and stale rows */
+            pkvi_put64(z, s->record_max);
+            for (uint32_t l = 0; l < L; l++) {
+                const pkv_layer_config *lc = &geo->layers[l];
+                unsigned char *y = z + PKVI_SFILE_V5_EXTRA + (uint64_t)PKVI_SFILE_V5_LAYER * l;
+                uint64_t lo, hi;
+                pkvi_btable_stale(s->layers[l], &lo, &hi);
+                pkvi_put32(y, lc->rope);
+                pkvi_put32(y + 4, lc->rope_dims);
+                pkvi_put32(y + 8, pkvi_float_bits(lc->rope_theta));
+                pkvi_put32(y + 12, pkvi_float_bits(lc->rope_freq_scale));
+                pkvi_put64(y + 16, lo);
+                pkvi_put64(y + 24, hi);
+            }
+        }
     }
     pkvi_put32(head + hbytes - 4, pkvi_crc32c(0, head, (size_t)hbytes - 4));
     /* Before anything is committed: the file must pass the reader's own checks. */

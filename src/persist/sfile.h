@@ -17,7 +17,7 @@
 
 /* The newest version this build writes and reads; it reads every version from 1 on
  * and writes the oldest that holds a session (version 1 for plain engines). */
-#define PKVI_SFILE_VERSION 4u
+#define PKVI_SFILE_VERSION 5u
 #define PKVI_SFILE_ALIGN 4096u
 /* The largest header_bytes of any version (docs/file-format.md, versioning rules): a
  * reader refuses a larger one as damage before it allocates or reads anything for it.
@@ -40,7 +40,8 @@ typedef struct {
     uint64_t file_bytes;
     uint64_t *layer_len;       /* [n_layers] positions per layer, owned (or NULL) */
     pkv_layer_config *layer_cfg; /* [n_layers] (v2; zeros in v1), owned, sink_logits
-                                  pointing into `logits` (or NULL) */
+                                  pointing into `logits` (or NULL); the rope fields
+                                  from v5 (zeros before) */
     float *logits;             /* the sink logits of every layer that has them, owned */
     uint64_t *hole_hi;         /* [n_layers]: the first page after the layer's hole -
                                   what a window released, or a shard's positions below
@@ -48,6 +49,9 @@ typedef struct {
     uint64_t n_token_ids;      /* v3: recorded token ids after the last page */
     uint32_t tokens_crc;       /* v3: their CRC-32C */
     uint64_t first;            /* v4: a shard's first position (0: a whole session) */
+    uint64_t record_max;       /* v5: how far the record may grow (UINT64_MAX before) */
+    uint64_t *stale;           /* [n_layers][2] v5: each layer's stale positions
+                                  [lo, hi) (zeros before), owned */
     uint32_t header_bytes;     /* where the page table starts */
     uint32_t table_crc;        /* the header's CRC of the page table */
     uint64_t rows_k, rows_v;   /* bytes of one K row, one V row of one group */

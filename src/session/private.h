@@ -7,6 +7,7 @@
  * Owns nothing at run time; it only declares. The layering it allows, and the only
  * one (each file calls only those below it; nothing calls up):
  *
+ *   session/discard.c   pkv_session_discard            -> session.c, session/residency.c
  *   session/reuse.c     set_tokens, from_prefix        -> session.c
  *   session/write.c     reservations, append, load     -> session.c, session/residency.c
  *   session.c           lifecycle, the session object  -> (session/account.c: checks)
@@ -28,6 +29,9 @@ PKVI_HIDDEN void pkvi_session_free(pkv_session *s);
 /* Put s at the head of its cache state's session list, most recently used. Under the
  * lock. */
 PKVI_HIDDEN void pkvi_session_link(pkv_session *s);
+/* A discard ends the token record at p0 and keeps it there (record_max) until a
+ * truncate to p0 or below. Owner thread. */
+PKVI_HIDDEN void pkvi_session_seal_record(pkv_session *s, uint64_t p0);
 /* Grow s's split-K scratch for layers of up to n_pages pages (decode.c's layout);
  * touches s alone, so with or without the lock (fork calls it without, a reservation
  * with). PKV_ENOMEM leaves the old scratch in place. */

@@ -67,6 +67,12 @@ pkv_status pkvi_session_set_tokens(pkv_session *s, uint64_t n, const int32_t *to
             return pkvi_fail(s->errs, PKV_ERANGE, "pkv_session_set_tokens: %llu ids, but "
                              "layer %u holds %llu positions", (unsigned long long)n, l,
                              (unsigned long long)pkvi_btable_len(s->layers[l]));
+    if (n > s->record_max)
+        return pkvi_fail(s->errs, PKV_ESTATE, "pkv_session_set_tokens: %llu ids, but "
+                         "pkv_session_discard moved the K/V from position %llu on (it is "
+                         "no prefill of those ids); truncate to %llu first to record past it",
+                         (unsigned long long)n, (unsigned long long)s->record_max,
+                         (unsigned long long)s->record_max);
     const uint64_t old = s->n_tokens, same = n < old ? n : old;
     if (same && memcmp(tokens, s->tokens, (size_t)same * sizeof *tokens) != 0)
         return pkvi_fail(s->errs, PKV_EINVAL, "pkv_session_set_tokens: the ids differ from "

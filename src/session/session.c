@@ -43,6 +43,7 @@ pkv_session *pkvi_session_alloc(const pkvi_ctx *ctx)
         free(s);
         return NULL;
     }
+    s->record_max = UINT64_MAX;
     return s;
 }
 
@@ -106,6 +107,7 @@ pkv_status pkvi_session_reserve_partials(pkv_session *s, uint64_t n_pages)
 /* The fork's copy of src's token record. PKV_ENOMEM. */
 static pkv_status copy_record(pkv_session *s, const pkv_session *src)
 {
+    s->record_max = src->record_max;
     if (!src->n_tokens)
         return PKV_OK;
     s->tokens = malloc((size_t)src->n_tokens * sizeof *s->tokens);
@@ -117,15 +119,25 @@ static pkv_status copy_record(pkv_session *s, const pkv_session *src)
     return PKV_OK;
 }
 
-/* A truncate to n shortens the record. */
+/* A truncate to n shortens the record; at or below a discard's p0 (record_max) the
+ * moved rows are gone, and the record may grow again. */
 static void truncate_record(pkv_session *s, uint64_t n)
 {
+    if (n <= s->record_max)
+        s->record_max = UINT64_MAX;
     if (n >= s->n_tokens)
         return;
     s->n_tokens = n;
     const uint64_t pages = n / s->geom->cfg.block_tokens;
     if (s->indexed_pages > pages)
         s->indexed_pages = pages;
+}
+
+void pkvi_session_seal_record(pkv_session *s, uint64_t p0)
+{
+    truncate_record(s, p0);
+    if (p0 < s->record_max)
+        s->record_max = p0;
 }
 
 /* ---- create, fork, destroy, truncate ---------------------------------------------------- */

@@ -1,9 +1,10 @@
 /*
  * session.h - sessions, as the rest of the library sees them: struct pkv_session, the
- * contexts a session is made of, and the internal calls on it. The module is five
+ * contexts a session is made of, and the internal calls on it. The module is six
  * files, one concern each, layered so that each calls only those below it
  * (session/private.h is what they share):
  *
+ *   session/discard.c   pkv_session_discard: drop positions, move the later rows down
  *   session/drafts.c    pending drafts of pkv_verify: their trees, pkv_session_commit
  *   session/reuse.c     set_tokens / from_prefix: sessions and the prefix cache
  *   session/write.c     the reservation every write goes through; append, load pages,
@@ -77,6 +78,9 @@ struct pkv_session {
     int32_t *tokens;
     uint64_t n_tokens, tokens_cap;
     uint64_t indexed_pages;  /* page indices of the record the last set_tokens walked */
+    uint64_t record_max;     /* positions the record may reach: a discard's p0 (its
+                                shifted K/V is no prefill of those ids), UINT64_MAX
+                                otherwise; a truncate to it or below lifts it */
     /* the tree of each layer's pending drafts (session/drafts.c): [n_layers] parent
      * arrays of the layer's last pkv_verify, as many entries as its table's pending
      * rows; NULL (the array, or a layer's entry) while none is pending. Owner thread. */
@@ -146,10 +150,12 @@ PKVI_HIDDEN pkv_status pkvi_session_push_page(pkv_session *s, uint32_t layer,
  * everything is held). PKV_ENOMEM, PKV_EIO, PKV_EINVAL; nothing changed. */
 PKVI_HIDDEN pkv_status pkvi_session_reserve_drafts(pkv_session *s, uint32_t layer,
                                                    uint64_t n, pkvi_reservation *r);
-/* Store the n draft rows (k, v [n][g][d]) at positions len .. len + n - 1, len
- * unchanged: the layer's pending drafts. Within the reservation. */
+/* Store the n draft rows (k, v [n][g][d]) at slots len .. len + n - 1, len
+ * unchanged: the layer's pending drafts. A rope layer turns draft j's key at position
+ * len + depth[j] (the position it stands for), not at its slot. Within the reservation. */
 PKVI_HIDDEN void pkvi_session_write_drafts(pkv_session *s, const pkvi_reservation *r,
-                                           uint64_t n, const float *k, const float *v);
+                                           uint64_t n, const uint32_t *depth,
+                                           const float *k, const float *v);
 /* A commit of `layer` (acquired by the caller when n_keep > 0; n_keep == 0 moves no
  * row and drops the drafts' pages as a truncate does): pending drafts path[0..n_keep) become
  * positions len .. len + n_keep - 1 (rows moved where the tree put them elsewhere), the

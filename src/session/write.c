@@ -136,21 +136,34 @@ pkv_status pkvi_session_reserve_drafts(pkv_session *s, uint32_t layer, uint64_t 
     return reserve_rows(s, layer, n, true, r, "pkv_verify");
 }
 
-/* Store n rows (k, v [n][g][d]) at positions pos, pos + 1, ... of table t. */
-static void store_rows(pkv_session *s, pkvi_btable *t, uint64_t pos, uint64_t n,
-                       const float *k, const float *v)
+/* Store n rows (k, v [n][g][d]) at positions pos, pos + 1, ... of table t (layer's).
+ * A rope layer turns each key at its position (SPEC §14): the slot it is stored at, or
+ * for drafts (depth non-NULL) pos + depth[j], the position the draft stands for - a
+ * commit moves a kept draft's row to exactly that position, so its bits are then what
+ * an append there would have stored. */
+static void store_rows(pkv_session *s, pkvi_btable *t, uint32_t layer, uint64_t pos,
+                       uint64_t n, const uint32_t *depth, const float *k, const float *v)
 {
     const pkvi_geom *geo = s->geom;
     const uint32_t d = geo->cfg.head_dim, dv = geo->cfg.head_dim_v, g = geo->cfg.n_kv_heads;
-    const uint64_t bt = geo->cfg.block_tokens;
+    const uint64_t bt = geo->cfg.block_tokens, base = pos;
     const pkvi_kparams *kp = &geo->kp;
+    const pkvi_rope *rope = pkvi_layer_rope(geo, layer);
+    float cs[PKVI_ROPE_MAX_DIMS], kr[PKVI_MAX_HEAD_DIM]; /* rope: the angles, one key */
     for (uint64_t j = 0; j < n; j++, pos++, k += (size_t)g * d, v += (size_t)g * dv) {
         char *page = pkvi_btable_page(t, pos / bt)->data;
         const uint64_t row = pos % bt;
+        if (rope)
+            pkvi_rope_at(rope, depth ? base + depth[j] : pos, cs);
         for (uint32_t gi = 0; gi < g; gi++) {
             char *gb = page + gi * kp->group_stride;
-            geo->kern->store_row(geo->cfg.kv_dtype, gb + row * geo->row_bytes,
-                                 k + (size_t)gi * d, d);
+            const float *key = k + (size_t)gi * d;
+            if (rope) {
+                memcpy(kr, key, (size_t)d * sizeof *kr);
+                pkvi_rope_apply(rope, cs, kr, 1, d);
+                key = kr;
+            }
+            geo->kern->store_row(geo->cfg.kv_dtype, gb + row * geo->row_bytes, key, d);
             geo->kern->store_row(geo->cfg.kv_dtype, gb + kp->v_offset + row * geo->row_bytes_v,
                                  v + (size_t)gi * dv, dv);
         }
@@ -158,12 +171,12 @@ static void store_rows(pkv_session *s, pkvi_btable *t, uint64_t pos, uint64_t n,
 }
 
 void pkvi_session_write_drafts(pkv_session *s, const pkvi_reservation *r, uint64_t n,
-                               const float *k, const float *v)
+                               const uint32_t *depth, const float *k, const float *v)
 {
     pkvi_btable *t = s->layers[r->layer];
     if (s->hook_before_write)
         s->hook_before_write(s->hook_ctx);
-    store_rows(s, t, pkvi_btable_len(t), n, k, v);
+    store_rows(s, t, r->layer, pkvi_btable_len(t), n, depth, k, v);
     pthread_mutex_lock(&s->cache->lock);
     pkvi_btable_set_pending(t, n);
     pthread_mutex_unlock(&s->cache->lock);
@@ -217,7 +230,7 @@ void pkvi_session_write(pkv_session *s, const pkvi_reservation *r, uint64_t n,
     pkvi_btable *t = s->layers[r->layer];
     if (s->hook_before_write)
         s->hook_before_write(s->hook_ctx);
-    store_rows(s, t, pkvi_btable_len(t), n, k, v);
+    store_rows(s, t, r->layer, pkvi_btable_len(t), n, NULL, k, v);
     pkvi_btable_advance(t, n);
 }
 

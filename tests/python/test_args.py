@@ -177,6 +177,15 @@ class Arguments(unittest.TestCase):
         # the report's case: 2**64 + 3 used to truncate a 10-token session to 3
         self.assertEqual(self.s.len(0), 10)
 
+    def test_discard_rope_q(self):
+        self.refused("discard p0", lambda v: self.s.discard(v, 0), BAD_U64)
+        self.refused("discard p1", lambda v: self.s.discard(0, v), BAD_U64)
+        self.refused("rope_q layer", lambda v: self.e.rope_q(v, Q.reshape(1, 4, 8), [0]),
+                     BAD_U64)
+        self.refused("rope_q pos", lambda v: self.e.rope_q(0, Q.reshape(1, 4, 8), v),
+                     [([-1], ValueError), ([1.5], TypeError), (["a"], TypeError)])
+        self.assertEqual(self.s.len(0), 10)
+
     def test_tokens(self):
         if not pagedkv.HAVE_PREFIX:
             self.skipTest("the library has no prefix cache")
@@ -281,10 +290,10 @@ class Arguments(unittest.TestCase):
 
     def test_every_public_method_covered(self):
         covered = {
-            "Engine": {"session", "load", "from_prefix", "decode_batch", "stats", "check",
+            "Engine": {"session", "load", "from_prefix", "decode_batch", "stats", "check", "rope_q",
                        "last_error", "close", "closed"},
             "Session": {"append", "decode", "prefill", "fork", "truncate", "len", "memory",
-                        "load", "save", "set_tokens", "close", "closed", "engine",
+                        "load", "save", "set_tokens", "close", "closed", "engine", "discard",
                         "verify", "commit"},
         }
         # no arguments, or none that reach C: fork, memory, stats, check, last_error,

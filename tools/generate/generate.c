@@ -61,7 +61,7 @@ static void usage(FILE *f)
         "  --tokenizer FILE    llama2.c tokenizer; without one, tokens print as ids\n"
         "                      (the prompt's, then the generated ones; never BOS)\n"
         "  -n, --steps N       positions to run, prompt included (default 256;\n"
-        "                      at most the model's seq_len)\n"
+        "                      at most the model's seq_len without --context-shift)\n"
         "  -i, --prompt TEXT   prompt (default empty: BOS alone). Without a tokenizer\n"
         "                      each byte b is token b+3\n"
         "  -t, --temperature T 0 = greedy (default 1.0)\n"
@@ -93,6 +93,11 @@ static void usage(FILE *f)
         "  --sinks S           with --window: the first S positions are attended too\n"
         "  --rollback R        with --window: R more positions kept for truncates\n"
         "  --softcap C         attention logits become C*tanh(s/C) (0 = none)\n"
+        "  --context-shift     when the context is full (the model's seq_len), keep the\n"
+        "                      first --keep positions, drop half of the rest and go on\n"
+        "                      (pkv_session_discard, as llama.cpp's context shift): -n\n"
+        "                      may then exceed seq_len\n"
+        "  --keep N            positions a context shift keeps (default 1: the BOS)\n"
         "  --check             after every step, recompute each layer's attention densely\n"
         "                      (pkv_attention_reference, with the variant) from the\n"
         "                      same Q/K/V; fail if any\n"
@@ -122,6 +127,7 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
     o->topp = 0.9;
     o->seed = 42;
     o->sessions = 1;
+    o->keep = 1;
     const cli_opt opts[] = {
         {.name = "model", .kind = OPT_STRING, .dst = &o->model_path},
         {.name = "tokenizer", .kind = OPT_STRING, .dst = &o->tok_path},
@@ -154,6 +160,8 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
         {.name = "rollback", .kind = OPT_U32, .dst = &o->v.rollback, .lo = 0,
          .hi = UINT32_MAX},
         {.name = "softcap", .kind = OPT_DOUBLE, .dst = &o->v.softcap, .dlo = 0, .dhi = 1e30},
+        {.name = "context-shift", .kind = OPT_FLAG, .dst = &o->context_shift},
+        {.name = "keep", .kind = OPT_U32, .dst = &o->keep, .lo = 0, .hi = UINT32_MAX},
     };
     int rc = cli_parse(CMD, argc, argv, opts, sizeof opts / sizeof opts[0], usage, NULL, 0,
                        NULL);
@@ -172,6 +180,9 @@ static int parse_opts(int argc, char **argv, gen_opts *o)
     if (o->prefix_cache && o->check) /* --check's history follows forks */
         return cli_usage_error(CMD, "--prefix-cache does not combine with --check "
                                "(--check-e2e does)");
+    if (o->context_shift && (o->check || o->check_e2e)) /* both recompute from position 0 */
+        return cli_usage_error(CMD, "--context-shift does not combine with --check or "
+                               "--check-e2e");
     /* the file is written after the run: a path that cannot take it fails now */
     if (o->save_path && cli_check_output_file(CMD, "--save", o->save_path) != CLI_OK)
         return CLI_USAGE;
@@ -206,7 +217,7 @@ static void gen_free(gen *g)
     tokenizer_free(&g->tk);
     llama_free(&g->model);
     void *bufs[] = {g->prompt, g->sess, g->act_sess, g->act, g->tok, g->ntok, g->rng,
-                    g->logits, g->row_tok, g->row_pos, g->hq, g->hk, g->hv, g->ref,
+                    g->logits, g->row_tok, g->row_pos, g->rot, g->hq, g->hk, g->hv, g->ref,
                     g->rec_logits, g->coins, g->dense_logits, g->dk, g->dv,
                     g->dense_tok, g->lc, g->sink_store};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -247,7 +258,11 @@ static int gen_setup(gen *g)
         return cli_usage_error(CMD, "%s", g->err);
     g->n_prompt = (uint32_t)np;
     g->steps = o->steps;
-    if (g->steps > c->seq_len) {   /* a note on stderr, as the warnings below */
+    if (o->context_shift && (o->keep + 2 > c->seq_len || g->n_prompt > c->seq_len))
+        return cli_usage_error(CMD, "--context-shift: --keep %u and the prompt's %u "
+                               "positions must fit the model's seq_len %u with room to "
+                               "shift", o->keep, g->n_prompt, c->seq_len);
+    if (g->steps > c->seq_len && !o->context_shift) { /* a note on stderr, as below */
         fprintf(stderr, "pagedkv generate: -n %u exceeds the model's seq_len; using %u\n",
                 g->steps, c->seq_len);
         g->steps = c->seq_len;
@@ -295,8 +310,9 @@ static int gen_setup(gen *g)
     g->logits = alloc3(rows, V, 1, sizeof *g->logits);
     g->row_tok = alloc3(rows, 1, 1, sizeof *g->row_tok);
     g->row_pos = alloc3(rows, 1, 1, sizeof *g->row_pos);
+    g->rot = alloc3(c->dim, 1, 1, sizeof *g->rot);
     bool ok = st == PKV_OK && g->sess && g->act_sess && g->act && g->tok && g->ntok &&
-              g->rng && g->logits && g->row_tok && g->row_pos;
+              g->rng && g->logits && g->row_tok && g->row_pos && g->rot;
     if (ok && o->check) {
         g->hq = alloc3((size_t)N * L, S, c->dim, sizeof(float));
         g->hk = alloc3((size_t)N * L, S, c->kv_dim, sizeof(float));
@@ -326,9 +342,13 @@ static int gen_setup(gen *g)
                                      o->threads);
     bool oom = false;
     g->lc = cli_variant_layers(&o->v, c->n_layers, c->n_heads, &g->sink_store, &oom);
-    if (oom)
+    if (!g->lc && !oom)
+        g->lc = alloc3(c->n_layers, 1, 1, sizeof *g->lc);
+    if (oom || !g->lc)
         return cli_fail(CMD, "out of memory");
-    cfg.layer_cfg = g->lc;
+    /* the engine turns keys and queries (docs/rope.md): what a context shift needs */
+    llama_kv_rope(c, g->lc, &cfg);
+    g->st.rope_in_attn = true;
     if (cli_check_limits(CMD, &cfg, o->model_path ? o->model_path : "the synthetic model") !=
         CLI_OK)
         return CLI_USAGE;
@@ -373,6 +393,16 @@ static void round_rows(const gen *g, pkv_dtype dt, size_t rows, const float *k,
         pkv_dtype_round_row(dt, hs, k + r * hs, dk + r * hs);
         pkv_dtype_round_row(dt, hs, v + r * hs, dv + r * hs);
     }
+}
+
+/* Key row k ([n_kv_heads][hs]) of `layer` turned at position pos as the engine turns
+ * the keys it stores: pkv_rope_q on a row as wide as a query, whose first n_kv_heads
+ * heads are the key's. Into g->rot, which it returns. */
+static const float *rope_key(gen *g, uint32_t layer, uint64_t pos, const float *k)
+{
+    memcpy(g->rot, k, g->c->kv_dim * sizeof(float));
+    (void)pkv_rope_q(g->eng, layer, 1, &pos, g->rot);
+    return g->rot;
 }
 
 /* Record row r's q/k/v for session s at position pos (K/V rounded as the cache
@@ -438,7 +468,7 @@ static pkv_status check_rows(gen *g, uint32_t s, uint32_t layer, uint32_t T,
 
 /* The model's attention: the paged cache (prefill or append + decode), or, for the
  * end-to-end check, dense causal attention with no cache at all. */
-static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
+static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, float *q,
                           const float *k, const float *v, float *out)
 {
     gen *g = ctx;
@@ -446,7 +476,13 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
     pkv_status st = PKV_OK;
     if (g->mode == MODE_DENSE) {
         pkv_dtype dt = gen_dtype(g);
-        round_rows(g, dt, (size_t)n * c->n_kv_heads, k, v, g->dk, g->dv);
+        for (uint32_t r = 0; r < n; r++) { /* rotated as the engine rotates them */
+            const uint64_t p = g->row_pos[r];
+            (void)pkv_rope_q(g->eng, layer, 1, &p, q + (size_t)r * c->dim);
+            memcpy(g->dk + (size_t)r * c->kv_dim,
+                   rope_key(g, layer, p, k + (size_t)r * c->kv_dim), c->kv_dim * sizeof(float));
+        }
+        round_rows(g, dt, (size_t)n * c->n_kv_heads, g->dk, v, g->dk, g->dv);
         st = pkv_attention_reference(n, c->n_heads, c->n_kv_heads, c->head_size, 0, 0.0f,
                                      g->lc ? &g->lc[layer] : NULL, q, g->dk, g->dv, out);
         if (st != PKV_OK)
@@ -469,15 +505,17 @@ static pkv_status attn_cb(void *ctx, uint32_t layer, uint32_t n, const float *q,
         return PKV_OK;
     double t0 = cli_now();
     pkv_dtype dt = gen_dtype(g);
+    /* q came back rotated (llama_kv_attn); k is turned here as the engine stored it */
     if (g->mode == MODE_PREFILL) {
         for (uint32_t r = 0; r < n; r++)
-            record(g, dt, 0, layer, r, q + (size_t)r * c->dim, k + (size_t)r * c->kv_dim,
-                   v + (size_t)r * c->kv_dim);
+            record(g, dt, 0, layer, r, q + (size_t)r * c->dim,
+                   rope_key(g, layer, r, k + (size_t)r * c->kv_dim), v + (size_t)r * c->kv_dim);
         st = check_rows(g, 0, layer, n, 0, out);
     } else {
         for (uint32_t r = 0; r < n && st == PKV_OK; r++) {
             record(g, dt, g->act[r], layer, g->cur_pos, q + (size_t)r * c->dim,
-                   k + (size_t)r * c->kv_dim, v + (size_t)r * c->kv_dim);
+                   rope_key(g, layer, g->cur_pos, k + (size_t)r * c->kv_dim),
+                   v + (size_t)r * c->kv_dim);
             st = check_rows(g, g->act[r], layer, g->cur_pos + 1, g->cur_pos,
                             out + (size_t)r * c->dim);
         }
@@ -610,6 +648,8 @@ static int gen_run(gen *g)
         }
         if (n == 0)
             break;
+        if (g->o->context_shift && gen_context_shift(g, n) != CLI_OK)
+            return CLI_FAIL;
         g->mode = MODE_DECODE;
         g->cur_pos = pos;
         st = llama_forward(&g->model, &g->st, n, g->row_tok, g->row_pos, attn_cb, g, 0,

@@ -49,6 +49,8 @@ typedef struct {
     pkv_dtype dtype;
     bool dtype_set, check, check_e2e, json;
     bool prefix_cache;              /* --prefix-cache: sessions 1.. from the cache */
+    bool context_shift;             /* --context-shift: a full context drops half (docs/rope.md) */
+    uint32_t keep;                  /* --keep: positions a context shift keeps at the start */
     uint32_t speculate;             /* --speculate K: drafts a step (0: off) */
     bool tree;                      /* --tree: several candidates as a tree */
     bool parallel;                  /* --parallel: the N sessions' steps as one batch */
@@ -89,6 +91,8 @@ typedef struct {
     llama_rng *rng;                 /* [N] */
     float *logits;                  /* [N][vocab] */
     uint32_t *row_tok, *row_pos;    /* [rows] inputs of one forward */
+    float *rot;                     /* [dim] one key turned by the engine's RoPE (checks) */
+    uint64_t shifts;                /* context shifts made, all sessions */
     int mode;
     uint32_t cur_pos;
     /* --check: per session and layer, the Q/K/V every position saw (K/V rounded to
@@ -150,6 +154,10 @@ int gen_prefix_sessions(gen *g, llama_attn_fn attn, bool sample_first);
 const float *gen_first_logits(const gen *g, uint32_t s);
 #include "common/json.h"
 void gen_prefix_report(const gen *g, json_writer *W);
+/* --context-shift (generate/sessions.c): each of the n active sessions whose cache holds
+ * the model's seq_len keeps its first --keep positions and drops half of the rest
+ * (pkv_session_discard). CLI_OK, or CLI_FAIL with the engine's reason. */
+int gen_context_shift(gen *g, uint32_t n);
 
 /* Sample session s's next token from `logits` (sampled step k: its coin, and for
  * --check-e2e its record); false when the token ends the text. Print session s's

@@ -111,7 +111,7 @@ typedef struct {
     char err[256];
 } mg_attn;
 
-static pkv_status attn(void *ctx, uint32_t layer, uint32_t n, const float *q,
+static pkv_status attn(void *ctx, uint32_t layer, uint32_t n, float *q,
                        const float *k, const float *v, float *out)
 {
     mg_attn *a = ctx;
@@ -253,14 +253,23 @@ static int run(const void *opts, int rank, int R)
         rc = cli_fail(CMD, "out of memory");
         goto done;
     }
-    if ((st = llama_kv_engine(&lc, o->block_tokens, dt, o->threads, &e)) != PKV_OK ||
+    /* the engine turns keys and queries (as the single-process run does) */
+    pkv_config cfg = llama_kv_config(&lc, o->block_tokens, dt, o->threads);
+    pkv_layer_config *rl = calloc(c->n_layers, sizeof *rl);
+    if (rl)
+        llama_kv_rope(&lc, rl, &cfg);
+    if ((st = rl ? pkv_engine_create(&cfg, &e) : PKV_ENOMEM) != PKV_OK ||
         (st = pkv_session_create(e, &s)) != PKV_OK ||
         (st = llama_state_init(&ls, c, rows)) != PKV_OK ||
         (st = llama_sampler_init(&smp, c->vocab_size, (float)o->temperature,
                                  (float)o->topp)) != PKV_OK) {
         rc = cli_fail(CMD, "rank %d: setup: %s", rank, pkv_status_str(st));
+        free(rl);
         goto done;
     }
+    free(rl);
+    rl = NULL;
+    ls.rope_in_attn = true;
     a.kv = llama_kv_init(e, &lc, &s);
     llama_rng rng;
     llama_rng_init(&rng, o->seed);

@@ -175,6 +175,7 @@ int gen_report(gen *g)
             json_str(W, "page_ceiling", NULL);
         json_close(W, '}');
         json_u64(W, "steps", g->steps);
+        json_u64(W, "context_shifts", g->shifts);
         json_fmt(W, "temperature", "%g", o->temperature);
         json_fmt(W, "top_p", "%g", o->topp);
         json_u64(W, "seed", o->seed);
@@ -211,6 +212,10 @@ int gen_report(gen *g)
                                                                      cfg.block_tokens));
         }
     }
+    if (!o->json && o->context_shift)
+        fprintf(stderr, "context shifts: %llu (each kept %u positions and dropped half of "
+                        "the rest of a full %u-position context)\n",
+                (unsigned long long)g->shifts, o->keep, c->seq_len);
     uint64_t engine_bytes = es.pages_in_use * es.page_bytes;
     if (o->json) {
         json_close(W, ']');

@@ -8,6 +8,8 @@
  *
  * The text must not change: every session samples from the logits of its own
  * forward, which are compared with session 0's bit for bit (logits_identical).
+ *
+ * Also `--context-shift` (docs/rope.md): what a session does when its cache is full.
  */
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +17,8 @@
 #include <string.h>
 
 #include "generate/generate.h"
+
+#define CMD "generate"
 
 int gen_prefix_sessions(gen *g, llama_attn_fn attn, bool sample_first)
 {
@@ -124,4 +128,27 @@ void gen_prefix_report(const gen *g, json_writer *W)
             (unsigned long long)x->reused, (unsigned long long)x->computed, x->t_tail * 1e3,
             cold * 1e3, saved >= 0 ? "saved" : "lost", fabs(saved) * 1e3,
             x->identical ? "bitwise equal to" : "DIFFERENT from");
+}
+
+/* --context-shift: a session whose cache is full (the model's seq_len) keeps its first
+ * --keep positions and drops half of the rest, as llama.cpp does; its next token goes
+ * where the cache ends (llama_kv_attn reads positions from the cache). */
+int gen_context_shift(gen *g, uint32_t n)
+{
+    const uint32_t ctx = g->c->seq_len, keep = g->o->keep;
+    for (uint32_t r = 0; r < n; r++) {
+        pkv_session *s = g->act_sess[r];
+        const uint64_t len = pkv_session_len(s, 0);
+        if (len < ctx)
+            continue;
+        const uint64_t drop = (len - keep) / 2;
+        const pkv_status st = pkv_session_discard(s, keep, keep + drop);
+        if (st != PKV_OK) {
+            char why[256];
+            pkv_engine_last_error(g->eng, why, sizeof why);
+            return cli_fail(CMD, "context shift of session %u: %s", g->act[r], why);
+        }
+        g->shifts++;
+    }
+    return CLI_OK;
 }

@@ -85,7 +85,7 @@ typedef struct {
     double secs;            /* inside attention */
 } timed;
 
-static pkv_status timed_attn(void *ctx, uint32_t layer, uint32_t n, const float *q,
+static pkv_status timed_attn(void *ctx, uint32_t layer, uint32_t n, float *q,
                              const float *k, const float *v, float *out)
 {
     timed *x = ctx;

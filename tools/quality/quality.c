@@ -196,7 +196,7 @@ typedef struct {
     pkv_status ref_st;
 } q_attn;
 
-static pkv_status attn_checked(void *ctx, uint32_t layer, uint32_t n, const float *q,
+static pkv_status attn_checked(void *ctx, uint32_t layer, uint32_t n, float *q,
                                const float *k, const float *v, float *out)
 {
     q_attn *a = ctx;

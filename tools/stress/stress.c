@@ -63,6 +63,11 @@ static void usage(FILE *f)
         "                       sharing a P-token prefix, built with and without the\n"
         "                       cache; memory and append work of both (--svg plots them)\n"
         "  --prefix-tail T      with --prefix: tokens of each session's own (default 256)\n"
+        "  --shift N            context shift (docs/rope.md): every layer with the engine's\n"
+        "                       RoPE, fill --ctx, then N times keep --keep positions,\n"
+        "                       drop half of the rest and fill again; memory and decode\n"
+        "                       time after each shift (flat), --svg plots them\n"
+        "  --keep N             with --shift: positions kept at the start (default 1)\n"
         "  --verify K           at each decode point, a pkv_verify of K drafts (up to 16)\n"
         "                       against K pkv_decode calls (layer 0, session 0)\n"
         "  --shared N           at each decode point, one pkv_decode_batch of N forks (up\n"
@@ -94,7 +99,7 @@ static void usage(FILE *f)
 static int parse_opts(int argc, char **argv, stress_opts *o)
 {
     *o = (stress_opts){.ctx = 65536, .sessions = 1, .seed = 1, .points = 64, .reps = 3,
-                       .prefix_tail = 256};
+                       .prefix_tail = 256, .keep = 1};
     cli_model m = cli_model_default();
     static const char *const mpi_only = "it is an option of one context over MPI ranks";
     const char *mpi_value = NULL;   /* never read: those options are refused here */
@@ -108,6 +113,9 @@ static int parse_opts(int argc, char **argv, stress_opts *o)
         {.name = "fork-every", .kind = OPT_U64, .dst = &o->fork_every, .lo = 0,
          .hi = UINT64_MAX},
         {.name = "prefix", .kind = OPT_U64, .dst = &o->prefix, .lo = 1, .hi = 1ull << 31},
+        {.name = "shift", .kind = OPT_U32, .dst = &o->shift, .lo = 1, .hi = 1u << 20},
+        {.name = "keep", .kind = OPT_U64, .dst = &o->keep, .lo = 0, .hi = UINT64_MAX,
+         .needs = "shift", .why = "it is the positions each context shift keeps"},
         {.name = "prefix-tail", .kind = OPT_U64, .dst = &o->prefix_tail, .lo = 0,
          .hi = 1ull << 31, .needs = "prefix",
          .why = "it is the length of each session's own tokens after the shared prefix"},
@@ -645,6 +653,8 @@ int cmd_stress(int argc, char **argv)
         return rc == CLI_HELP ? CLI_OK : rc;
     if (r.o.prefix) /* the prefix cache (docs/prefix-cache.md): its own run */
         return stress_prefix(&r.o);
+    if (r.o.shift) /* context shift (docs/rope.md): its own run */
+        return stress_shift(&r.o);
     /* the budget and spill directory name their mistakes before any work; with spill
      * a decode still needs its whole layer resident, so a budget below one layer of
      * one session would fail at the first long decode */

@@ -29,6 +29,8 @@
 typedef struct {
     uint64_t ctx, decode_every, fork_every, budget, seed;
     uint64_t prefix, prefix_tail;  /* --prefix P, --prefix-tail T (stress/prefix.c) */
+    uint32_t shift;                /* --shift N: context shifts (stress/shift.c) */
+    uint64_t keep;                 /* --keep: positions a shift keeps */
     uint32_t sessions, layers, heads, kv_heads, head_dim, block_tokens, threads;
     uint32_t head_dim_v;         /* 0 = head_dim */
     cli_variant v;               /* --window, --sinks, --rollback, --softcap, preset */
@@ -101,6 +103,9 @@ int stress_report(stress_run *r);
 /* `--prefix P` (docs/prefix-cache.md): the run with and without the prefix cache, its report and
  * plot (stress/prefix.c). Returns the exit status. */
 int stress_prefix(const stress_opts *o);
+/* `--shift N` (docs/rope.md): a full context shifted N times, memory and decode time after
+ * each shift, its report and plot (stress/shift.c). Returns the exit status. */
+int stress_shift(const stress_opts *o);
 /* --verify, --shared at decode point n (stress/many.c): their four figures into pt
  * (NaN when not asked); the session is left as it was. A library status on failure. */
 pkv_status stress_many_point(stress_run *r, uint64_t n, stress_point *pt);

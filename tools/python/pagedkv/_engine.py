@@ -9,7 +9,19 @@ from . import _errors
 from . import _lib as L
 
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q4": 4}
-_LAYER_FIELDS = ("window", "sink_tokens", "rollback_tokens", "softcap", "sink_logits")
+_LAYER_FIELDS = ("window", "sink_tokens", "rollback_tokens", "softcap", "sink_logits",
+                 "rope", "rope_dims", "rope_theta", "rope_freq_scale")
+# pkv_layer_config.rope by name: the engine rotates the keys it stores (docs/rope.md)
+ROPE = {None: 0, "none": 0, "norm": L.ROPE_NORM, "neox": L.ROPE_NEOX}
+
+
+def _rope_code(v, i):
+    if isinstance(v, str) or v is None:
+        if v not in ROPE:
+            raise ValueError(f"layer_cfg[{i}].rope: {v!r} is not one of "
+                             "'none', 'norm', 'neox' (or 0, 1, 2)")
+        return ROPE[v]
+    return A.u32(v, f"layer_cfg[{i}].rope")
 
 
 class _Owner:
@@ -94,8 +106,9 @@ class Engine:
     Keyword arguments are pkv_config's fields: n_layers, n_heads, n_kv_heads, head_dim
     (required), block_tokens, kv_dtype ("f32", "f16", "bf16", "q8", "q4" or its number),
     scale, mem_budget, spill_dir, n_threads, head_dim_v, layer_cfg (a list of n_layers
-    dicts or objects with window, sink_tokens, rollback_tokens, softcap, sink_logits),
-    quant_dot, prefix_cache_bytes. Unset fields keep pkv_config_default()'s values.
+    dicts or objects with window, sink_tokens, rollback_tokens, softcap, sink_logits,
+    and the engine's RoPE: rope ("norm", "neox" or 0/1/2), rope_dims, rope_theta,
+    rope_freq_scale), quant_dot, prefix_cache_bytes. Unset fields keep pkv_config_default()'s values.
     Integers must be ints (or numpy integers) that fit their C field; see _args.py.
     """
 
@@ -134,6 +147,13 @@ class Engine:
                             A.u32(v, f"layer_cfg[{i}].{name}"))
                 v = _layer_get(entry, "softcap", i)
                 arr[i].softcap = 0.0 if v is None else A.real(v, f"layer_cfg[{i}].softcap")
+                arr[i].rope = _rope_code(_layer_get(entry, "rope", i), i)
+                v = _layer_get(entry, "rope_dims", i)
+                arr[i].rope_dims = 0 if v is None else A.u32(v, f"layer_cfg[{i}].rope_dims")
+                for name in ("rope_theta", "rope_freq_scale"):
+                    v = _layer_get(entry, name, i)
+                    setattr(arr[i], name, 0.0 if v is None else
+                            A.real(v, f"layer_cfg[{i}].{name}"))
                 sl = _layer_get(entry, "sink_logits", i)
                 if sl is not None:
                     sl = A.float32(sl, (c.n_heads,), f"layer_cfg[{i}].sink_logits")
@@ -250,6 +270,24 @@ class Engine:
         return o
 
     # -- figures ----------------------------------------------------------------------
+    def rope_q(self, layer, q, pos):
+        """q [n][n_heads][head_dim] rotated at positions pos [n] (ints >= 0), as the
+        engine rotates the keys it stores for `layer` (pkv_rope_q): a new float32 array;
+        unchanged for a layer without rope."""
+        e = self._handle()
+        layer = A.u32(layer, "rope_q layer")
+        p = np.asarray(pos).reshape(-1)
+        if p.dtype.kind not in "iu":
+            raise TypeError("rope_q pos: integers expected")
+        if p.size and p.min() < 0:
+            raise ValueError("rope_q pos: positions are >= 0")
+        p = np.ascontiguousarray(p, dtype=np.uint64)
+        n = A.u32(p.size, "rope_q: the number of rows")
+        qa = A.float32(q, (n, self.n_heads, self.head_dim), "rope_q q")
+        qa = np.array(qa, dtype=np.float32, copy=True).reshape(n, self.n_heads, self.head_dim)
+        self._check(L.pkv_rope_q(e, layer, n, p.ctypes.data, qa.ctypes.data), "rope_q")
+        return qa
+
     def stats(self):
         """pkv_engine_stats as a dict (isa, io_backend, pool and the page counters)."""
         s = L.Stats()
@@ -354,6 +392,13 @@ class Session:
         self._check(L.pkv_prefill(h, layer, n, qa.ctypes.data, ka.ctypes.data,
                                   va.ctypes.data, o.ctypes.data), "prefill")
         return o
+
+    def discard(self, p0, p1):
+        """Drop positions [p0, p1) of every layer; later ones move down and their
+        keys are re-rotated (pkv_session_discard; the layers need the engine's RoPE)."""
+        h = self._handle()
+        self._check(L.pkv_session_discard(h, A.u64(p0, "discard p0"), A.u64(p1, "discard p1")),
+                    "discard")
 
     def verify(self, layer, parent, q, k, v, out=None):
         """Attention of n draft tokens of `layer` as a tree (docs/speculative.md):

@@ -41,7 +41,12 @@ SONAME = getattr(_install, "SONAME", ABI_SONAME)
 class LayerConfig(ctypes.Structure):
     _fields_ = [("window", ctypes.c_uint32), ("sink_tokens", ctypes.c_uint32),
                 ("rollback_tokens", ctypes.c_uint32), ("softcap", ctypes.c_float),
-                ("sink_logits", ctypes.c_void_p)]
+                ("sink_logits", ctypes.c_void_p),
+                ("rope", ctypes.c_uint32), ("rope_dims", ctypes.c_uint32),
+                ("rope_theta", ctypes.c_float), ("rope_freq_scale", ctypes.c_float)]
+
+
+ROPE_NORM, ROPE_NEOX = 1, 2   # pkv_layer_config.rope (docs/rope.md)
 
 
 class Config(ctypes.Structure):
@@ -175,6 +180,9 @@ pkv_attention_reference = _fn("pkv_attention_reference", st, u32, u32, u32, u32,
 pkv_row_bytes = _fn("pkv_row_bytes", ctypes.c_size_t, ctypes.c_int, u32)
 pkv_dtype_name = _fn("pkv_dtype_name", ctypes.c_char_p, ctypes.c_int)
 pkv_dtype_round_row = _fn("pkv_dtype_round_row", None, ctypes.c_int, u32, P, P)
+
+pkv_rope_q = _fn("pkv_rope_q", st, P, u32, u32, P, P)
+pkv_session_discard = _fn("pkv_session_discard", st, P, u64, u64)
 
 # The prefix cache's calls (docs/prefix-cache.md): the package works without them.
 HAVE_PREFIX = hasattr(lib, "pkv_session_set_tokens") and hasattr(lib, "pkv_session_from_prefix")

@@ -15,7 +15,8 @@
 #   kernels  src/kernels: no header uses a name that a file including it defines; no
 #            macro defines a function; every #include is at the top of its file.
 #   size     every source file of src/, include/, tools/, examples/ and bench/ has at
-#            most 800 lines (the Check suites under tests/ are not counted).
+#            most 800 lines (include/pagedkv.h, the one public header, 900; the Check
+#            suites under tests/ are not counted).
 #   dated    no date, no "session N" narrative and no timing (a number with ms, us,
 #            ns or GB/s) in the comments of src/ and the build files; figures live in
 #            docs/performance.md, which a comment cites by its decision-table row.
@@ -27,6 +28,7 @@ set -u
 
 ALL_GROUPS="layout kernels size dated"
 MAX_LINES=800
+HEADER_MAX_LINES=900
 
 usage() {
     echo "usage: sh tools/check_rules.sh [--only GROUP[,GROUP...]] [--list]"
@@ -375,8 +377,12 @@ check_size() {
             -o -name '*.sh' -o -name 'meson.build' \) | sort
     done | while read -r f; do
         n=$(wc -l <"$f")
-        [ "$n" -le "$MAX_LINES" ] && continue
-        report "$f" "$n" size "$n lines: a file stays under ~$MAX_LINES, with one concern"
+        max=$MAX_LINES
+        # the public header is the product's one file and its documentation: one
+        # concern at any length, split only where a user would include two files
+        [ "$f" = include/pagedkv.h ] && max=$HEADER_MAX_LINES
+        [ "$n" -le "$max" ] && continue
+        report "$f" "$n" size "$n lines: a file stays under ~$max, with one concern"
     done
 }
 

@@ -170,4 +170,7 @@ void gen_emit_range(const gen *g, uint32_t s, uint32_t from, uint32_t to);
 int gen_speculate(gen *g, llama_attn_fn attn, bool stream);
 void gen_speculate_report(const gen *g, json_writer *W);
 
+/* --save: session 0 to o->save_path, its token ids recorded first (sessions.c). */
+int gen_save(gen *g);
+
 #endif

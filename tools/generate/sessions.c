@@ -9,7 +9,8 @@
  * The text must not change: every session samples from the logits of its own
  * forward, which are compared with session 0's bit for bit (logits_identical).
  *
- * Also `--context-shift` (docs/rope.md): what a session does when its cache is full.
+ * Also `--context-shift` (docs/rope.md): what a session does when its cache is full,
+ * and `--save`: session 0 to a file for `pagedkv inspect`.
  */
 #include <math.h>
 #include <stdio.h>
@@ -150,5 +151,38 @@ int gen_context_shift(gen *g, uint32_t n)
         }
         g->shifts++;
     }
+    return CLI_OK;
+}
+
+/* --save: session 0 to its file, its forwarded token ids recorded first (a
+ * version-3 file, whose prefix `inspect` reports). A window releases pages: then the
+ * ids are not recorded (pkv_session_set_tokens would refuse nothing, but a windowed
+ * session's file is about its pages). */
+int gen_save(gen *g)
+{
+    const char *path = g->o->save_path;
+    pkv_session *s = g->sess[0];
+    const uint64_t n = pkv_session_len(s, 0);
+    pkv_status st = PKV_OK;
+    if (!g->o->v.window && n > 0) {
+        int32_t *ids = malloc((size_t)n * sizeof *ids);
+        if (!ids)
+            return cli_fail(CMD, "out of memory");
+        for (uint64_t i = 0; i < n; i++)
+            ids[i] = (int32_t)g->tok[i];
+        st = pkv_session_set_tokens(s, n, ids);
+        free(ids);
+    }
+    if (st == PKV_OK)
+        st = pkv_session_save(s, path);
+    if (st != PKV_OK) {
+        char why[256] = "";
+        pkv_engine_last_error(g->eng, why, sizeof why);
+        return cli_fail(CMD, "cannot save session 0 to '%s': %s%s%s", path,
+                        pkv_status_str(st), why[0] ? ": " : "", why);
+    }
+    if (!g->o->json)
+        fprintf(stderr, "session 0 (%llu positions) saved to %s: `pagedkv inspect %s` "
+                        "reads it\n", (unsigned long long)n, path, path);
     return CLI_OK;
 }

@@ -165,7 +165,7 @@ typedef struct {
     float    softcap;         /* 0: none; else every score s becomes softcap*tanh(s/softcap) */
     const float *sink_logits; /* NULL, or [n_heads]: one learned logit per query head that
                                  joins that head's softmax denominator (gpt-oss); copied */
-    /* SPEC §14 (appended in soname 3): RoPE in the engine, see "RoPE in the engine"
+    /* RoPE (appended in soname 3): in the engine, see "RoPE in the engine"
        in section 5. All four 0: the caller rotates q and k itself, as before. */
     uint32_t rope;            /* 0 none, PKV_ROPE_NORM (adjacent pairs (2i, 2i+1): llama2.c,
                                  GPT-J) or PKV_ROPE_NEOX (pairs (i, i + rope_dims/2): Llama
@@ -179,7 +179,7 @@ typedef struct {
                                  finite, > 0 (0 = 1, none) */
 } pkv_layer_config;
 
-/* Values of pkv_layer_config.rope (SPEC §14). */
+/* Values of pkv_layer_config.rope (docs/rope.md). */
 #define PKV_ROPE_NORM 1u
 #define PKV_ROPE_NEOX 2u
 
@@ -352,7 +352,7 @@ typedef struct {
 /* Exact memory figures of one session. PKV_EINVAL for NULL. */
 PKV_API pkv_status pkv_session_memory(const pkv_session *s, pkv_memory *out);
 
-/* -- context shift (SPEC §14): dropping positions, needs RoPE in the engine -- */
+/* -- context shift (docs/rope.md): dropping positions, needs RoPE in the engine -- */
 
 /* Drop positions [p0, p1) of every layer of s: positions from p1 on move down by
  * p1 - p0 and attend as if they had always been there - their keys are turned back by
@@ -481,7 +481,7 @@ PKV_API pkv_status pkv_decode_batch(pkv_engine *e, uint32_t layer, uint32_t n,
                                     pkv_session *const *sessions, const float *q,
                                     float *out);
 
-/* -- RoPE in the engine (SPEC §14) -- */
+/* -- RoPE in the engine (docs/rope.md) -- */
 /* A layer whose pkv_layer_config sets `rope` rotates its keys itself: pkv_append,
  * pkv_prefill and pkv_verify take k before rotation and the engine turns each key at
  * its position when it stores it (pkv_session_len before the call plus its row; for
@@ -538,7 +538,7 @@ PKV_API pkv_status pkv_rope_q(const pkv_engine *e, uint32_t layer, uint32_t n,
  *   pkv_session_discard            PKV_ESTATE (for any pending layer), nothing changed;
  *   pkv_session_set_tokens         records ids of cached positions, as ever;
  *   pkv_session_destroy            releases the drafts with the rest.
- * RoPE (SPEC §14): on a layer with the engine's rope, draft i's key is turned at
+ * RoPE (docs/rope.md): on a layer with the engine's rope, draft i's key is turned at
  * position len + depth(i) - the position it stands for, not the slot it is stored in -
  * so a committed path holds exactly the keys pkv_append would have stored there; rotate
  * draft i's queries with pkv_rope_q at that same position.

@@ -67,12 +67,12 @@ asan)
             -Db_lundef=false -Djemalloc=disabled -Dpoison=true "$ONE_TABLE"
     fi
     run ninja -C build-asan
-    run env PKV_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    run env PKV_TEST_QUICK=1 CK_TIMEOUT_MULTIPLIER=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 4
     # the kernels once more at full counts: every shape of the shape table, where an
     # overread of a tail would be
-    run env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    run env CK_TIMEOUT_MULTIPLIER=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 4 \
         --suite kernels
@@ -83,7 +83,7 @@ tsan)
             -Db_lundef=false -Djemalloc=disabled "$ONE_TABLE"
     fi
     run ninja -C build-tsan
-    run env PKV_TEST_QUICK=1 TSAN_OPTIONS=halt_on_error=1:allocator_may_return_null=1 \
+    run env PKV_TEST_QUICK=1 CK_TIMEOUT_MULTIPLIER=4 TSAN_OPTIONS=halt_on_error=1:allocator_may_return_null=1 \
         meson test -C build-tsan --print-errorlogs --num-processes 2 --suite session \
         --suite kernels --suite sharing --suite variants --suite prefix --suite shard \
         --suite transit --suite persist --suite io

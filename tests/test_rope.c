@@ -180,17 +180,22 @@ END_TEST
 /* ---- the same bits ------------------------------------------------------------------- */
 
 /* Every rotation table the host runs, against the scalar one: combine and both styles,
- * every width from 1 to 70 pairs (all tails). */
+ * every width from 1 to 70 pairs (all tails). Every SIMD decode table this build has
+ * and the host runs rotates with vectors of its own family (a VNNI or dot-product
+ * table with its base table's), never with the scalar kernels. */
 START_TEST(kernels_bitwise)
 {
-    const char *isas[] = {"avx2", "avx512"};
+    const char *isas[] = {"avx2", "avx2vnni", "avx512", "avx512vnni", "neon", "neon_dotprod"};
+    const uint32_t n_isas = sizeof isas / sizeof isas[0];
     pkvt_rng r;
     pkvt_rng_init(&r, pkvt_seed() ^ 2);
     float a[2 * 70], b[2 * 70], o1[2 * 70], o2[2 * 70], x1[3 * 143], x2[3 * 143];
-    for (uint32_t k = 0; k < 2; k++) {
-        if (!pkvi_isa_supported(isas[k]) || pkvi_rope_kernels_for(isas[k]) == &pkvi_rope_scalar)
+    for (uint32_t k = 0; k < n_isas; k++) {
+        if (!pkvi_isa_supported(isas[k]))
             continue;
         const pkvi_rope_kernels *v = pkvi_rope_kernels_for(isas[k]);
+        ck_assert_msg(v != &pkvi_rope_scalar && strncmp(isas[k], v->isa, strlen(v->isa)) == 0,
+                      "the %s decode table rotates with the %s kernels", isas[k], v->isa);
         for (uint32_t half = 1; half <= 70; half++) {
             pkvt_fill(&r, a, 2 * half, -1.0f, 1.0f);
             pkvt_fill(&r, b, 2 * half, -1.0f, 1.0f);

@@ -1,7 +1,7 @@
 /*
  * rope/rope.c - a layer's RoPE (rope.h): the config check every entry shares, the
  * tables of cos/sin, the rotation of a position and back, and the scalar kernels -
- * the specification rope/avx2.c and rope/avx512.c compute bit for bit.
+ * the specification rope/avx2.c, rope/avx512.c and rope/neon.c compute bit for bit.
  *
  * Owns pkvi_rope objects (built here, owned by engine.c) and pkvi_rope_scalar. Knows
  * nothing of pages, sessions or dtypes: callers hand it f32 rows.
@@ -101,6 +101,10 @@ const pkvi_rope_kernels *pkvi_rope_kernels_for(const char *isa)
 #if PKV_KERNEL_AVX2
     if (strncmp(isa, "avx2", 4) == 0)
         return &pkvi_rope_avx2;
+#endif
+#if PKV_KERNEL_NEON
+    if (strncmp(isa, "neon", 4) == 0)
+        return &pkvi_rope_neon;
 #endif
     (void)isa;
     return &pkvi_rope_scalar;

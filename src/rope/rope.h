@@ -6,8 +6,8 @@
  *
  * Owns a pkvi_rope and its tables (rope.c builds them once per engine and distinct
  * config; engine.c owns the objects and frees them). Immutable after creation, so read
- * without any lock. The SIMD rotations are rope/avx2.c and rope/avx512.c, one file per
- * ISA like the decode kernels; rope.c's scalar functions are their specification, and
+ * without any lock. The SIMD rotations are rope/avx2.c, rope/avx512.c and rope/neon.c,
+ * one file per ISA like the decode kernels; rope.c's scalar functions are their specification, and
  * every table computes the same bits (the same fused multiply-adds, element by element).
  *
  * The rotation. A head's first `dims` values rotate as dims / 2 pairs; pair i turns by
@@ -50,7 +50,7 @@
 
 /* The rotation kernels of one ISA. cs vectors are planar: c[half] then s[half]. */
 typedef struct {
-    const char *isa; /* "scalar", "avx2", "avx512" */
+    const char *isa; /* "scalar", "avx2", "avx512", "neon" */
     /* out = a * b as rotations (a, b, out [2 * half]; out may be a or b):
      * c = fma(a_c, b_c, -(a_s * b_s)), s = fma(a_s, b_c, a_c * b_s) */
     void (*combine)(uint32_t half, const float *a, const float *b, float *out);
@@ -63,9 +63,11 @@ typedef struct {
 PKVI_HIDDEN extern const pkvi_rope_kernels pkvi_rope_scalar;
 PKVI_HIDDEN extern const pkvi_rope_kernels pkvi_rope_avx2;   /* builds with the avx2 table */
 PKVI_HIDDEN extern const pkvi_rope_kernels pkvi_rope_avx512; /* builds with the avx512 table */
+PKVI_HIDDEN extern const pkvi_rope_kernels pkvi_rope_neon;   /* builds with the neon table */
 
 /* The rotation kernels that go with the decode kernels named isa (the engine's: a
- * forced scalar engine rotates with the scalar ones too). */
+ * forced scalar engine rotates with the scalar ones too; a VNNI or dot-product table
+ * with its base table's). */
 PKVI_HIDDEN const pkvi_rope_kernels *pkvi_rope_kernels_for(const char *isa);
 
 typedef struct {

@@ -816,6 +816,150 @@ static uint64_t spec_window_pages(uint64_t n, uint64_t bt, uint64_t w, uint64_t 
     return pages;
 }
 
+/* `stress --shift` (docs/rope.md: llama.cpp's context shift, repeated): its claims
+ * against figures computed here. Every shift keeps --keep positions, drops half of the
+ * rest and fills the context again, so the pages held are those of a full context
+ * after every shift - exactly, not roughly: a discard that leaked or kept one page too
+ * many shows at the next point. The rows counted are the formula's; the times are only
+ * checked to be there (benchmarks are tools, never timed tests). */
+static void check_shift_svg(const char *path, uint32_t points)
+{
+    char *svg = pkvt_slurp(path, NULL), root[48] = "";
+    ck_assert_msg(xml_wellformed(svg, root, sizeof root) && strcmp(root, "svg") == 0,
+                  "%s is not well-formed SVG", path);
+    static const char *const names[] = {"bytes_resident, all sessions", "engine pages",
+                                        "RSS growth", "decode p50 at the full context"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char tag[96];
+        snprintf(tag, sizeof tag, "<g class=\"series\"><title>%s", names[i]);
+        ck_assert_msg(has(svg, tag), "no series '%s' in the SVG", names[i]);
+    }
+    const char *line = strstr(svg, "<title>bytes_resident, all sessions</title>");
+    const char *pts = line ? strstr(line, "points=\"") : NULL;
+    ck_assert(pts != NULL);
+    uint32_t commas = 0;
+    for (const char *c = pts + 8; *c != '"'; c++)
+        commas += *c == ',';
+    ck_assert_msg(commas == points, "the memory line has %u vertices, %u points", commas,
+                  points);
+    free(svg);
+}
+
+START_TEST(stress_shift)
+{
+    /* 2 sessions x 2 layers, g 2, d 16, f16, 16-token pages; ctx 200, keep 5: a shift
+     * drops 97 positions and moves the 98 after them */
+    const uint64_t S = 6, N = 2, L = 2, ctx = 200, keep = 5, drop = (ctx - keep) / 2;
+    const uint64_t page = 2 * 2 * 16 * row_bytes(PKV_F16, 16);
+    const uint64_t full = N * L * ((ctx + 15) / 16) * page;
+    char svg[] = "/tmp/pkvt-svg-XXXXXX";
+    int fd = mkstemp(svg);
+    ck_assert(fd >= 0);
+    close(fd);
+#define SHIFT_ARGS "stress", "--shift", "6", "--ctx", "200", "--keep", "5", "--sessions", "2", \
+                   "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",    \
+                   "--block-tokens", "16", "--dtype", "f16", "--threads", "1", "--reps", "2"
+    pkvt_proc p = pkvt_tool((const char *[]){SHIFT_ARGS, "--json", "--svg", svg, NULL}, NULL);
+    ck_assert_msg(p.status == 0, "stress --shift: exit %d\n%s%s", p.status, p.err, p.out);
+    ck_assert_msg(pkvt_json_valid(p.out), "stress --shift --json: not one JSON value: %s",
+                  p.out);
+    ck_assert(pkvt_json_is(p.out, "command", "\"stress\"") &&
+              pkvt_json_is(p.out, "dtype", "\"f16\""));
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "ctx"), ctx);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "keep"), keep);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "shifts"), S);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "sessions"), N);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "layers"), L);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "rows_moved"), S * N * (ctx - keep - drop));
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "rows_appended"), S * N * drop);
+    ck_assert(pkvt_json_num(p.out, "discard_seconds") >= 0 &&
+              pkvt_json_num(p.out, "refill_seconds") >= 0);
+    ck_assert_uint_eq(pkvt_json_len(p.out, "points"), S + 1);
+    for (uint64_t k = 0; k <= S; k++) {
+        char path[64];
+#define AT(field) (snprintf(path, sizeof path, "points[%llu]." field, (unsigned long long)k), path)
+        ck_assert_uint_eq(pkvt_json_u64(p.out, AT("shift")), k);
+        ck_assert_msg(pkvt_json_u64(p.out, AT("bytes_resident")) == full,
+                      "after shift %llu: %llu bytes resident, a full context is %llu",
+                      (unsigned long long)k,
+                      (unsigned long long)pkvt_json_u64(p.out, AT("bytes_resident")),
+                      (unsigned long long)full);
+        ck_assert_uint_eq(pkvt_json_u64(p.out, AT("engine_bytes")), full);
+        ck_assert(pkvt_json_find(p.out, AT("rss_delta")) != NULL);
+        const double us = pkvt_json_num(p.out, AT("decode_us_p50"));
+        ck_assert_msg(us > 0 && isfinite(us), "shift %llu: decode p50 %g",
+                      (unsigned long long)k, us);
+        if (k == 0) /* before the first shift nothing was discarded */
+            ck_assert(pkvt_json_num(p.out, AT("discard_ms")) == 0 &&
+                      pkvt_json_num(p.out, AT("refill_ms")) == 0);
+#undef AT
+    }
+    check_shift_svg(svg, (uint32_t)(S + 1));
+    if (python()) { /* python3 reads the same JSON: memory flat at every point */
+        char path[] = "/tmp/pkvt-json-XXXXXX";
+        fd = mkstemp(path);
+        ck_assert(fd >= 0);
+        close(fd);
+        pkvt_write_file(path, p.out, strlen(p.out));
+        char *err;
+        const int rc = python_check(
+            "import sys, json\n"
+            "j = json.load(open(sys.argv[1]))\n"
+            "m = {(q['bytes_resident'], q['engine_bytes']) for q in j['points']}\n"
+            "assert len(m) == 1 and len(j['points']) == j['shifts'] + 1, m\n",
+            path, svg, &err);
+        unlink(path);
+        ck_assert_msg(rc == 0, "python3 rejects the --shift JSON: %s", err);
+        free(err);
+    }
+    unlink(svg);
+    pkvt_proc_free(&p);
+
+    /* the text report says the same */
+    p = pkvt_tool((const char *[]){SHIFT_ARGS, "--quiet", NULL}, NULL);
+    ck_assert_msg(p.status == 0 &&
+                      has(p.out, "context shift: 2 session(s), ctx 200, keep 5, 6 shifts of "
+                                 "97 positions; 2 layers of f16") &&
+                      has(p.out, "memory: resident 104.00 KiB before the first shift, "
+                                 "104.00 KiB after the last (engine 104.00 KiB") &&
+                      has(p.out, "for 1176 rows moved (x 2 layers)") &&
+                      has(p.out, "for 1164 rows"),
+                  "stress --shift text: exit %d\n%s%s", p.status, p.out, p.err);
+    pkvt_proc_free(&p);
+
+    /* spilled sessions: 3 sessions of 13 pages a layer under a 32-page budget; each
+     * discard reads its session's pages back first, and the spill file is gone after */
+    char dir[] = "/tmp/pkvt-spill-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    p = pkvt_tool((const char *[]){SHIFT_ARGS, "--sessions", "3", "--budget", "65536",
+                                  "--spill-dir", dir, "--json", "--quiet", NULL}, NULL);
+    ck_assert_msg(p.status == 0 && pkvt_json_valid(p.out), "stress --shift --spill-dir: "
+                  "exit %d\n%s%s", p.status, p.err, p.out);
+    ck_assert_uint_eq(pkvt_json_u64(p.out, "sessions"), 3); /* the later --sessions */
+    for (uint64_t k = 0; k <= S; k++) {
+        char path[64];
+        snprintf(path, sizeof path, "points[%llu].engine_bytes", (unsigned long long)k);
+        ck_assert_uint_le(pkvt_json_u64(p.out, path), 65536);
+    }
+    pkvt_proc_free(&p);
+    ck_assert_msg(rmdir(dir) == 0, "the spill directory is not empty after the run: %s",
+                  strerror(errno));
+#undef SHIFT_ARGS
+
+    /* usage: --keep needs --shift, and must leave something to shift */
+    p = pkvt_tool((const char *[]){"stress", "--keep", "4", "--ctx", "100", NULL}, NULL);
+    ck_assert_msg(p.status == 2 && has(p.err, "--keep"), "--keep alone: exit %d %s",
+                  p.status, p.err);
+    pkvt_proc_free(&p);
+    p = pkvt_tool((const char *[]){"stress", "--shift", "2", "--ctx", "100", "--keep", "99",
+                                  "--layers", "1", "--heads", "4", "--kv-heads", "2",
+                                  "--head-dim", "16", NULL}, NULL);
+    ck_assert_msg(p.status == 2 && has(p.err, "--keep 99 leaves nothing to shift"),
+                  "--keep 99 of --ctx 100: exit %d %s", p.status, p.err);
+    pkvt_proc_free(&p);
+}
+END_TEST
+
 /* A windowed stress run: every layer's pages follow the window's rule and stay under
  * the page ceiling (docs/variants.md) at every decode point, memory is level once the window is
  * full (while the context grows 10x), the forks still check out, the plot draws the bound. */
@@ -1114,6 +1258,7 @@ int main(void)
     tcase_add_test(tr, stress_sigint);
     tcase_add_test(tr, memory_guard);
     tcase_add_test(tr, stress_window);
+    tcase_add_test(tr, stress_shift);
     tcase_add_test(tr, stress_presets_pattern);
     suite_add_tcase(s, tr);
     return pkvt_run(s);

@@ -2,7 +2,8 @@
  * make_seeds.c - writes the seed corpora of the fuzz harnesses:
  *   corpus/load: valid session files of fuzz_load's geometry (empty, one token, partial
  *                last pages, layers of different lengths, a shard: format version 4),
- *                f16;
+ *                f16; and one of its RoPE engine after a discard (version 5: the RoPE
+ *                config, the token record ended at the discard's p0);
  *   corpus/api:  byte programs that exercise every operation of fuzz_api.
  * Usage: make_seeds DIR   (writes the files DIR/load/NAME and DIR/api/NAME)
  */
@@ -41,6 +42,44 @@ static int save_case(pkv_engine *e, const char *dir, const char *name, uint64_t 
     return st != PKV_OK;
 }
 
+/* A session of the RoPE engine: 14 tokens on both layers, their ids recorded, then
+ * positions [3, 7) discarded (the later keys re-rotated; the record ends at 3). */
+static int save_rope_case(const char *dir, const char *name)
+{
+    pkv_layer_config lc[2];
+    pkv_config c = pkvf_load_rope_config(lc);
+    pkv_engine *e;
+    if (pkv_engine_create(&c, &e) != PKV_OK)
+        return 1;
+    pkv_session *s = NULL;
+    pkv_status st = pkv_session_create(e, &s);
+    float k[16], v[16];
+    int32_t ids[14];
+    for (uint32_t t = 0; t < 14 && st == PKV_OK; t++) {
+        for (int i = 0; i < 16; i++) {
+            k[i] = (float)((t * 5 + (uint32_t)i * 7) % 13) * 0.5f - 3.0f;
+            v[i] = (float)((t * 3 + (uint32_t)i) % 7) * 0.125f;
+        }
+        ids[t] = (int32_t)(t * 37 % 100);
+        st = pkv_append(s, 0, k, v);
+        if (st == PKV_OK)
+            st = pkv_append(s, 1, k, v);
+    }
+    if (st == PKV_OK)
+        st = pkv_session_set_tokens(s, 14, ids);
+    if (st == PKV_OK)
+        st = pkv_session_discard(s, 3, 7);
+    char path[512];
+    snprintf(path, sizeof path, "%s/load/%s", dir, name);
+    if (st == PKV_OK)
+        st = pkv_session_save(s, path);
+    pkv_session_destroy(s);
+    pkv_engine_destroy(e);
+    if (st != PKV_OK)
+        fprintf(stderr, "%s: %s\n", path, pkv_status_str(st));
+    return st != PKV_OK;
+}
+
 static int write_bytes(const char *dir, const char *name, const unsigned char *b, size_t n)
 {
     char path[512];
@@ -70,6 +109,7 @@ int main(int argc, char **argv)
     bad |= save_case(e, argv[1], "longer.pkv", 0, 21, 13);
     bad |= save_case(e, argv[1], "shard.pkv", pkv_shard_align(e), 7, 2);
     pkv_engine_destroy(e);
+    bad |= save_rope_case(argv[1], "rope-discard.pkv");
 
     /* api programs: geometry bytes, then (op, slot, layer, payload...) */
     unsigned char p[4096];

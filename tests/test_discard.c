@@ -17,7 +17,10 @@
  * forks sharing the pages being moved, windows with sinks and rollback, every dtype,
  * spill (a budget and a spill_dir), shards, save/load, recorded tokens and the prefix
  * cache, and the failures (bad ranges, layers without rope, no memory): statuses with
- * nothing changed. discard_drift prints how far re-rotated keys drift from keys rotated
+ * nothing changed; crossings_random crosses them all at once in random rounds and holds
+ * every step to the double reference too (each key the decode reads against its exact
+ * rotation, within a store's error per move; the decode against attention in double
+ * over the stored rows). discard_drift prints how far re-rotated keys drift from keys rotated
  * at their final position after 1, 10 and 100 shifts (docs/rope.md quotes it).
  */
 #include "testutil.h"
@@ -44,6 +47,7 @@ typedef struct {
     uint64_t *len, cap;      /* [L] */
     float **raw;             /* [L][cap][g*d]: the key as appended (before rotation) */
     uint64_t **orig;         /* [L][cap]: the position it was appended at */
+    uint32_t **moves;        /* [L][cap]: the discards that moved it (re-rotations) */
 } model;
 
 static pkv_config make_config(const geo_t *G, bool rope)
@@ -67,12 +71,14 @@ static void model_init(model *m, const geo_t *G, uint64_t cap)
     m->v = pkvt_calloc(G->L, sizeof *m->v);
     m->raw = pkvt_calloc(G->L, sizeof *m->raw);
     m->orig = pkvt_calloc(G->L, sizeof *m->orig);
+    m->moves = pkvt_calloc(G->L, sizeof *m->moves);
     m->len = pkvt_calloc(G->L, sizeof *m->len);
     for (uint32_t l = 0; l < G->L; l++) {
         m->k[l] = pkvt_calloc(cap * G->g * G->d, sizeof(float));
         m->v[l] = pkvt_calloc(cap * G->g * G->d, sizeof(float));
         m->raw[l] = pkvt_calloc(cap * G->g * G->d, sizeof(float));
         m->orig[l] = pkvt_calloc(cap, sizeof(uint64_t));
+        m->moves[l] = pkvt_calloc(cap, sizeof(uint32_t));
         m->len[l] = G->first;
     }
 }
@@ -84,12 +90,28 @@ static void model_free(model *m, const geo_t *G)
         free(m->v[l]);
         free(m->raw[l]);
         free(m->orig[l]);
+        free(m->moves[l]);
     }
     free(m->k);
     free(m->v);
     free(m->raw);
     free(m->orig);
+    free(m->moves);
     free(m->len);
+}
+
+/* dst = a copy of src's rows (dst initialized with the same geometry and capacity). */
+static void model_copy(model *dst, const model *src, const geo_t *G)
+{
+    const size_t rows = src->cap * G->g * G->d;
+    for (uint32_t l = 0; l < G->L; l++) {
+        dst->len[l] = src->len[l];
+        memcpy(dst->k[l], src->k[l], rows * sizeof(float));
+        memcpy(dst->v[l], src->v[l], rows * sizeof(float));
+        memcpy(dst->raw[l], src->raw[l], rows * sizeof(float));
+        memcpy(dst->orig[l], src->orig[l], src->cap * sizeof(uint64_t));
+        memcpy(dst->moves[l], src->moves[l], src->cap * sizeof(uint32_t));
+    }
 }
 
 static const pkvi_rope *rope_of(pkv_engine *e, uint32_t l)
@@ -113,6 +135,7 @@ static void append_rows(pkv_engine *e, pkv_session *s, model *m, const geo_t *G,
             pkvt_fill(r, v, kn, -1.0f, 1.0f);
             ck_assert_int_eq(pkv_append(s, l, raw, v), PKV_OK);
             m->orig[l][p] = p;
+            m->moves[l][p] = 0;
             /* the stored key: rotated as pkv_rope_q rotates (the first g heads of a row) */
             memcpy(tmp, raw, kn * sizeof *tmp);
             if (rope_of(e, l))
@@ -155,6 +178,7 @@ static void model_discard(pkv_engine *e, model *m, const geo_t *G, uint64_t p0, 
             memcpy(m->v[l] + q * kn, m->v[l] + o * kn, kn * sizeof(float));
             memcpy(m->raw[l] + q * kn, m->raw[l] + o * kn, kn * sizeof(float));
             m->orig[l][q] = m->orig[l][o];
+            m->moves[l][q] = m->moves[l][o] + 1;
         }
         m->len[l] -= delta;
     }
@@ -882,6 +906,284 @@ START_TEST(save_load)
 }
 END_TEST
 
+/* ---- the crossings, randomized ---------------------------------------------------------- */
+
+/* How far one store of dtype dt may move a value, relative to the largest magnitude of
+ * its block (docs/numerics.md, "Rounding" and "Error"): half a step; the Q8/Q4 step is
+ * the block's largest value over 127 (Q8) or 7.5 (Q4, at worst), raised by up to 8/64
+ * by the scale search and one f16 rounding. */
+static double store_error(pkv_dtype dt)
+{
+    switch (dt) {
+    case PKV_F16: return 0x1p-11;
+    case PKV_BF16: return 0x1p-8;
+    case PKV_Q8: return (1.0 + 8.0 / 64) / 254;
+    case PKV_Q4: return (1.0 + 8.0 / 64) / 15;
+    default: return 0;
+    }
+}
+
+/* The engine's layer l of s against the double reference, at its end (len - 1):
+ *  - every key a decode there reads (its window and sinks), as the page holds it,
+ *    against the raw key turned here in double at its current position: each pair
+ *    within (1 + n) stores and rotations of error for a key moved n times (a rounding
+ *    adds at most store_error of the block's largest value, at most sqrt(2) times the
+ *    raw key's largest value plus the errors before it; a rotation 2^-20 of the pair,
+ *    docs/rope.md; rotations keep a pair's error, so they add up, no more);
+ *  - the decode of a query from pkv_rope_q against attention computed here in double
+ *    over the rows the pages hold (window and sinks as docs/variants.md defines them),
+ *    within 1e-5 x max(1, max|V|), the bound the variant suites hold decode to. */
+static void check_reference(pkv_engine *e, pkv_session *s, const model *m, const geo_t *G,
+                            uint32_t l, pkvt_rng *r, const char *what)
+{
+    const uint64_t n = m->len[l];
+    if (n == G->first)
+        return;
+    const pkv_layer_config *lc = &G->lc[l];
+    const size_t kn = (size_t)G->g * G->d, qn = (size_t)G->h * G->d;
+    const uint32_t rd = lc->rope_dims ? lc->rope_dims : G->d, half = rd / 2;
+    const double theta = lc->rope_theta != 0.0f ? lc->rope_theta : 10000.0;
+    const double fscale = lc->rope_freq_scale != 0.0f ? lc->rope_freq_scale : 1.0;
+    const double r_dt = store_error(G->dt);
+    const uint64_t t = n - 1;
+    float *kq = pkvt_alloc(G->d * 4), *vq = pkvt_alloc(G->d * 4);
+    float *q = pkvt_alloc(qn * 4), *o = pkvt_alloc(qn * 4);
+    double *sc = pkvt_alloc(n * sizeof *sc), *acc = pkvt_alloc(G->d * sizeof *acc);
+    double *y = pkvt_alloc(G->d * sizeof *y);
+    pkvt_fill(r, q, qn, -1.5f, 1.5f);
+    ck_assert_int_eq(pkv_rope_q(e, l, 1, &t, q), PKV_OK);
+    ck_assert_int_eq(pkv_decode(s, l, q, o), PKV_OK);
+    float vmax = 1.0f;
+    for (uint32_t hh = 0; hh < G->h; hh++) {
+        const uint32_t gi = hh / (G->h / G->g);
+        double mx = -INFINITY, den = 0;
+        for (uint64_t j = G->first; j <= t; j++) {
+            const bool read = !lc->window || j + lc->window > t || j < lc->sink_tokens;
+            sc[j] = -INFINITY;
+            if (!read)
+                continue;
+            const float *raw = m->raw[l] + j * kn + (size_t)gi * G->d;
+            pkv_dtype_round_row(G->dt, G->d, m->k[l] + j * kn + (size_t)gi * G->d, kq);
+            /* the key against its exact rotation at j (once per key: the first head of
+             * its group) */
+            if (hh % (G->h / G->g) == 0) {
+                double M = 0;
+                for (uint32_t i = 0; i < G->d; i++)
+                    M = fmax(M, fabs(raw[i]));
+                const double k1 = 1.0 + m->moves[l][j];
+                const double pair = k1 * 2.0 * (r_dt + 0x1p-20) * M * (1.0 + k1 * r_dt) + 1e-6;
+                for (uint32_t i = 0; i < G->d; i++)
+                    y[i] = raw[i];
+                for (uint32_t i = 0; i < half; i++) {
+                    const uint32_t i0 = lc->rope == PKV_ROPE_NORM ? 2 * i : i;
+                    const uint32_t i1 = lc->rope == PKV_ROPE_NORM ? 2 * i + 1 : i + half;
+                    const double a = (double)j * fscale * pow(theta, -(2.0 * i) / rd);
+                    y[i0] = raw[i0] * cos(a) - raw[i1] * sin(a);
+                    y[i1] = raw[i0] * sin(a) + raw[i1] * cos(a);
+                    const double err = hypot(kq[i0] - y[i0], kq[i1] - y[i1]);
+                    ck_assert_msg(err <= pair, "%s: layer %u %s, key %llu (moved %u times) "
+                                  "pair %u: error %g > %g (seed %llu)", what, l,
+                                  pkv_dtype_name(G->dt), (unsigned long long)j,
+                                  m->moves[l][j], i, err, pair, (unsigned long long)pkvt_seed());
+                }
+                for (uint32_t i = rd; i < G->d; i++)
+                    ck_assert_msg(fabs(kq[i] - y[i]) <= pair, "%s: layer %u key %llu value %u "
+                                  "past rope_dims", what, l, (unsigned long long)j, i);
+            }
+            double dot = 0;
+            for (uint32_t i = 0; i < G->d; i++)
+                dot += (double)q[hh * G->d + i] * kq[i];
+            sc[j] = dot / sqrt(G->d);
+            mx = fmax(mx, sc[j]);
+        }
+        for (uint32_t i = 0; i < G->d; i++)
+            acc[i] = 0;
+        for (uint64_t j = G->first; j <= t; j++) {
+            if (sc[j] == -INFINITY)
+                continue;
+            const double w = exp(sc[j] - mx);
+            den += w;
+            pkv_dtype_round_row(G->dt, G->d, m->v[l] + j * kn + (size_t)gi * G->d, vq);
+            for (uint32_t i = 0; i < G->d; i++) {
+                acc[i] += w * vq[i];
+                vmax = fmaxf(vmax, fabsf(vq[i]));
+            }
+        }
+        for (uint32_t i = 0; i < G->d; i++) {
+            const double want = acc[i] / den, got = o[hh * G->d + i];
+            ck_assert_msg(fabs(got - want) <= 1e-5 * vmax, "%s: layer %u %s, head %u value "
+                          "%u: decode %g, reference %g (seed %llu)", what, l,
+                          pkv_dtype_name(G->dt), hh, i, got, want,
+                          (unsigned long long)pkvt_seed());
+        }
+    }
+    free(kq);
+    free(vq);
+    free(q);
+    free(o);
+    free(sc);
+    free(acc);
+    free(y);
+}
+
+static void check_all(pkv_engine *e, pkv_engine *plain, pkv_session *s, const model *m,
+                      const geo_t *G, pkvt_rng *r, const char *what)
+{
+    check_bitwise(e, plain, s, m, G, r, what);
+    for (uint32_t l = 0; l < G->L; l++)
+        check_reference(e, s, m, G, l, r, what);
+}
+
+/* Random rounds over the crossings at once: page-aligned and unaligned cuts (and
+ * StreamingLLM's, right after the sinks) x a full layer, a window with sinks and a
+ * partial one with rollback x every dtype x a forked sibling holding the pages being
+ * moved x a spilled session (a budget other sessions fill) x save and load after the
+ * discard (the loaded copy carries on). After every step the session, the sibling and
+ * the loaded copy are held bitwise to the model and the model (each layer, as its
+ * decode reads it) to the double reference. A refused discard (PKV_ERANGE: a window's
+ * released rows would come back) changes nothing. */
+START_TEST(crossings_random)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() ^ 15);
+    const pkv_dtype dts[] = {PKV_F32, PKV_F16, PKV_BF16, PKV_Q8, PKV_Q4};
+    const int rounds = pkvt_quick() ? 5 : 15;
+    int done = 0, refused = 0, n_spilled = 0, loaded = 0, siblings = 0;
+    for (int round = 0; round < rounds; round++) {
+        geo_t G;
+        memset(&G, 0, sizeof G);
+        const uint32_t bts[] = {1, 3, 4, 8, 16};
+        G.L = 3;
+        G.h = 4;
+        G.g = 2;
+        G.d = pkvt_below(&r, 2) ? 32 : 40;
+        G.bt = bts[pkvt_below(&r, 5)];
+        G.dt = dts[round % 5];
+        G.lc[0].rope = PKV_ROPE_NORM;
+        G.lc[1].rope = PKV_ROPE_NEOX;
+        G.lc[1].rope_theta = 500000;
+        G.lc[1].window = 20 + pkvt_below(&r, 40);
+        G.lc[1].sink_tokens = pkvt_below(&r, 5);
+        G.lc[2].rope = PKV_ROPE_NORM;
+        G.lc[2].rope_dims = G.d / 2;
+        G.lc[2].rope_freq_scale = 0.5f;
+        G.lc[2].window = 10 + pkvt_below(&r, 30);
+        G.lc[2].rollback_tokens = pkvt_below(&r, 4);
+        const bool spill = round % 3 == 1;
+        const uint64_t cap = 700;
+        if (spill) {
+            /* twice the pages s can hold (at most 360 rows; the windows' pages and
+             * partial ones): a discard brings back what it moves and copies what the
+             * sibling shares, at once; the others' 900 rows push s out */
+            pkvt_scratch_dir(G.spill_dir, sizeof G.spill_dir, "discard-cross");
+            const uint64_t held = (360 + G.bt - 1) / G.bt + 2 +
+                                  2 * ((64 + 5 + 4 + G.bt - 1) / G.bt + 2);
+            G.budget = (2 * held + 4) * (uint64_t)pkv_row_bytes(G.dt, G.d) * 2 * G.g * G.bt;
+        }
+        pkv_config c = make_config(&G, true), cp = make_config(&G, false);
+        cp.mem_budget = 0;
+        cp.spill_dir = NULL;
+        pkv_engine *e = pkvt_engine_cfg(&c), *plain = pkvt_engine_cfg(&cp);
+        pkv_session *s = pkvt_session(e), *other[3] = {NULL, NULL, NULL};
+        model m, fm, scratch;
+        model_init(&m, &G, cap);
+        model_init(&fm, &G, cap);
+        model_init(&scratch, &G, cap);
+        append_rows(e, s, &m, &G, &r, 100 + pkvt_below(&r, 60));
+        for (int step = 0; step < 5; step++) {
+            if (spill) { /* other sessions fill the budget: s goes (partly) to disk */
+                for (int i = 0; i < 3; i++) {
+                    pkv_session_destroy(other[i]);
+                    other[i] = pkvt_session(e);
+                    for (uint32_t l = 0; l < G.L; l++)
+                        scratch.len[l] = 0;
+                    append_rows(e, other[i], &scratch, &G, &r, 300);
+                }
+                pkv_memory mem;
+                ck_assert_int_eq(pkv_session_memory(s, &mem), PKV_OK);
+                n_spilled += mem.bytes_spilled > 0;
+            }
+            const uint64_t len = m.len[0];
+            uint64_t p0, p1;
+            switch (pkvt_below(&r, 3)) {
+            case 0: /* whole pages */
+                p0 = pkvt_below(&r, (uint32_t)(len / G.bt)) * G.bt;
+                p1 = p0 + G.bt * (1 + pkvt_below(&r, (uint32_t)((len - p0) / G.bt)));
+                p1 = p1 < len ? p1 : len;
+                break;
+            case 1: /* anywhere */
+                p0 = pkvt_below(&r, (uint32_t)len);
+                p1 = p0 + 1 + pkvt_below(&r, (uint32_t)(len - p0));
+                break;
+            default: /* StreamingLLM: the oldest positions after the sinks */
+                p0 = G.lc[1].sink_tokens;
+                p1 = p0 + 1 + pkvt_below(&r, (uint32_t)(len / 2));
+                break;
+            }
+            pkv_session *f = NULL;
+            if (pkvt_below(&r, 2)) { /* a sibling sharing every page */
+                ck_assert_int_eq(pkv_session_fork(s, &f), PKV_OK);
+                model_copy(&fm, &m, &G);
+            }
+            snap_layer *sn = snapshot(s, G.L);
+            const pkv_status st = pkv_session_discard(s, p0, p1);
+            char what[128];
+            snprintf(what, sizeof what, "round %d step %d: discard [%llu, %llu) of %llu, bt %u%s%s",
+                     round, step, (unsigned long long)p0, (unsigned long long)p1,
+                     (unsigned long long)len, G.bt, spill ? ", spill" : "", f ? ", forked" : "");
+            ck_assert_msg(st == PKV_OK || st == PKV_ERANGE, "%s: status %s", what,
+                          pkv_status_str(st));
+            if (st == PKV_OK) {
+                model_discard(e, &m, &G, p0, p1);
+                done++;
+            } else {
+                same_snapshot(s, sn, G.L);
+                refused++;
+            }
+            snapshot_free(sn, G.L);
+            check_all(e, plain, s, &m, &G, &r, what);
+            if (f) {
+                check_all(e, plain, f, &fm, &G, &r, "the sibling after the discard");
+                pkv_session_destroy(f);
+                siblings++;
+            }
+            if (st == PKV_OK && pkvt_below(&r, 3) == 0) { /* carry on with a loaded copy */
+                char dir[256], path[300];
+                pkvt_scratch_dir(dir, sizeof dir, "discard-cross-save");
+                snprintf(path, sizeof path, "%s/s.pkv", dir);
+                ck_assert_int_eq(pkv_session_save(s, path), PKV_OK);
+                pkv_session *t = NULL;
+                ck_assert_int_eq(pkv_session_load(e, path, &t), PKV_OK);
+                pkvt_remove_dir(dir);
+                pkv_session_destroy(s);
+                s = t;
+                check_all(e, plain, s, &m, &G, &r, "loaded after the discard");
+                loaded++;
+            }
+            append_rows(e, s, &m, &G, &r, 1 + pkvt_below(&r, 40));
+            check_all(e, plain, s, &m, &G, &r, "appends after the discard");
+        }
+        for (int i = 0; i < 3; i++)
+            pkv_session_destroy(other[i]);
+        pkv_session_destroy(s);
+        ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+        model_free(&m, &G);
+        model_free(&fm, &G);
+        model_free(&scratch, &G);
+        pkv_engine_destroy(e);
+        pkv_engine_destroy(plain);
+        if (spill)
+            pkvt_remove_dir(G.spill_dir);
+    }
+    /* every crossing was reached */
+    ck_assert_int_gt(done, 0);
+    ck_assert_int_gt(n_spilled, 0);
+    ck_assert_int_gt(loaded, 0);
+    ck_assert_int_gt(siblings, 0);
+    (void)refused;
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("discard");
@@ -907,6 +1209,7 @@ int main(void)
     tcase_add_test(tc, shards);
     tcase_add_test(tc, recorded_tokens);
     tcase_add_test(tc, save_load);
+    tcase_add_test(tc, crossings_random);
     suite_add_tcase(s, tc);
     return pkvt_run(s);
 }

@@ -7,8 +7,9 @@
  * Owns a pkvi_rope and its tables (rope.c builds them once per engine and distinct
  * config; engine.c owns the objects and frees them). Immutable after creation, so read
  * without any lock. The SIMD rotations are rope/avx2.c, rope/avx512.c and rope/neon.c,
- * one file per ISA like the decode kernels; rope.c's scalar functions are their specification, and
- * every table computes the same bits (the same fused multiply-adds, element by element).
+ * one file per ISA like the decode kernels; rope.c's scalar functions are their
+ * specification, and every table computes the same bits (the same fused multiply-adds,
+ * element by element).
  *
  * The rotation. A head's first `dims` values rotate as dims / 2 pairs; pair i turns by
  * the angle pos * f_i, f_i = freq_scale * theta^(-2i / dims):

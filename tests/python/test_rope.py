@@ -245,5 +245,40 @@ class Discard(unittest.TestCase):
                 s.discard(0, 1)
 
 
+    def test_window_refuses_released_rows(self):
+        # a window of 8: a discard that would bring positions the window released back
+        # into the new window is OutOfRange, nothing changed; one below the window's
+        # start just drops what it had released (docs/rope.md, "Windows")
+        e = pagedkv.Engine(n_layers=1, n_heads=H, n_kv_heads=G, head_dim=D, block_tokens=BT,
+                           layer_cfg=[dict(LAYERS[1], window=8)])
+        with e, e.session() as s:
+            for t in range(30):
+                s.append(0, self.k[t], self.v[t])
+            q = e.rope_q(0, self.q[29][None], [29])[0]
+            before = [(s.len(0), s.decode(0, q).copy())]
+            for p0, p1 in ((20, 24), (25, 30)):
+                with self.subTest(p0=p0, p1=p1):
+                    with self.assertRaisesRegex(pagedkv.OutOfRange, "released") as cm:
+                        s.discard(p0, p1)
+                    self.assertEqual(cm.exception.status, pagedkv.ERANGE)
+                    self.unchanged(s, 1, q, before)
+            s.discard(2, 6)
+            self.assertEqual(s.len(0), 26)
+            # the window's rows moved down by 4 and were turned back by 4: a query at 25
+            # reads rows 22..29 as they would be at 18..25
+            pos = 25
+            qr = e.rope_q(0, self.q[29][None], [pos])[0]
+            out = s.decode(0, qr)
+            cfg = LAYERS[1]
+            qx = [rotate(cfg, as_lists(self.q[29])[i], pos) for i in range(H)]
+            rows = list(range(22, 30))
+            keys = [[rotate(cfg, list(self.k[row][g]), row - 4) for g in range(G)]
+                    for row in rows]
+            want = attend(qx, keys, [as_lists(self.v[row]) for row in rows], e.scale)
+            err = max(abs(float(out[i][c]) - want[i][c]) for i in range(H) for c in range(D))
+            tol = self.tolerance([self.q[29]], [self.k[row] for row in rows], 1, e.scale,
+                                 float(np.max(np.abs(self.v[22:30]))))
+            self.assertLessEqual(err, tol)
+
 if __name__ == "__main__":
     pkvtest.run()

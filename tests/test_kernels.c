@@ -721,6 +721,62 @@ static void init_states(float *st, uint32_t n_groups, size_t sf, uint32_t H, uin
     }
 }
 
+/* One call over g groups of Q stacked queries (Q * hg heads each) against Q * g calls
+ * of hg heads, bitwise, for kernel k (a host that cannot run it: no check). */
+static void check_stacked(const pkvi_kernels *k, pkvt_rng *r, uint64_t seed, uint32_t g,
+                          uint32_t hg, uint32_t Q, uint32_t d, uint32_t bt, uint32_t n,
+                          pkv_dtype dt, float softcap)
+{
+    layer L;
+    layer_build(&L, r, g, hg, d, bt, dt, n, 2.0f);
+    L.kp.softcap = softcap;
+    const size_t sf = (size_t)hg * (d + 2), sfQ = (size_t)Q * sf;
+    float *q = pkvt_alloc((size_t)g * Q * hg * d * sizeof(float)); /* [g][Q*hg][d] */
+    pkvt_fill(r, q, (size_t)g * Q * hg * d, -2.0f, 2.0f);
+    float *init = pkvt_alloc((size_t)g * sfQ * sizeof(float));
+    init_states(init, g, sfQ, Q * hg, d, r);
+    float *one = pkvt_alloc((size_t)g * sfQ * sizeof(float));
+    float *sep = pkvt_alloc((size_t)g * sfQ * sizeof(float));
+    float *st = pkvt_alloc(sf * sizeof(float));
+    /* one call: all groups, Q*hg heads each */
+    pkvi_kparams kpQ = L.kp;
+    kpQ.hg = Q * hg;
+    memcpy(one, init, (size_t)g * sfQ * sizeof(float));
+    const pkvi_heads all_x = {.q = q, .m = one, .l = one + Q * hg,
+                              .acc = one + 2 * (size_t)Q * hg,
+                              .q_stride = (size_t)Q * hg * d, .st_stride = sfQ};
+    k->attend(&kpQ, L.pages, L.n_pages, last_tokens(&L), 0, g, &all_x);
+    /* per group, per query: hg heads, states copied out of and back into the stacked
+     * layout */
+    memcpy(sep, init, (size_t)g * sfQ * sizeof(float));
+    for (uint32_t gi = 0; gi < g; gi++)
+        for (uint32_t j = 0; j < Q; j++) {
+            float *b = sep + gi * sfQ;
+            const uint32_t HQ = Q * hg;
+            memcpy(st, b + j * hg, hg * sizeof(float));
+            memcpy(st + hg, b + HQ + j * hg, hg * sizeof(float));
+            memcpy(st + 2 * hg, b + 2 * (size_t)HQ + (size_t)j * hg * d,
+                   (size_t)hg * d * sizeof(float));
+            attend1(k, &L.kp, L.pages, L.n_pages, last_tokens(&L), gi,
+                    q + ((size_t)gi * HQ + (size_t)j * hg) * d, st, st + hg, st + 2 * hg);
+            memcpy(b + j * hg, st, hg * sizeof(float));
+            memcpy(b + HQ + j * hg, st + hg, hg * sizeof(float));
+            memcpy(b + 2 * (size_t)HQ + (size_t)j * hg * d, st + 2 * hg,
+                   (size_t)hg * d * sizeof(float));
+        }
+    ck_assert_msg(memcmp(one, sep, (size_t)g * sfQ * sizeof(float)) == 0,
+                  "%s: %u groups x %u stacked queries in one call differ from separate "
+                  "calls (hg=%u d=%u bt=%u n=%u %s softcap %g, seed 0x%llx)",
+                  k->isa, g, Q, hg, d, bt, n, pkv_dtype_name(dt), (double)softcap,
+                  (unsigned long long)seed);
+    free(q);
+    free(init);
+    free(one);
+    free(sep);
+    free(st);
+    layer_free(&L);
+}
+
 START_TEST(groups_and_stacked_heads)
 {
     static const uint32_t hgs[] = {1, 2, 3, 4, 5, 8};
@@ -734,16 +790,6 @@ START_TEST(groups_and_stacked_heads)
         const uint32_t d = dims[pkvt_below(&r, 5)], bt = bts[pkvt_below(&r, 3)];
         const uint32_t n = 1 + pkvt_below(&r, 70), Q = 2 + pkvt_below(&r, 4);
         const pkv_dtype dt = dtypes[cs % 3];
-        layer L;
-        layer_build(&L, &r, g, hg, d, bt, dt, n, 2.0f);
-        const size_t sf = (size_t)hg * (d + 2), sfQ = (size_t)Q * sf;
-        float *q = pkvt_alloc((size_t)g * Q * hg * d * sizeof(float)); /* [g][Q*hg][d] */
-        pkvt_fill(&r, q, (size_t)g * Q * hg * d, -2.0f, 2.0f);
-        float *init = pkvt_alloc((size_t)g * sfQ * sizeof(float));
-        init_states(init, g, sfQ, Q * hg, d, &r);
-        float *one = pkvt_alloc((size_t)g * sfQ * sizeof(float));
-        float *sep = pkvt_alloc((size_t)g * sfQ * sizeof(float));
-        float *st = pkvt_alloc(sf * sizeof(float));
         for (size_t ki = 0; ki < n_all; ki++) {
             const pkvi_kernels *k = all[ki];
             if (!pkvi_isa_supported(k->isa)) {
@@ -751,45 +797,38 @@ START_TEST(groups_and_stacked_heads)
                     usable(k, "groups_and_stacked_heads");
                 continue;
             }
-            /* one call: all groups, Q*hg heads each */
-            pkvi_kparams kpQ = L.kp;
-            kpQ.hg = Q * hg;
-            memcpy(one, init, (size_t)g * sfQ * sizeof(float));
-            const pkvi_heads all_x = {.q = q, .m = one, .l = one + Q * hg,
-                                      .acc = one + 2 * (size_t)Q * hg,
-                                      .q_stride = (size_t)Q * hg * d, .st_stride = sfQ};
-            k->attend(&kpQ, L.pages, L.n_pages, last_tokens(&L), 0, g, &all_x);
-            /* per group, per query: hg heads, states copied out of and back into the
-             * stacked layout */
-            memcpy(sep, init, (size_t)g * sfQ * sizeof(float));
-            for (uint32_t gi = 0; gi < g; gi++)
-                for (uint32_t j = 0; j < Q; j++) {
-                    float *b = sep + gi * sfQ;
-                    const uint32_t HQ = Q * hg;
-                    memcpy(st, b + j * hg, hg * sizeof(float));
-                    memcpy(st + hg, b + HQ + j * hg, hg * sizeof(float));
-                    memcpy(st + 2 * hg, b + 2 * (size_t)HQ + (size_t)j * hg * d,
-                           (size_t)hg * d * sizeof(float));
-                    attend1(k, &L.kp, L.pages, L.n_pages, last_tokens(&L), gi,
-                            q + ((size_t)gi * HQ + (size_t)j * hg) * d, st, st + hg,
-                            st + 2 * hg);
-                    memcpy(b + j * hg, st, hg * sizeof(float));
-                    memcpy(b + HQ + j * hg, st + hg, hg * sizeof(float));
-                    memcpy(b + 2 * (size_t)HQ + (size_t)j * hg * d, st + 2 * hg,
-                           (size_t)hg * d * sizeof(float));
-                }
-            ck_assert_msg(memcmp(one, sep, (size_t)g * sfQ * sizeof(float)) == 0,
-                          "%s: %u groups x %u stacked queries in one call differ from "
-                          "separate calls (hg=%u d=%u bt=%u n=%u %s, seed 0x%llx)",
-                          k->isa, g, Q, hg, d, bt, n, pkv_dtype_name(dt),
-                          (unsigned long long)seed);
+            check_stacked(k, &r, seed, g, hg, Q, d, bt, n, dt, 0.0f);
         }
-        free(q);
-        free(init);
-        free(one);
-        free(sep);
-        free(st);
-        layer_free(&L);
+    }
+}
+END_TEST
+
+/* The wide walk (walk.h, walk_wide: 16 or more heads a group, head_dim up to 256; the
+ * tables with a wide tile score 16 heads in the lanes of a vector) against the narrow
+ * one of the same table, bitwise, through check_stacked: head counts around the blocks
+ * of 16 (a remainder scored narrow; runs of heads past walk_wide's scratch at 256), dims
+ * with tails and at the limit (and past it: the narrow walk), pages of 1 to 32 rows,
+ * last tiles of every length, softcap on and off. */
+START_TEST(wide_stacked_heads)
+{
+    static const struct {
+        uint32_t hg, Q;
+    } heads[] = {{4, 4}, {1, 20}, {4, 8}, {1, 33}, {8, 6}, {4, 16}, {16, 16}, {5, 13}};
+    static const uint32_t dims[] = {7, 16, 40, 128, 200, 256, 264};
+    static const uint32_t bts[] = {1, 5, 16, 32};
+    const uint64_t seed = pkvt_seed();
+    pkvt_rng r;
+    pkvt_rng_init(&r, seed ^ 0x3d);
+    for (uint32_t cs = 0; cs < 3 * 7 * 2; cs++) {
+        const uint32_t hi = pkvt_below(&r, sizeof heads / sizeof heads[0]);
+        const uint32_t hg = heads[hi].hg, Q = heads[hi].Q, d = dims[cs % 7];
+        const uint32_t bt = bts[pkvt_below(&r, 4)], n = 1 + pkvt_below(&r, 3 * bt + 40);
+        const uint32_t g = 1 + pkvt_below(&r, 3);
+        const pkv_dtype dt = dtypes[(cs / 7) % 3];
+        const float cap = cs % 2 ? 0.0f : 2.5f;
+        for (size_t ki = 0; ki < n_all; ki++)
+            if (pkvi_isa_supported(all[ki]->isa))
+                check_stacked(all[ki], &r, seed, g, hg, Q, d, bt, n, dt, cap);
     }
 }
 END_TEST
@@ -1634,6 +1673,7 @@ int main(void)
     tcase_add_test(tc, softcap_accuracy);
     tcase_add_test(tc, continuation);
     tcase_add_test(tc, groups_and_stacked_heads);
+    tcase_add_test(tc, wide_stacked_heads);
     tcase_add_test(tc, vs_double_reference);
     tcase_add_test(tc, engine_each_isa);
     tcase_add_test(tc, prefetch_level_same_bits);

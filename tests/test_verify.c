@@ -15,6 +15,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -449,6 +450,89 @@ START_TEST(a_chain_is_a_prefill)
         ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
         pkv_engine_destroy(e);
     }
+}
+END_TEST
+
+/* ---- the batch scratch, one call at a time ---------------------------------------------
+ * pkv_verify, pkv_prefill and a shared pkv_decode_batch take the engine's batch scratch
+ * when it is free and allocate their own block when another call holds it
+ * (attention/exec.c): a verify and a prefill on two threads, each on its own session of
+ * one engine, over and over, give every time the bits each gave alone. */
+typedef struct {
+    pkv_session *s;
+    uint32_t n, verify, iters;
+    const int32_t *parent;
+    const rows *x;
+    const float *want;
+    size_t nout;
+    int bad; /* 1: a status, 2: other bits than alone (Check asserts only on the main thread) */
+} race_arg;
+
+static void *race_run(void *p)
+{
+    race_arg *a = p;
+    float *o = malloc(a->nout * sizeof(float));
+    for (uint32_t i = 0; o && i < a->iters && !a->bad; i++) {
+        const uint64_t len = pkv_session_len(a->s, 0);
+        const pkv_status st =
+            a->verify ? pkv_verify(a->s, 0, a->n, a->parent, a->x->q, a->x->k, a->x->v, o)
+                      : pkv_prefill(a->s, 0, a->n, a->x->q, a->x->k, a->x->v, o);
+        if (st != PKV_OK)
+            a->bad = 1;
+        else if (memcmp(o, a->want, a->nout * sizeof(float)) != 0)
+            a->bad = 2;
+        if ((a->verify ? pkv_session_commit(a->s, 0, NULL) : pkv_session_truncate(a->s, len)) !=
+            PKV_OK)
+            a->bad = 1;
+    }
+    if (!o)
+        a->bad = 1;
+    free(o);
+    return NULL;
+}
+
+START_TEST(batch_scratch_one_call_at_a_time)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() ^ 0x5c);
+    pkv_config c = pkvt_config(1, 8, 2, 16, 4, PKV_F16);
+    c.n_threads = 2;
+    pkv_engine *e = pkvt_engine_workers(&c);
+    const uint32_t n = 6;
+    pkv_session *s[2] = {pkvt_session(e), pkvt_session(e)};
+    rows x[2];
+    float *want[2];
+    int32_t parent[6];
+    for (uint32_t i = 0; i < n; i++)
+        parent[i] = (int32_t)i - 1;
+    race_arg a[2];
+    for (int i = 0; i < 2; i++) {
+        pkvt_append_random(s[i], &r, 0, 150 + 37 * (uint32_t)i, 1.5f, 2.0f);
+        x[i] = random_rows(&r, &c, n);
+        want[i] = pkvt_calloc((size_t)n * 8 * 16, sizeof(float));
+        a[i] = (race_arg){.s = s[i], .n = n, .verify = i == 0, .iters = 60, .parent = parent,
+                          .x = &x[i], .want = want[i], .nout = (size_t)n * 8 * 16};
+    }
+    /* each alone first: the bits to hold */
+    const uint64_t len1 = pkv_session_len(s[1], 0);
+    ck_assert_int_eq(pkv_verify(s[0], 0, n, parent, x[0].q, x[0].k, x[0].v, want[0]), PKV_OK);
+    ck_assert_int_eq(pkv_session_commit(s[0], 0, NULL), PKV_OK);
+    ck_assert_int_eq(pkv_prefill(s[1], 0, n, x[1].q, x[1].k, x[1].v, want[1]), PKV_OK);
+    ck_assert_int_eq(pkv_session_truncate(s[1], len1), PKV_OK);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, race_run, &a[1]), 0);
+    race_run(&a[0]);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(a[i].bad == 0, "%s beside a %s: %s", i ? "prefill" : "verify",
+                      i ? "verify" : "prefill",
+                      a[i].bad == 1 ? "a call failed" : "other bits than alone");
+        rows_free(&x[i]);
+        free(want[i]);
+        pkv_session_destroy(s[i]);
+    }
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    pkv_engine_destroy(e);
 }
 END_TEST
 
@@ -924,6 +1008,7 @@ int main(void)
     tcase_add_test(tc, random_trees_match_token_by_token);
     tcase_add_test(tc, every_path_of_small_trees);
     tcase_add_test(tc, a_chain_is_a_prefill);
+    tcase_add_test(tc, batch_scratch_one_call_at_a_time);
     tcase_add_test(tc, bad_input_changes_nothing);
     tcase_add_test(tc, budget_exhaustion_changes_nothing);
     tcase_add_test(tc, pending_drafts_spill_and_come_back);

@@ -29,10 +29,11 @@
 #define PKVI_SPLIT_AWAKE_BYTES (1ull << 20)
 #define PKVI_SPLIT_ASLEEP_BYTES (8ull << 20)
 
-/* Most bytes the batch scratch grows to: a shared set's wave is cut to fit it
- * (pipeline.h, pkvi_wave_for; docs/performance.md, decision table:
+/* Most bytes the batch scratch grows to: a shared set's and a verify's wave is cut to
+ * fit it (pipeline.h, pkvi_wave_for), and a prefill that fits takes it too; larger
+ * calls allocate their own (docs/performance.md, decision table:
  * PKVI_BATCH_SCRATCH_BYTES). */
-#define PKVI_BATCH_SCRATCH_BYTES (16ull << 20)
+#define PKVI_BATCH_SCRATCH_BYTES (32ull << 20)
 
 typedef struct pkvi_exec {
     pkvi_threads *threads;       /* n_threads - 1 workers; the caller is the last */
@@ -42,7 +43,8 @@ typedef struct pkvi_exec {
     bool no_share;               /* test hook: pkv_decode_batch never stacks sessions */
     pthread_mutex_t scratch_lock;/* guards scratch and scratch_floats */
     float *scratch;              /* [scratch_floats], 64-byte aligned: a shared batch's
-                                    queries by group and states; grown, kept */
+                                    queries by group and states, a verify's block, a
+                                    prefill's queries and states; grown, kept */
     uint64_t scratch_floats;
     /* page walks of the pipeline (pkv_stats): of pages that served several queries
        of one call at once, of pages that served one, and the walks that sharing

@@ -187,6 +187,15 @@ static void attend(const plan *p, pkv_session *s, const pkvi_qpages *qp, const f
     }
 }
 
+/* A verify's block back: to the engine's batch scratch it came from, or freed. */
+static void block_free(pkv_session *s, char *block, bool shared)
+{
+    if (shared)
+        pkvi_exec_scratch_put(s->exec);
+    else
+        free(block);
+}
+
 pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t *parent,
                       const float *q, const float *k, const float *v, float *out)
 {
@@ -234,21 +243,23 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
     p.sets_per_run = n_sets < PKVI_BATCH_MAX ? (uint32_t)n_sets : PKVI_BATCH_MAX;
     const uint64_t per_run = (uint64_t)p.sets_per_run * p.tile;
     p.run_heads = (per_run < n ? per_run : n) * hg;
-    const uint64_t qf = (uint64_t)g * p.run_heads * geo->cfg.head_dim;
-    const uint64_t cap = PKVI_BATCH_SCRATCH_BYTES / sizeof(float);
-    p.wave = pkvi_wave_for(geo, p.run_heads, cap > qf ? cap - qf : 0);
     const uint64_t last_page = (p.len + n - 1) / p.bt; /* depth < n */
     const uint64_t chunks = pkvi_split_chunks(geo, last_page + 1) + geo->sink_chunks_max;
-    if (chunks < p.wave)
-        p.wave = (uint32_t)chunks;
 
     /* one block: images, image pointers, the drafts' pages, segments, queries and
      * states (cache-line aligned parts) */
-    uint64_t b_img, b_pool, b_qp, b_seg, b_q, total = 0;
+    uint64_t b_img = 0, b_pool = 0, b_qp = 0, b_seg = 0, b_q = 0, total = 0;
     bool ok = pkvi_mul(p.n_images, geo->page_bytes, &b_img) && round64(b_img, &b_img) &&
               pkvi_mul(p.n_tail, sizeof(void *), &b_pool) && round64(b_pool, &b_pool) &&
               round64((uint64_t)n * sizeof(pkvi_qpages), &b_qp) &&
               round64((4ull * n + 4) * sizeof(pkvi_seg), &b_seg);
+    /* the wave: as many chunks' states as fit beside the rest in the batch scratch */
+    const uint64_t qf = (uint64_t)g * p.run_heads * geo->cfg.head_dim;
+    const uint64_t small = ok ? (b_img + b_pool + b_qp + b_seg) / sizeof(float) + 16 : 0;
+    const uint64_t cap = PKVI_BATCH_SCRATCH_BYTES / sizeof(float);
+    p.wave = pkvi_wave_for(geo, p.run_heads, cap > qf + small ? cap - qf - small : 0);
+    if (chunks < p.wave)
+        p.wave = (uint32_t)chunks;
     uint64_t sf;
     ok = ok && pkvi_mul((1 + (uint64_t)p.wave) * g, p.run_heads * (geo->cfg.head_dim_v + 2ull),
                         &sf) &&
@@ -256,11 +267,18 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
          pkvi_add(b_img, b_pool, &total) && pkvi_add(total, b_qp, &total) &&
          pkvi_add(total, b_seg, &total) && pkvi_add(total, b_q, &total) &&
          total <= SIZE_MAX;
-    char *block = ok ? aligned_alloc(64, total ? (size_t)total : 64) : NULL;
+    /* the engine's batch scratch when it is free and large enough (its pages stay
+     * mapped from call to call: a block of this size allocated per call came back
+     * from the allocator unmapped, and faulting its pages in again cost as much as
+     * the attention; docs/performance.md, "Many queries per page read"), else our own */
+    char *block = ok ? (char *)pkvi_exec_scratch_take(s->exec, (total + 3) / 4) : NULL;
+    const bool shared_block = block != NULL;
+    if (ok && !block)
+        block = aligned_alloc(64, total ? (size_t)total : 64);
     int32_t *tree = block ? pkvi_drafts_copy(s, n, parent) : NULL;
     if (!tree || pkvi_drafts_ready(s) != PKV_OK) {
         free(tree);
-        free(block);
+        block_free(s, block, shared_block);
         free(meta);
         return pkvi_fail(s->errs, PKV_ENOMEM, "pkv_verify: out of memory for %u drafts", n);
     }
@@ -280,7 +298,7 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
     }
     if (st != PKV_OK) {
         free(tree);
-        free(block);
+        block_free(s, block, shared_block);
         free(meta);
         return st;
     }
@@ -291,7 +309,7 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
     pkvi_session_finish(s, &r);
     pkvi_session_release(s, layer);
     pkvi_drafts_set(s, layer, tree);
-    free(block);
+    block_free(s, block, shared_block);
     free(meta);
     return PKV_OK;
 }

@@ -180,6 +180,24 @@ PKVI_INLINE void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint
 }
 
 
+/* Scores of n tokens for hg heads (q [hg][d]) into s [hg][PKVI_TILE]: heads in blocks of
+ * 4, 2, 1; only the first block prefetches (pf: the same rows for all). */
+PKVI_INLINE void qk_groups(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
+                           uint32_t n, const float *q, uint32_t hg, float *s, const char *pf,
+                           const bool l2)
+{
+    uint32_t h = 0;
+    for (; h + 4 <= hg; h += 4, pf = NULL)
+        qk_heads(dt, krow, row_bytes, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pf, l2, 4);
+    if (hg - h >= 2) {
+        qk_heads(dt, krow, row_bytes, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pf, l2, 2);
+        h += 2;
+        pf = NULL;
+    }
+    if (h < hg)
+        qk_heads(dt, krow, row_bytes, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pf, l2, 1);
+}
+
 /* Unscaled scores of the tile's rows for all hg heads into s [hg][PKVI_TILE]
  * (walk_qk_fn): from f32 q, or from q quantized per block (QK_INT). Heads in blocks
  * of 4, 2, 1; only the first block prefetches (the same rows for all). */
@@ -207,15 +225,13 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
                          dp, nb, s + h * PKVI_TILE, pk, l2, 1, NULL, 0);
         return;
     }
-    for (; h + 4 <= hg; h += 4, pk = NULL)
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 4);
-    if (hg - h >= 2) {
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 2);
-        h += 2;
-        pk = NULL;
+    if (widen_tile(dt, d, hg)) { /* many heads: the rows widened once (avx2_load.h) */
+        _Alignas(32) float kf[PKVI_TILE * WIDEN_MAX_DIM];
+        widen_rows(t->k, d, t->n, kf, pk, l2);
+        qk_groups(PKV_F32, kf, (size_t)d * sizeof(float), d, t->n, t->q, hg, s, NULL, l2);
+        return;
     }
-    if (h < hg)
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 1);
+    qk_groups(dt, t->k, row, d, t->n, t->q, hg, s, pk, l2);
 }
 
 /* Head q (d values) into slot k of the scratch (walk_prep_fn): quantized (qdot256.h's

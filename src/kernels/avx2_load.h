@@ -181,4 +181,34 @@ PKVI_INLINE __m256 ldqt(pkv_dtype dt, const char *row, uint32_t c, uint32_t rem)
     return _mm256_load_ps(tmp);
 }
 
+/* ---- a tile's rows widened once: many heads a group ----------------------------------
+ * As avx512_load.h's widen_rows: from WIDEN_MIN_HEADS heads a group the QK widens the
+ * tile's f16 K rows into an f32 scratch once instead of once per block of heads (exact
+ * values, the same products and bits). bf16 keeps its own reads: its 16-value loads
+ * come in ld16_bf16's lane order, which the f32 path does not share. */
+#define WIDEN_MIN_HEADS 12u
+#define WIDEN_MAX_DIM 256u
+
+PKVI_INLINE bool widen_tile(const pkv_dtype dt, uint32_t d, uint32_t hg)
+{
+    return dt == PKV_F16 && hg >= WIDEN_MIN_HEADS && d <= WIDEN_MAX_DIM;
+}
+
+/* n f16 rows of d values (from `rows`) widened into wf [n][d]; with pf, the same bytes
+ * of the unit ahead are prefetched as they go. */
+PKVI_INLINE void widen_rows(const void *rows, uint32_t d, uint32_t n, float *wf, const char *pf,
+                            const bool l2)
+{
+    for (size_t off = 0; pf && off < (size_t)n * d * 2; off += 64)
+        pf_line(pf + off, l2);
+    for (uint32_t t = 0; t < n; t++) {
+        const size_t r = (size_t)t * d;
+        uint32_t c = 0;
+        for (; c + 8 <= d; c += 8)
+            _mm256_storeu_ps(wf + r + c, ld(PKV_F16, rows, r + c));
+        if (c < d) /* only the row's own lanes: the next row follows */
+            _mm256_maskstore_ps(wf + r + c, tail_mask(d - c), ldt(PKV_F16, rows, r + c, d - c));
+    }
+}
+
 #endif /* PKV_KERNELS_AVX2_LOAD_H */

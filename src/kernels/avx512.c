@@ -116,15 +116,13 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
                          dp, nb, s + h * PKVI_TILE, pk, l2, 1, qd_wide_blocks, b0);
         return;
     }
-    for (; h + 4 <= hg; h += 4, pk = NULL)
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 4);
-    if (hg - h >= 2) {
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 2);
-        h += 2;
-        pk = NULL;
+    if (widen_tile(dt, d, hg)) { /* many heads: the rows widened once (avx512_load.h) */
+        _Alignas(64) float kf[PKVI_TILE * WIDEN_MAX_DIM];
+        widen_rows(dt, t->k, d, t->n, kf, pk, l2);
+        qk_groups(PKV_F32, kf, (size_t)d * sizeof(float), d, t->n, t->q, hg, s, NULL, l2);
+        return;
     }
-    if (h < hg)
-        qk_heads(dt, t->k, row, d, t->n, t->q + (size_t)h * d, s + h * PKVI_TILE, pk, l2, 1);
+    qk_groups(dt, t->k, row, d, t->n, t->q, hg, s, pk, l2);
 }
 
 /* Head q (d values) into slot k of the scratch (walk_prep_fn): quantized (qdot256.h's

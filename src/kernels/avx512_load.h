@@ -14,6 +14,7 @@
 #include "base/quant.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 /* ---- loads: 16 values of the page's dtype from element i of row base, as f32 ----- */
@@ -135,6 +136,49 @@ PKVI_INLINE __m512 block_scales16_of(const char *blk0, size_t row_bytes, uint32_
 PKVI_INLINE __m512 block_scales16(const char *blk0, size_t row_bytes, uint32_t n)
 {
     return block_scales16_of(blk0, row_bytes, n, 0, 4, 8, 12);
+}
+
+/* ---- a tile's rows widened once: many heads a group ----------------------------------
+ * A call with many heads a group (verify's drafts, prefill's stacked queries, a shared
+ * batch's sessions) reads each K and V row once per block of 4 heads; from f16 or bf16
+ * pages every read widened the row again, 4 conversions for 16 multiply-adds. From
+ * WIDEN_MIN_HEADS heads on, the QK step widens the tile's K rows into an f32 scratch
+ * once and reads that: the values are exact, so the products and every bit after them
+ * are those of the narrow reads (tests/test_kernels.c, wide_stacked_heads;
+ * docs/performance.md, decision table: WIDEN_MIN_HEADS). */
+#define WIDEN_MIN_HEADS 12u
+/* Widest row widened (the scratch holds PKVI_TILE rows of it). */
+#define WIDEN_MAX_DIM 256u
+
+/* Whether a tile of dtype dt, d values a row, hg heads reads its rows widened. */
+PKVI_INLINE bool widen_tile(const pkv_dtype dt, uint32_t d, uint32_t hg)
+{
+    return (dt == PKV_F16 || dt == PKV_BF16) && hg >= WIDEN_MIN_HEADS && d <= WIDEN_MAX_DIM;
+}
+
+/* n rows of dt (f16 or bf16, d values each, from `rows`) widened into wf [n][d]; with pf,
+ * the same bytes of the unit ahead are prefetched (into L2 with l2) as they go. */
+PKVI_INLINE void widen_rows(const pkv_dtype dt, const void *rows, uint32_t d, uint32_t n,
+                            float *wf, const char *pf, const bool l2)
+{
+    const __mmask16 tk = (__mmask16)((1u << (d % 16)) - 1u);
+    for (size_t off = 0; pf && off < (size_t)n * d * 2; off += 64)
+        if (l2) /* as walk.h's pf_line */
+            __builtin_prefetch(pf + off, 0, 2);
+        else
+            __builtin_prefetch(pf + off, 0, 3);
+    if (d % 16 == 0) { /* the rows are contiguous: one run of whole vectors */
+        for (size_t i = 0; i < (size_t)n * d; i += 16)
+            _mm512_storeu_ps(wf + i, ld(dt, rows, i));
+        return;
+    }
+    for (uint32_t t = 0; t < n; t++) { /* row by row, the tail masked */
+        const size_t r = (size_t)t * d;
+        uint32_t c = 0;
+        for (; c + 16 <= d; c += 16)
+            _mm512_storeu_ps(wf + r + c, ld(dt, rows, r + c));
+        _mm512_mask_storeu_ps(wf + r + c, tk, ldm(dt, rows, r + c, tk));
+    }
 }
 
 #endif /* PKV_KERNELS_AVX512_LOAD_H */

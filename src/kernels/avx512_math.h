@@ -146,10 +146,14 @@ PKVI_INLINE void softmax4(uint32_t nh, uint32_t n, float scale, float cap, float
     }
     const __m512 ps = red4(vadd, e[0], e[1], e[2], e[3]);
     const __m512 al = exp16(_mm512_sub_ps(mo, mn));
-    const __m512 lv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(hk, l), al, ps);
-    _mm512_mask_storeu_ps(alpha, hk, al);
-    _mm512_mask_storeu_ps(l, hk, lv);
-    _mm512_mask_storeu_ps(m, hk, mn);
+    const __m512 lv = _mm512_fmadd_ps(_mm512_zextps128_ps512(_mm_maskz_loadu_ps((__mmask8)hk, l)),
+                                      al, ps);
+    /* 128-bit stores of the 4 heads' lanes: a 512-bit masked store would span the next
+     * 4 heads' m and l, whose loads (the next call) would then wait for it to retire
+     * instead of overlapping (docs/performance.md, decision table: softmax stores) */
+    _mm_mask_storeu_ps(alpha, (__mmask8)hk, _mm512_castps512_ps128(al));
+    _mm_mask_storeu_ps(l, (__mmask8)hk, _mm512_castps512_ps128(lv));
+    _mm_mask_storeu_ps(m, (__mmask8)hk, _mm512_castps512_ps128(mn));
 }
 
 PKVI_INLINE void softmax_tile(uint32_t hg, uint32_t n, float scale, float cap, float *s, float *m,

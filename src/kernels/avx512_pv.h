@@ -176,24 +176,31 @@ PKVI_INLINE void pv_heads(pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n
                  true, (__mmask16)((1u << (d - c)) - 1u), false);
 }
 
-/* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads (walk_pv_fn) */
-PKVI_INLINE void tile_pv(const pkv_dtype dt, const uint32_t D, const pkvi_kparams *p, const tile *t,
-                         const float *s, const float *alpha)
+/* acc = alpha * acc + weights (s) times n V rows (vrow, dtype dt) for hg heads, in blocks
+ * of 4, 2, 1 heads; only the first block prefetches (pv: the same rows for all). */
+PKVI_INLINE void pv_groups(const pkv_dtype dt, const void *vrow, uint32_t d, uint32_t n,
+                           uint32_t hg, const float *s, const float *alpha, float *acc,
+                           const char *pv, const bool l2)
 {
-    const uint32_t d = walk_dv(p, D), hg = p->hg;
-    const char *pv = t->pfv;
-    const bool l2 = p->pf_l2;
-    float *acc = t->acc;
     uint32_t h = 0;
     for (; h + 4 <= hg; h += 4, pv = NULL)
-        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, l2, 4);
+        pv_heads(dt, vrow, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, l2, 4);
     if (hg - h >= 2) {
-        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, l2, 2);
+        pv_heads(dt, vrow, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, l2, 2);
         h += 2;
         pv = NULL;
     }
     if (h < hg)
-        pv_heads(dt, t->v, d, t->n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, l2, 1);
+        pv_heads(dt, vrow, d, n, s + h * PKVI_TILE, alpha + h, acc + (size_t)h * d, pv, l2, 1);
+}
+
+/* acc = alpha * acc + weights (s) times the tile's V rows, for all hg heads (walk_pv_fn).
+ * The V rows are read as stored even with many heads: widened once into f32 they were
+ * slower to read back (docs/performance.md, decision table: WIDEN_MIN_HEADS). */
+PKVI_INLINE void tile_pv(const pkv_dtype dt, const uint32_t D, const pkvi_kparams *p, const tile *t,
+                         const float *s, const float *alpha)
+{
+    pv_groups(dt, t->v, walk_dv(p, D), t->n, p->hg, s, alpha, t->acc, t->pfv, p->pf_l2);
 }
 
 #endif /* PKV_KERNELS_AVX512_PV_H */

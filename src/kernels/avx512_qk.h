@@ -114,4 +114,22 @@ PKVI_INLINE void qk_heads(pkv_dtype dt, const void *krow, size_t row_bytes, uint
                  pf ? pf + t * row_bytes : NULL, l2, row_bytes, ksc + t, HB, 1);
 }
 
+/* Scores of n tokens for hg heads (q [hg][d]) into s [hg][PKVI_TILE]: heads in blocks of
+ * 4, 2, 1; only the first block prefetches (pf: the same rows for all). */
+PKVI_INLINE void qk_groups(pkv_dtype dt, const void *krow, size_t row_bytes, uint32_t d,
+                           uint32_t n, const float *q, uint32_t hg, float *s, const char *pf,
+                           const bool l2)
+{
+    uint32_t h = 0;
+    for (; h + 4 <= hg; h += 4, pf = NULL)
+        qk_heads(dt, krow, row_bytes, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pf, l2, 4);
+    if (hg - h >= 2) {
+        qk_heads(dt, krow, row_bytes, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pf, l2, 2);
+        h += 2;
+        pf = NULL;
+    }
+    if (h < hg)
+        qk_heads(dt, krow, row_bytes, d, n, q + (size_t)h * d, s + h * PKVI_TILE, pf, l2, 1);
+}
+
 #endif /* PKV_KERNELS_AVX512_QK_H */

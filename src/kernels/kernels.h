@@ -32,8 +32,8 @@
 #endif
 /* The SIMD files' function specifier: their micro-kernels and the walk (walk.h) are
  * inlined into one out-of-line function per dtype and path, where the dtype, the head
- * and token blocks and the tile's shape are constants. An unoptimized build (-O0: the
- * ASan recipe's debug buildtype) cannot inline the tile functions walk.h receives as
+ * and token blocks and the tile's shape are constants. An unoptimized build (-O0,
+ * meson's debug buildtype) cannot inline the tile functions walk.h receives as
  * arguments, which gcc refuses for always_inline; there they are plain static inline
  * functions (the same arithmetic, called). */
 #if defined(__OPTIMIZE__)

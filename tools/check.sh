@@ -4,11 +4,13 @@
 # recipe of each. Every command is printed (with a "+") before it runs.
 #
 #   tools/check.sh asan       ASan + UBSan build (build-asan): every suite at quick counts
-#                             (PKV_TEST_QUICK=1) with 4x timeouts, then the kernel suites
-#                             at full counts
+#                             (PKV_TEST_QUICK=1) with 4x timeouts, the pipeline suites on
+#                             the one SIMD table only, then the kernel suites at full
+#                             counts
 #   tools/check.sh tsan       ThreadSanitizer build (build-tsan): the suites that drive
 #                             the engine's worker threads, and the spill transfers that
-#                             run beside other calls (transit), at quick counts
+#                             run beside other calls (transit), at quick counts, the
+#                             pipeline suites on the one SIMD table
 #   tools/check.sh valgrind   memcheck (build-vg): the suites that write to disk (io:
 #                             io, persist, spill, robust), at quick counts (meson's
 #                             valgrind setup)
@@ -22,7 +24,9 @@
 #
 # The instrumented trees build one SIMD table beside scalar (-Dkernels=avx2 on x86-64;
 # every kernel table runs uninstrumented in the README test command): the sanitizers
-# watch the engine, and memcheck cannot run AVX-512.
+# watch the engine, and memcheck cannot run AVX-512. Their pipeline suites run on that
+# table only (one_isa below): the scalar table's runs of them exercise the same engine
+# code, and the kernel and quant suites hold the scalar kernel to its contract.
 #
 # A build directory that exists is reused (its options are not changed). What a mode
 # needs and the machine lacks (valgrind; the aarch64 cross toolchain and arm64
@@ -50,6 +54,20 @@ run() {
     "$@"
 }
 if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+# one_isa DIR SUITE...: the tests of those suites (all with no suite) in build DIR but
+# the pipeline suites' scalar runs (tests named *-scalar outside kernels and quant)
+one_isa() {
+    dir=$1
+    shift
+    sel=""
+    for su in "$@"; do sel="$sel --suite $su"; done
+    # shellcheck disable=SC2086 # one word per option
+    meson test -C "$dir" --list $sel 2>/dev/null | sed -n 's|^pagedkv:[^ ]* / ||p' |
+        grep -v -E -e '-scalar$' || true
+    # shellcheck disable=SC2086
+    meson test -C "$dir" --list $sel 2>/dev/null | sed -n 's|^pagedkv:[^ ]* / ||p' |
+        grep -E -e '^(kernels|quant)-scalar$' || true
+}
 case "$(uname -m)" in
 x86_64) ONE_TABLE=-Dkernels=avx2 ;;
 *) ONE_TABLE=-Dkernels=auto ;;
@@ -70,9 +88,12 @@ asan)
             -Db_lundef=false -Djemalloc=disabled -Dpoison=true "$ONE_TABLE"
     fi
     run ninja -C build-asan
+    tests=$(one_isa build-asan)
+    # shellcheck disable=SC2086 # one word per test
     run env PKV_TEST_QUICK=1 CK_TIMEOUT_MULTIPLIER=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 4
+        meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 4 \
+        $tests
     # the kernels once more at full counts: every shape of the shape table, where an
     # overread of a tail would be
     run env CK_TIMEOUT_MULTIPLIER=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
@@ -86,10 +107,10 @@ tsan)
             -Db_lundef=false -Djemalloc=disabled "$ONE_TABLE"
     fi
     run ninja -C build-tsan
+    tests=$(one_isa build-tsan session kernels sharing variants prefix shard transit persist io)
+    # shellcheck disable=SC2086 # one word per test
     run env PKV_TEST_QUICK=1 CK_TIMEOUT_MULTIPLIER=4 TSAN_OPTIONS=halt_on_error=1:allocator_may_return_null=1 \
-        meson test -C build-tsan --print-errorlogs --num-processes 2 --suite session \
-        --suite kernels --suite sharing --suite variants --suite prefix --suite shard \
-        --suite transit --suite persist --suite io
+        meson test -C build-tsan --print-errorlogs --num-processes 2 $tests
     ;;
 valgrind)
     command -v valgrind >/dev/null 2>&1 || apt_install valgrind

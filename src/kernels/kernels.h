@@ -35,8 +35,10 @@
  * and token blocks and the tile's shape are constants. An unoptimized build (-O0,
  * meson's debug buildtype) cannot inline the tile functions walk.h receives as
  * arguments, which gcc refuses for always_inline; there they are plain static inline
- * functions (the same arithmetic, called). */
-#if defined(__OPTIMIZE__)
+ * functions (the same arithmetic, called). So are they in an optimized gcc sanitizer
+ * build (PKVI_NO_FORCE_INLINE: meson.build, simd_nosan), whose instrumented walks took
+ * minutes a file to compile when forced into one function. */
+#if defined(__OPTIMIZE__) && !defined(PKVI_NO_FORCE_INLINE)
 #define PKVI_INLINE static inline __attribute__((always_inline))
 #else
 #define PKVI_INLINE static inline

@@ -288,13 +288,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 verified[l] = st == PKV_OK;
                 CHECK(pkv_session_len(S->s, l) == S->L[l].len);
             }
-            uint32_t path[ND], m = 0;
+            uint32_t keep[ND], m = 0;
             for (int32_t a = (int32_t)(byte(&r) % (n + 1)) - 1; a >= 0; a = parent[a])
-                path[m++] = (uint32_t)a;
+                keep[m++] = (uint32_t)a;
             for (uint32_t j = 0; j < m / 2; j++) { /* root first */
-                const uint32_t t = path[j];
-                path[j] = path[m - 1 - j];
-                path[m - 1 - j] = t;
+                const uint32_t t = keep[j];
+                keep[j] = keep[m - 1 - j];
+                keep[m - 1 - j] = t;
             }
             bool any = false, room = true;
             for (uint32_t l = 0; l < nl; l++) {
@@ -303,7 +303,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             if (!room)
                 m = 0;
-            pkv_status st = pkv_session_commit(S->s, m, path);
+            pkv_status st = pkv_session_commit(S->s, m, keep);
             CHECK(any ? (st == PKV_OK || (mode == 2 && (st == PKV_ENOMEM || st == PKV_EIO)))
                       : st == PKV_ESTATE);
             if (st != PKV_OK && any) { /* drafts still pending: drop them */
@@ -313,8 +313,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (uint32_t l = 0; l < nl; l++) {
                 layer_model *L = &S->L[l];
                 for (uint32_t j = 0; verified[l] && j < m; j++, L->len++) {
-                    memcpy(L->K[L->len], dk[path[j]], sizeof dk[0]);
-                    memcpy(L->V[L->len], dv_[path[j]], sizeof dv_[0]);
+                    memcpy(L->K[L->len], dk[keep[j]], sizeof dk[0]);
+                    memcpy(L->V[L->len], dv_[keep[j]], sizeof dv_[0]);
                 }
                 CHECK(pkv_session_len(S->s, l) == L->len);
             }

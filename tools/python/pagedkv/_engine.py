@@ -395,7 +395,12 @@ class Session:
 
     def discard(self, p0, p1):
         """Drop positions [p0, p1) of every layer; later ones move down and their
-        keys are re-rotated (pkv_session_discard; the layers need the engine's RoPE)."""
+        keys are re-rotated (pkv_session_discard; the layers need the engine's RoPE).
+        p0 == p1 does nothing. A failed call changes nothing and raises:
+        InvalidArgument (p0 > p1, or a layer holding positions >= p1 has no RoPE),
+        OutOfRange (p1 past every layer's length; a cut into a window's released
+        rows or its sinks; a shard's first position above p0), StateError (drafts
+        pending), OutOfMemory, IOFailure (spilled pages not read back)."""
         h = self._handle()
         self._check(L.pkv_session_discard(h, A.u64(p0, "discard p0"), A.u64(p1, "discard p1")),
                     "discard")

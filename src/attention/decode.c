@@ -330,15 +330,6 @@ static uint32_t tile_max(const pkvi_geom *geo, uint32_t layer)
     return by_heads < geo->cfg.block_tokens ? by_heads : geo->cfg.block_tokens;
 }
 
-/* A prefill's scratch back: to the engine's batch scratch it came from, or freed. */
-static void scratch_free(pkv_session *s, float *qg, bool shared)
-{
-    if (shared)
-        pkvi_exec_scratch_put(s->exec);
-    else
-        free(qg);
-}
-
 /*
  * Reserve, then commit: the scratch, the layer's residency (all of it: attention reads
  * every page) and every page the n rows need are taken first; from then on nothing
@@ -383,12 +374,8 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
         bytes > SIZE_MAX - 63)
         return pkvi_fail(s->errs, PKV_ENOMEM, "pkv_prefill: the scratch of %u queries "
                          "overflows", n);
-    /* the engine's batch scratch when it is free and large enough, as pkv_verify's
-     * block (attention/verify.c), else our own */
-    float *qg = pkvi_exec_scratch_take(s->exec, bytes / sizeof(float));
-    const bool shared_qg = qg != NULL;
-    if (!qg)
-        qg = aligned_alloc(PKVI_PAGE_ALIGN, (size_t)((bytes + 63) & ~63ull));
+    bool own = true; /* no block yet: put back is free(NULL) */
+    float *qg = pkvi_exec_block_take(s->exec, bytes, &own);
     if (!qg)
         return pkvi_fail(s->errs, PKV_ENOMEM, "pkv_prefill: out of memory (scratch of %llu "
                          "bytes)", (unsigned long long)bytes);
@@ -402,7 +389,7 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
             pkvi_session_release(s, layer);
     }
     if (st != PKV_OK) {
-        scratch_free(s, qg, shared_qg);
+        pkvi_exec_block_put(s->exec, qg, own);
         return st;
     }
     /* Nothing fails from here on: tiles of queries that land in one page. */
@@ -437,7 +424,7 @@ pkv_status pkv_prefill(pkv_session *s, uint32_t layer, uint32_t n, const float *
     }
     pkvi_session_finish(s, &r);
     pkvi_session_release(s, layer);
-    scratch_free(s, qg, shared_qg);
+    pkvi_exec_block_put(s->exec, qg, own);
     return PKV_OK;
 }
 

@@ -62,6 +62,26 @@ void pkvi_exec_scratch_put(pkvi_exec *x)
     pthread_mutex_unlock(&x->scratch_lock);
 }
 
+void *pkvi_exec_block_take(pkvi_exec *x, uint64_t bytes, bool *own)
+{
+    *own = true; /* a NULL block puts back as free(NULL) */
+    if (bytes > SIZE_MAX - 63)
+        return NULL;
+    void *p = pkvi_exec_scratch_take(x, (bytes + sizeof(float) - 1) / sizeof(float));
+    *own = p == NULL;
+    if (!p)
+        p = aligned_alloc(64, bytes ? (size_t)((bytes + 63) & ~63ull) : 64);
+    return p;
+}
+
+void pkvi_exec_block_put(pkvi_exec *x, void *block, bool own)
+{
+    if (own)
+        free(block);
+    else
+        pkvi_exec_scratch_put(x);
+}
+
 bool pkvi_exec_parallel(const pkvi_exec *x, double bytes)
 {
     return pkvi_threads_split(x->threads, bytes, x->split_awake, x->split_asleep);

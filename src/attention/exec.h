@@ -67,6 +67,14 @@ PKVI_HIDDEN void pkvi_exec_split_always(pkvi_exec *x);
  * sessions one set each (the same bits). */
 PKVI_HIDDEN float *pkvi_exec_scratch_take(pkvi_exec *x, uint64_t floats);
 PKVI_HIDDEN void pkvi_exec_scratch_put(pkvi_exec *x);
+/* A call's working block of `bytes` (64-byte aligned): the batch scratch when it is free
+ * and large enough (its pages stay mapped from call to call; a block of this size
+ * allocated per call came back from the allocator unmapped and was faulted in again:
+ * docs/performance.md, decision table: PKVI_BATCH_SCRATCH_BYTES), else one of its own;
+ * *own says which, for pkvi_exec_block_put (true with NULL: putting NULL back is a
+ * no-op). NULL when neither can be had. pkv_verify's and pkv_prefill's. */
+PKVI_HIDDEN void *pkvi_exec_block_take(pkvi_exec *x, uint64_t bytes, bool *own);
+PKVI_HIDDEN void pkvi_exec_block_put(pkvi_exec *x, void *block, bool own);
 /* Add a task's page walks to the counts (relaxed atomics: figures, not ordering). */
 static inline void pkvi_exec_count(pkvi_exec *x, uint64_t shared, uint64_t priv,
                                    uint64_t saved)

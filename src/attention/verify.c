@@ -187,15 +187,6 @@ static void attend(const plan *p, pkv_session *s, const pkvi_qpages *qp, const f
     }
 }
 
-/* A verify's block back: to the engine's batch scratch it came from, or freed. */
-static void block_free(pkv_session *s, char *block, bool shared)
-{
-    if (shared)
-        pkvi_exec_scratch_put(s->exec);
-    else
-        free(block);
-}
-
 pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t *parent,
                       const float *q, const float *k, const float *v, float *out)
 {
@@ -267,18 +258,12 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
          pkvi_add(b_img, b_pool, &total) && pkvi_add(total, b_qp, &total) &&
          pkvi_add(total, b_seg, &total) && pkvi_add(total, b_q, &total) &&
          total <= SIZE_MAX;
-    /* the engine's batch scratch when it is free and large enough (its pages stay
-     * mapped from call to call: a block of this size allocated per call came back
-     * from the allocator unmapped, and faulting its pages in again cost as much as
-     * the attention; docs/performance.md, "Many queries per page read"), else our own */
-    char *block = ok ? (char *)pkvi_exec_scratch_take(s->exec, (total + 3) / 4) : NULL;
-    const bool shared_block = block != NULL;
-    if (ok && !block)
-        block = aligned_alloc(64, total ? (size_t)total : 64);
+    bool own = true; /* no block yet: put back is free(NULL) */
+    char *block = ok ? pkvi_exec_block_take(s->exec, total, &own) : NULL;
     int32_t *tree = block ? pkvi_drafts_copy(s, n, parent) : NULL;
     if (!tree || pkvi_drafts_ready(s) != PKV_OK) {
         free(tree);
-        block_free(s, block, shared_block);
+        pkvi_exec_block_put(s->exec, block, own);
         free(meta);
         return pkvi_fail(s->errs, PKV_ENOMEM, "pkv_verify: out of memory for %u drafts", n);
     }
@@ -298,7 +283,7 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
     }
     if (st != PKV_OK) {
         free(tree);
-        block_free(s, block, shared_block);
+        pkvi_exec_block_put(s->exec, block, own);
         free(meta);
         return st;
     }
@@ -309,7 +294,7 @@ pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n, const int32_t 
     pkvi_session_finish(s, &r);
     pkvi_session_release(s, layer);
     pkvi_drafts_set(s, layer, tree);
-    block_free(s, block, shared_block);
+    pkvi_exec_block_put(s->exec, block, own);
     free(meta);
     return PKV_OK;
 }

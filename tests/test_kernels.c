@@ -544,8 +544,10 @@ START_TEST(limb_queries)
     for (size_t i = 0; i < N_SIMD; i++)
         for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++)
             for (size_t ti = 0; ti < 2; ti++)
-                for (int kind = 0; kind < 6; kind++) {
-                    const uint32_t d = ds[di], hg = 4;
+                for (int kind = 0; kind < 12; kind++) {
+                    /* kinds 6..11: kinds 0..5 in a group of 21 heads, two runs of 16
+                     * heads for the budget check, kind 0's heads mixed with plain ones */
+                    const uint32_t d = ds[di], hg = kind < 6 ? 4 : 21;
                     layer L;
                     layer_build(&L, &r, 2, hg, d, 16, qt[ti], 37, 1.0f);
                     if (!uses_limbs(simd_tables[i], &L)) {
@@ -557,9 +559,11 @@ START_TEST(limb_queries)
                     float *out = pkvt_alloc((size_t)hg * d * sizeof(float));
                     pkvt_fill(&r, q, (size_t)hg * d, -2.0f, 2.0f);
                     for (uint32_t c = 0; c < hg * d; c++)
-                        switch (kind) {
-                        case 0: /* one large value per block, the rest 1e-7 of it */
-                            q[c] = c % 32 == (c / 32) % 32 ? 3e4f : q[c] * 3e-3f;
+                        switch (kind % 6) {
+                        case 0: /* one large value per block, the rest 1e-7 of it (in the
+                                 * 21 heads, every head but 1, 5, 9, .. and 17) */
+                            if (hg == 4 || (c / d) % 4 != 1)
+                                q[c] = c % 32 == (c / 32) % 32 ? 3e4f : q[c] * 3e-3f;
                             break;
                         case 1: /* subnormal q, and normal ones in head 1 */
                             q[c] = c / d == 1 ? q[c] : q[c] * 1e-39f;
@@ -576,15 +580,16 @@ START_TEST(limb_queries)
                         default: /* 4: a NaN in head 1, 5: an infinity in head 2 */
                             break;
                         }
-                    if (kind == 4)
-                        q[1 * d + d - 3] = NAN;
-                    if (kind == 5)
-                        q[2 * d + 7] = -INFINITY;
+                    const uint32_t nan_head = hg == 4 ? 1 : 18, inf_head = hg == 4 ? 2 : 3;
+                    if (kind % 6 == 4)
+                        q[nan_head * d + d - 3] = NAN;
+                    if (kind % 6 == 5)
+                        q[inf_head * d + 7] = -INFINITY;
                     run_kernel(&pkvi_kernels_scalar, &L, 1, q, ref);
                     run_kernel(simd_tables[i], &L, 1, q, out);
                     for (uint32_t h = 0; h < hg; h++) {
                         float *qh = q + (size_t)h * d;
-                        if ((kind == 4 && h == 1) || (kind == 5 && h == 2)) {
+                        if ((kind % 6 == 4 && h == nan_head) || (kind % 6 == 5 && h == inf_head)) {
                             for (uint32_t c = 0; c < d; c++)
                                 ck_assert_msg(isnan(out[h * d + c]) && isnan(ref[h * d + c]),
                                               "%s: d=%u %s kind %d head %u: not NaN (seed "

@@ -135,14 +135,15 @@ PKVI_INLINE void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512
  * isum_0), both sums exact in int32 (|.| < 2^28.1) and each rounded once, then one fused
  * multiply-add: the block's dot to within 2u of sum |Q_j k_j| plus 2^-7 sum |k_j| (the
  * lower limbs are unsigned, so a small negative Q_j puts up to 2^16 |k_j| in the low
- * sum). NL = 4 also returns a mask, bit h set where the tile's largest |dk| exceeds
- * lb[h] (ql_prep_head's budget): that head's scores may be off by more than LIMB_BUDGET
- * and must be formed again (limb_fallback). */
-PKVI_INLINE unsigned tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes,
+ * sum). NL = 4 with tile_dkmax also stores there the tile's largest |dk| (NaN scales
+ * left out), which tile_qk holds against each head's budget (ql_prep_head's lb): a
+ * head whose budget it exceeds may have scores off by more than LIMB_BUDGET, formed
+ * again by limb_fallback. */
+PKVI_INLINE void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes,
                                        uint32_t n, const int8_t *ql, const float *qs,
                                        size_t dpad, uint32_t nb, float *s, const char *pf,
                                        const bool l2, const int HB, const int NL,
-                                       const float *lb)
+                                       float *tile_dkmax)
 {
     const size_t bb = pkvi_quant_block_bytes(dt);
     const size_t lines = (n * row_bytes + 63) / 64; /* prefetched a share per block */
@@ -169,7 +170,7 @@ PKVI_INLINE unsigned tile_scores_limbs(pkv_dtype dt, const char *krow, size_t ro
         const __m512i bias = _mm512_slli_epi32(ks, 7);
         const __m512 dk = dt == PKV_Q8 ? block_scales16_of(blk0, row_bytes, n, 0, 8, 4, 12)
                                        : block_scales16(blk0, row_bytes, n);
-        if (NL > 1) /* a NaN scale is left out: its scores are NaN on either path */
+        if (NL > 1 && tile_dkmax) /* a NaN scale is left out: its scores are NaN on either path */
             dkmax = _mm512_max_ps(_mm512_abs_ps(dk), dkmax);
         PKVI_UNROLL
         for (int h = 0; h < HB; h++) {
@@ -202,15 +203,12 @@ PKVI_INLINE unsigned tile_scores_limbs(pkv_dtype dt, const char *krow, size_t ro
         }
     }
     const __mmask16 nk = (__mmask16)((1u << n) - 1u);
-    unsigned past = 0;
     PKVI_UNROLL
-    for (int h = 0; h < HB; h++) {
+    for (int h = 0; h < HB; h++)
         _mm512_mask_storeu_ps(s + h * PKVI_TILE, nk,
                               dt == PKV_Q8 ? _mm512_permutexvar_ps(QD_T8, acc[h]) : acc[h]);
-        if (NL > 1)
-            past |= (_mm512_cmp_ps_mask(dkmax, _mm512_set1_ps(lb[h]), _CMP_GT_OQ) != 0) << h;
-    }
-    return past;
+    if (NL > 1 && tile_dkmax)
+        *tile_dkmax = _mm512_reduce_max_ps(dkmax);
 }
 
 
@@ -382,26 +380,36 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
     const uint32_t nb = (d + 31) / 32, dp = nb * 32;
     const size_t hs = (size_t)QL_LIMBS * dp; /* QK_LIMBS: int8 values a head */
     uint32_t h = 0;
-    if (qk == QK_LIMBS) { /* each run of heads checked against its K scales */
-        unsigned past;
+    if (qk == QK_LIMBS) {
+        /* the tile's largest |dk| (from the first run of heads, which reads every block
+         * scale) against every head's budget once, after all the runs: the hot loop
+         * makes no call, so its constants stay in registers (docs/performance.md,
+         * decision table: LIMB_BUDGET) */
+        float dkmax = 0.0f;
         for (; h + 4 <= hg; h += 4, pk = NULL)
-            if ((past = tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs,
-                                          t->qs + (size_t)h * nb, dp, nb, s + h * PKVI_TILE, pk,
-                                          l2, 4, QL_LIMBS, t->lb + h)))
-                limb_fallback(dt, t, d, row, l2, h, past, s);
+            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
+                              dp, nb, s + h * PKVI_TILE, pk, l2, 4, QL_LIMBS,
+                              h == 0 ? &dkmax : NULL);
         if (hg - h >= 2) {
-            if ((past = tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs,
-                                          t->qs + (size_t)h * nb, dp, nb, s + h * PKVI_TILE, pk,
-                                          l2, 2, QL_LIMBS, t->lb + h)))
-                limb_fallback(dt, t, d, row, l2, h, past, s);
+            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
+                              dp, nb, s + h * PKVI_TILE, pk, l2, 2, QL_LIMBS,
+                              h == 0 ? &dkmax : NULL);
             h += 2;
             pk = NULL;
         }
-        if (h < hg && (past = tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs,
-                                                t->qs + (size_t)h * nb, dp, nb,
-                                                s + h * PKVI_TILE, pk, l2, 1, QL_LIMBS,
-                                                t->lb + h)))
-            limb_fallback(dt, t, d, row, l2, h, past, s);
+        if (h < hg)
+            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
+                              dp, nb, s + h * PKVI_TILE, pk, l2, 1, QL_LIMBS,
+                              h == 0 ? &dkmax : NULL);
+        const __m512 dm = _mm512_set1_ps(dkmax);
+        for (uint32_t h0 = 0; h0 < hg; h0 += 16) {
+            const __mmask16 live = (__mmask16)(hg - h0 >= 16 ? 0xffffu : (1u << (hg - h0)) - 1u);
+            /* lb < dkmax: false for a NaN budget, as dkmax > lb was */
+            const __mmask16 past = _mm512_mask_cmp_ps_mask(
+                live, _mm512_maskz_loadu_ps(live, t->lb + h0), dm, _CMP_LT_OQ);
+            if (__builtin_expect(past != 0, 0))
+                limb_fallback(dt, t, d, row, l2, h0, past, s);
+        }
         return;
     }
     if (d % 32 == 0) {

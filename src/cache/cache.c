@@ -24,7 +24,17 @@ pkv_status pkvi_cache_init(pkvi_cache *c, const pkv_config *cfg, uint64_t page_b
         c->pool = NULL;
         return st;
     }
-    pthread_mutex_init(&c->lock, NULL);
+    /* The engine lock is held for a few microseconds at a time (a transfer's
+     * bookkeeping, a decode's pins): a waiter spins a little before it sleeps, where
+     * glibc offers that, instead of paying a futex sleep and wake-up for every
+     * collision (docs/performance.md, decision table: engine_lock) */
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+#endif
+    pthread_mutex_init(&c->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
     pthread_mutex_init(&c->file_io_lock, NULL);
     pthread_cond_init(&c->moved, NULL);
     return PKV_OK;

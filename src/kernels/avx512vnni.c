@@ -124,6 +124,79 @@ PKVI_INLINE void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512
     }
 }
 
+/* Block b of a tile's K, ready for the heads: the transposed integers (kt), 128 times
+ * each token's sum of them (bias, which the xor of q's signed limb adds), and the
+ * token's block scales (dk). */
+typedef struct {
+    __m512i kt[8];
+    __m512i bias;
+    __m512 dk;
+} kblock;
+
+PKVI_INLINE void kblock_prep(pkv_dtype dt, const char *blk0, size_t row_bytes, uint32_t n,
+                             kblock *kb)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    if (dt == PKV_Q8)
+        qd_kt_q8(blk0, row_bytes, n, kb->kt);
+    else
+        qd_kt_q4(blk0, row_bytes, n, kb->kt);
+    __m512i ks = _mm512_setzero_si512(); /* per token: sum of its 32 integers */
+    PKVI_UNROLL
+    for (int j = 0; j < 8; j++)
+        ks = _mm512_dpbusd_epi32(ks, ones, kb->kt[j]);
+    kb->bias = _mm512_slli_epi32(ks, 7);
+    kb->dk = dt == PKV_Q8 ? block_scales16_of(blk0, row_bytes, n, 0, 8, 4, 12)
+                          : block_scales16(blk0, row_bytes, n);
+}
+
+/* Block b's terms of HB heads' scores added into acc (the block order of ref.c), from
+ * q as NL limbs (tile_scores_limbs, below, says how they join). */
+PKVI_INLINE void kblock_heads(const kblock *kb, const int8_t *ql, const float *qs, size_t dpad,
+                              uint32_t nb, uint32_t b, const int HB, const int NL, __m512 *acc)
+{
+    const __m512i flip = _mm512_set1_epi8(-128);
+    PKVI_UNROLL
+    for (int h = 0; h < HB; h++) {
+        const int8_t *qb = ql + (size_t)h * NL * dpad + b * 32;
+        __m512i a[4];
+        PKVI_UNROLL
+        for (int r = 0; r < NL; r++)
+            a[r] = _mm512_setzero_si512();
+        PKVI_UNROLL
+        for (int j = 0; j < 8; j++)
+            PKVI_UNROLL
+            for (int r = 0; r < NL; r++) {
+                int32_t q4;
+                memcpy(&q4, qb + (size_t)r * dpad + 4 * j, sizeof q4);
+                const __m512i qv = _mm512_set1_epi32(q4);
+                a[r] = _mm512_dpbusd_epi32(a[r], NL == 1 ? _mm512_xor_si512(qv, flip) : qv,
+                                           kb->kt[j]);
+            }
+        const __m512i top = _mm512_sub_epi32(a[NL - 1], kb->bias);
+        const __m512 isum =
+            NL == 1 ? _mm512_cvtepi32_ps(top)
+                    : _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(
+                                          _mm512_slli_epi32(top, 8), a[NL - 2])),
+                                      _mm512_set1_ps(65536.0f),
+                                      _mm512_cvtepi32_ps(_mm512_add_epi32(
+                                          _mm512_slli_epi32(a[1], 8), a[0])));
+        const __m512 dkq = _mm512_mul_ps(kb->dk, _mm512_set1_ps(qs[h * nb + b]));
+        const __m512 term = _mm512_mul_ps(dkq, isum);
+        acc[h] = _mm512_add_ps(acc[h], term);
+    }
+}
+
+/* The HB heads' scores (acc, lane t: the tile's token order) into s [HB][PKVI_TILE]. */
+PKVI_INLINE void kblock_store(pkv_dtype dt, uint32_t n, const __m512 *acc, float *s, const int HB)
+{
+    const __mmask16 nk = (__mmask16)((1u << n) - 1u);
+    PKVI_UNROLL
+    for (int h = 0; h < HB; h++)
+        _mm512_mask_storeu_ps(s + h * PKVI_TILE, nk,
+                              dt == PKV_Q8 ? _mm512_permutexvar_ps(QD_T8, acc[h]) : acc[h]);
+}
+
 /* The scores of n rows and HB heads whose q is NL limbs of int8 per value, the last one
  * signed, the others unsigned bytes (ql + h * NL * dpad + r * dpad: limb r of head h),
  * value = sum_r limb_r 2^(8r) times the head's block scale qs[h * nb + b]. NL = 1 is the
@@ -140,14 +213,12 @@ PKVI_INLINE void qd_kt_q4(const char *blk0, size_t row_bytes, uint32_t n, __m512
  * head whose budget it exceeds may have scores off by more than LIMB_BUDGET, formed
  * again by limb_fallback. */
 PKVI_INLINE void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_bytes,
-                                       uint32_t n, const int8_t *ql, const float *qs,
-                                       size_t dpad, uint32_t nb, float *s, const char *pf,
-                                       const bool l2, const int HB, const int NL,
-                                       float *tile_dkmax)
+                                   uint32_t n, const int8_t *ql, const float *qs, size_t dpad,
+                                   uint32_t nb, float *s, const char *pf, const bool l2,
+                                   const int HB, const int NL, float *tile_dkmax)
 {
     const size_t bb = pkvi_quant_block_bytes(dt);
     const size_t lines = (n * row_bytes + 63) / 64; /* prefetched a share per block */
-    const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi8(-128);
     __m512 acc[4];
     PKVI_UNROLL
     for (int h = 0; h < HB; h++)
@@ -158,59 +229,61 @@ PKVI_INLINE void tile_scores_limbs(pkv_dtype dt, const char *krow, size_t row_by
         if (pf)
             for (size_t ln = b * lines / nb; ln < (b + 1) * lines / nb; ln++)
                 pf_line(pf + ln * 64, l2);
-        __m512i kt[8];
-        if (dt == PKV_Q8)
-            qd_kt_q8(blk0, row_bytes, n, kt);
-        else
-            qd_kt_q4(blk0, row_bytes, n, kt);
-        __m512i ks = _mm512_setzero_si512(); /* per token: sum of its 32 integers */
-        PKVI_UNROLL
-        for (int j = 0; j < 8; j++)
-            ks = _mm512_dpbusd_epi32(ks, ones, kt[j]);
-        const __m512i bias = _mm512_slli_epi32(ks, 7);
-        const __m512 dk = dt == PKV_Q8 ? block_scales16_of(blk0, row_bytes, n, 0, 8, 4, 12)
-                                       : block_scales16(blk0, row_bytes, n);
+        kblock kb;
+        kblock_prep(dt, blk0, row_bytes, n, &kb);
         if (NL > 1 && tile_dkmax) /* a NaN scale is left out: its scores are NaN on either path */
-            dkmax = _mm512_max_ps(_mm512_abs_ps(dk), dkmax);
-        PKVI_UNROLL
-        for (int h = 0; h < HB; h++) {
-            const int8_t *qb = ql + (size_t)h * NL * dpad + b * 32;
-            __m512i a[4];
-            PKVI_UNROLL
-            for (int r = 0; r < NL; r++)
-                a[r] = _mm512_setzero_si512();
-            PKVI_UNROLL
-            for (int j = 0; j < 8; j++)
-                PKVI_UNROLL
-                for (int r = 0; r < NL; r++) {
-                    int32_t q4;
-                    memcpy(&q4, qb + (size_t)r * dpad + 4 * j, sizeof q4);
-                    const __m512i qv = _mm512_set1_epi32(q4);
-                    a[r] = _mm512_dpbusd_epi32(
-                        a[r], NL == 1 ? _mm512_xor_si512(qv, flip) : qv, kt[j]);
-                }
-            const __m512i top = _mm512_sub_epi32(a[NL - 1], bias);
-            const __m512 isum =
-                NL == 1 ? _mm512_cvtepi32_ps(top)
-                        : _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(
-                                              _mm512_slli_epi32(top, 8), a[NL - 2])),
-                                          _mm512_set1_ps(65536.0f),
-                                          _mm512_cvtepi32_ps(_mm512_add_epi32(
-                                              _mm512_slli_epi32(a[1], 8), a[0])));
-            const __m512 dkq = _mm512_mul_ps(dk, _mm512_set1_ps(qs[h * nb + b]));
-            const __m512 term = _mm512_mul_ps(dkq, isum);
-            acc[h] = _mm512_add_ps(acc[h], term);
-        }
+            dkmax = _mm512_max_ps(_mm512_abs_ps(kb.dk), dkmax);
+        kblock_heads(&kb, ql, qs, dpad, nb, b, HB, NL, acc);
     }
-    const __mmask16 nk = (__mmask16)((1u << n) - 1u);
-    PKVI_UNROLL
-    for (int h = 0; h < HB; h++)
-        _mm512_mask_storeu_ps(s + h * PKVI_TILE, nk,
-                              dt == PKV_Q8 ? _mm512_permutexvar_ps(QD_T8, acc[h]) : acc[h]);
+    kblock_store(dt, n, acc, s, HB);
     if (NL > 1 && tile_dkmax)
         *tile_dkmax = _mm512_reduce_max_ps(dkmax);
 }
 
+/* ---- many heads: the tile's K prepared once ------------------------------------------
+ * tile_scores_limbs prepares every block of K again for each run of 4 heads; from
+ * KT_MIN_HEADS heads a group (verify, a shared batch, prefill's stacked queries) the
+ * tile's blocks are prepared once into a stack array and every run reads them from
+ * L1: the same operations on the same values, so the same bits
+ * (docs/performance.md, decision table: KT_MIN_HEADS). */
+#define KT_MIN_HEADS 8u
+#define KT_MAX_BLOCKS 8u /* head_dim <= 256: 5 KiB of stack */
+
+PKVI_INLINE bool kt_once(uint32_t nb, uint32_t hg)
+{
+    return hg >= KT_MIN_HEADS && nb <= KT_MAX_BLOCKS;
+}
+
+/* Every block of the tile prepared into kt[0..nb), prefetching as tile_scores_limbs
+ * does; returns the tile's largest |dk| (NaN scales left out). */
+PKVI_INLINE float ktile_prep(pkv_dtype dt, const char *krow, size_t row_bytes, uint32_t n,
+                             uint32_t nb, const char *pf, const bool l2, kblock *kt)
+{
+    const size_t bb = pkvi_quant_block_bytes(dt);
+    const size_t lines = (n * row_bytes + 63) / 64;
+    __m512 dkmax = _mm512_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        if (pf)
+            for (size_t ln = b * lines / nb; ln < (b + 1) * lines / nb; ln++)
+                pf_line(pf + ln * 64, l2);
+        kblock_prep(dt, krow + b * bb, row_bytes, n, &kt[b]);
+        dkmax = _mm512_max_ps(_mm512_abs_ps(kt[b].dk), dkmax);
+    }
+    return _mm512_reduce_max_ps(dkmax);
+}
+
+PKVI_INLINE void ktile_scores(pkv_dtype dt, const kblock *kt, uint32_t n, const int8_t *ql,
+                              const float *qs, size_t dpad, uint32_t nb, float *s, const int HB,
+                              const int NL)
+{
+    __m512 acc[4];
+    PKVI_UNROLL
+    for (int h = 0; h < HB; h++)
+        acc[h] = _mm512_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++)
+        kblock_heads(&kt[b], ql, qs, dpad, nb, b, HB, NL, acc);
+    kblock_store(dt, n, acc, s, HB);
+}
 
 /* ---- the exact path's scores from integer limbs of q (avx512vnni, whole blocks) ------
  * Block b of a head's q is held as Q_j 2^e: e = max(ilogb(a) - 29, -149), a the
@@ -365,6 +438,22 @@ static __attribute__((noinline, cold)) void limb_fallback(pkv_dtype dt, const ti
     }
 }
 
+/* The tile's largest |dk| against every head's budget, 16 heads a vector; the heads
+ * that could go past LIMB_BUDGET are scored again by limb_fallback. */
+PKVI_INLINE void limb_check(pkv_dtype dt, const tile *t, uint32_t d, size_t row, bool l2,
+                            uint32_t hg, float dkmax, float *s)
+{
+    const __m512 dm = _mm512_set1_ps(dkmax);
+    for (uint32_t h0 = 0; h0 < hg; h0 += 16) {
+        const __mmask16 live = (__mmask16)(hg - h0 >= 16 ? 0xffffu : (1u << (hg - h0)) - 1u);
+        /* lb < dkmax: false for a NaN budget */
+        const __mmask16 past = _mm512_mask_cmp_ps_mask(
+            live, _mm512_maskz_loadu_ps(live, t->lb + h0), dm, _CMP_LT_OQ);
+        if (__builtin_expect(past != 0, 0))
+            limb_fallback(dt, t, d, row, l2, h0, past, s);
+    }
+}
+
 /* The scores of the tile's rows for all hg heads into s [hg][PKVI_TILE] (walk_qk_fn):
  * QK_LIMBS (every block whole) from q's limbs, QK_INT from q quantized per block - a
  * whole tile at once where every block is whole, else qdot256.h's blocks with the
@@ -380,6 +469,26 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
     const uint32_t nb = (d + 31) / 32, dp = nb * 32;
     const size_t hs = (size_t)QL_LIMBS * dp; /* QK_LIMBS: int8 values a head */
     uint32_t h = 0;
+    if (d % 32 == 0 && kt_once(nb, hg)) { /* many heads: K prepared once */
+        kblock kt[KT_MAX_BLOCKS];
+        const float dkmax = ktile_prep(dt, t->k, row, t->n, nb, pk, l2, kt);
+        const size_t bytes = qk == QK_LIMBS ? hs : dp; /* int8 values a head */
+        const int NL = qk == QK_LIMBS ? QL_LIMBS : 1;
+        for (; h + 4 <= hg; h += 4)
+            ktile_scores(dt, kt, t->n, t->qi + (size_t)h * bytes, t->qs + (size_t)h * nb, dp, nb,
+                         s + h * PKVI_TILE, 4, NL);
+        if (hg - h >= 2) {
+            ktile_scores(dt, kt, t->n, t->qi + (size_t)h * bytes, t->qs + (size_t)h * nb, dp, nb,
+                         s + h * PKVI_TILE, 2, NL);
+            h += 2;
+        }
+        if (h < hg)
+            ktile_scores(dt, kt, t->n, t->qi + (size_t)h * bytes, t->qs + (size_t)h * nb, dp, nb,
+                         s + h * PKVI_TILE, 1, NL);
+        if (qk == QK_LIMBS)
+            limb_check(dt, t, d, row, l2, hg, dkmax, s);
+        return;
+    }
     if (qk == QK_LIMBS) {
         /* the tile's largest |dk| (from the first run of heads, which reads every block
          * scale) against every head's budget once, after all the runs: the hot loop
@@ -401,15 +510,7 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
             tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
                               dp, nb, s + h * PKVI_TILE, pk, l2, 1, QL_LIMBS,
                               h == 0 ? &dkmax : NULL);
-        const __m512 dm = _mm512_set1_ps(dkmax);
-        for (uint32_t h0 = 0; h0 < hg; h0 += 16) {
-            const __mmask16 live = (__mmask16)(hg - h0 >= 16 ? 0xffffu : (1u << (hg - h0)) - 1u);
-            /* lb < dkmax: false for a NaN budget, as dkmax > lb was */
-            const __mmask16 past = _mm512_mask_cmp_ps_mask(
-                live, _mm512_maskz_loadu_ps(live, t->lb + h0), dm, _CMP_LT_OQ);
-            if (__builtin_expect(past != 0, 0))
-                limb_fallback(dt, t, d, row, l2, h0, past, s);
-        }
+        limb_check(dt, t, d, row, l2, hg, dkmax, s);
         return;
     }
     if (d % 32 == 0) {

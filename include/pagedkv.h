@@ -589,8 +589,9 @@ PKV_API pkv_status pkv_verify(pkv_session *s, uint32_t layer, uint32_t n,
  * PKV_ESTATE: no drafts are pending, or the pending layers were verified with
  * different trees (n or parent); PKV_EINVAL: s NULL, n_keep > n, path NULL with
  * n_keep > 0, an entry >= n or not the child of the one before it (so no repeats);
- * PKV_EIO / PKV_ENOMEM (n_keep > 0): the pending layers' spilled pages could not be
- * brought back. Nothing changes on failure (the drafts stay pending). Layers that hold
+ * PKV_EIO / PKV_ENOMEM (n_keep > 0): the pending layers' spilled draft pages (those
+ * from the page of position len on; no other page is read) could not be brought
+ * back. Nothing changes on failure (the drafts stay pending). Layers that hold
  * different trees are made one again by verifying them with the same tree. */
 PKV_API pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uint32_t *path);
 

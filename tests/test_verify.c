@@ -759,6 +759,56 @@ END_TEST
 /* A commit that cannot bring the drafts' spilled pages back (a read fault) is PKV_EIO
  * and changes nothing; dropping the drafts (n_keep == 0) reads no page, so it still
  * succeeds, and the session is its base again. */
+/* A session whose layers together outgrow the budget (each one fits, as its decode
+ * needs): a path verified on every layer commits, bringing back only the pages of the
+ * pending rows, and decodes as token by token. Found by the soak: commit brought every
+ * pending layer back whole and failed with PKV_ENOMEM where each layer's verify and
+ * decode had run. */
+START_TEST(commit_past_the_budget)
+{
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() + 3);
+    char dir[256];
+    pkvt_scratch_dir(dir, sizeof dir, "verify-commit-budget");
+    pkv_config c = pkvt_config(2, 4, 2, 8, 4, PKV_F16);
+    const uint64_t page = 2ull * 2 * 4 * 8 * 2;
+    c.mem_budget = 14 * page; /* a layer: 9 pages, 11 with the drafts; both: 22 */
+    c.spill_dir = dir;
+    pkv_engine *e = pkvt_engine_cfg(&c);
+    pkv_session *s = pkvt_session(e), *ref = NULL;
+    for (uint32_t l = 0; l < 2; l++)
+        pkvt_append_random(s, &r, l, 36, 1.5f, 2.0f);
+    ck_assert_int_eq(pkv_session_fork(s, &ref), PKV_OK);
+    rows x[2] = {random_rows(&r, &c, 5), random_rows(&r, &c, 5)};
+    const int32_t tree[5] = {-1, 0, 0, 2, 3};
+    float out[5 * 32];
+    for (uint32_t l = 0; l < 2; l++) {
+        ck_assert_int_eq(pkv_verify(s, l, 5, tree, x[l].q, x[l].k, x[l].v, out), PKV_OK);
+        check_drafts(ref, &c, l, 5, tree, &x[l], out, pkvt_seed());
+    }
+    pkv_memory m;
+    ck_assert_int_eq(pkv_session_memory(s, &m), PKV_OK);
+    ck_assert_uint_gt(m.bytes_spilled, 0);
+    uint32_t path[5];
+    const uint32_t n_keep = path_to(tree, 4, path);
+    ck_assert_uint_eq(n_keep, 4);
+    ck_assert_int_eq(pkv_session_commit(s, n_keep, path), PKV_OK);
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    for (uint32_t l = 0; l < 2; l++) {
+        ck_assert_uint_eq(pkv_session_len(s, l), 40);
+        append_path(ref, &c, l, &x[l], path, n_keep);
+    }
+    same_decodes(s, ref, &c, &r, "after a commit past the budget", pkvt_seed());
+    ck_assert_int_eq(pkv_engine_check(e), PKV_OK);
+    rows_free(&x[0]);
+    rows_free(&x[1]);
+    pkv_session_destroy(s);
+    pkv_session_destroy(ref);
+    pkv_engine_destroy(e);
+    pkvt_remove_dir(dir);
+}
+END_TEST
+
 START_TEST(drop_needs_no_read)
 {
     pkvt_rng r;
@@ -1012,6 +1062,7 @@ int main(void)
     tcase_add_test(tc, bad_input_changes_nothing);
     tcase_add_test(tc, budget_exhaustion_changes_nothing);
     tcase_add_test(tc, pending_drafts_spill_and_come_back);
+    tcase_add_test(tc, commit_past_the_budget);
     tcase_add_test(tc, drop_needs_no_read);
     tcase_add_test(tc, walk_mixes_verify_with_everything);
     tcase_add_test(tc, rope_trees_match_token_by_token);

@@ -91,15 +91,20 @@ pkv_status pkv_session_commit(pkv_session *s, uint32_t n_keep, const uint32_t *p
                              path[j] >= n ? "a pending draft"
                              : j ? "a child of the entry before it" : "a root (parent -1)");
     }
-    /* Rows move only when a path is kept: then every pending layer is pinned with its
-     * pages in memory, or nothing changes. Dropping every draft moves no row, so it
-     * reads no spilled page back and, as a truncate, cannot fail: a caller can always
-     * abandon a tree. */
+    /* Rows move only when a path is kept: then every pending layer is pinned with the
+     * pages of its pending rows in memory (from the page of position len on: no row
+     * before it moves, so a layer longer than the budget holds commits as its decode
+     * runs), or nothing changes. Dropping every draft moves no row, so it reads no
+     * spilled page back and, as a truncate, cannot fail: a caller can always abandon a
+     * tree. */
     const bool move = n_keep > 0;
+    const uint64_t bt = geo->cfg.block_tokens;
     uint32_t l = l0;
     pkv_status st = PKV_OK;
     for (; move && l < L; l++)
-        if (pkvi_btable_pending(s->layers[l]) && (st = pkvi_session_acquire(s, l, "pkv_session_commit")) != PKV_OK)
+        if (pkvi_btable_pending(s->layers[l]) &&
+            (st = pkvi_session_acquire_from(s, l, pkvi_btable_len(s->layers[l]) / bt,
+                                            "pkv_session_commit")) != PKV_OK)
             break;
     if (st != PKV_OK) {
         for (uint32_t k = l0; k < l; k++)

@@ -465,14 +465,21 @@ pkv_status pkvi_session_take_pages(const pkvi_geom *geo, pkvi_cache *cache, uint
 
 pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer, const char *call)
 {
+    return pkvi_session_acquire_from(s, layer, 0, call);
+}
+
+pkv_status pkvi_session_acquire_from(pkv_session *s, uint32_t layer, uint64_t from,
+                                     const char *call)
+{
     pkvi_cache *cache = s->cache;
     if (!cache->spill)
         return PKV_OK;
     pkvi_btable *t = s->layers[layer];
     pthread_mutex_lock(&cache->lock);
     pkvi_btable_pin(t); /* first: making room must not spill what is being brought back */
-    const pkv_status st =
-        pkvi_btable_n_spilled(t) ? pkvi_session_fault_in(s->geom, cache, t, layer, 0) : PKV_OK;
+    const pkv_status st = pkvi_btable_n_spilled(t)
+                              ? pkvi_session_fault_in(s->geom, cache, t, layer, from)
+                              : PKV_OK;
     if (st != PKV_OK)
         pkvi_btable_unpin(t);
     else

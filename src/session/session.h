@@ -204,6 +204,11 @@ PKVI_HIDDEN pkv_status pkvi_session_from_prefix(const pkvi_ctx *ctx, uint64_t n,
  * O(1) for a resident layer. PKV_EIO / PKV_ENOMEM leave the session unchanged; the
  * reason is recorded under the public call's name `call`. */
 PKVI_HIDDEN pkv_status pkvi_session_acquire(pkv_session *s, uint32_t layer, const char *call);
+/* The same, bringing back only the pages of entries `from` on: a call that touches no
+ * row before them (pkv_session_commit: the pending rows and where they move) needs no
+ * more of the layer in memory, so a layer longer than the budget holds still commits. */
+PKVI_HIDDEN pkv_status pkvi_session_acquire_from(pkv_session *s, uint32_t layer,
+                                                 uint64_t from, const char *call);
 PKVI_HIDDEN void pkvi_session_release(pkv_session *s, uint32_t layer);
 
 /* ---- session/account.c ---------------------------------------------------------------- */

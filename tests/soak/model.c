@@ -2,8 +2,8 @@
  * soak/model.c - the model half of `pagedkv-soak`: a trivial model of every session
  * (each layer's appended K/V rows, rounded as the cache stores them), a double-precision
  * reference decode over it, and the random operations (create, append, prefill, decode,
- * decode_batch, fork, truncate, destroy, save/load), each applied to the engine and to
- * the model and checked.
+ * decode_batch, fork, verify + commit, truncate, destroy, save/load), each applied to
+ * the engine and to the model and checked.
  *
  * Owns: the random generator's use, the models, the reference decode and its
  * tolerance, the bitwise comparisons, the operation mix (soak_step), the count of
@@ -558,6 +558,111 @@ static bool op_fork(soak *S, uint32_t a)
            soak_decode_checked(S, changed, layer, S->q, S->out2, "decode of a changed fork");
 }
 
+/* Draft i's attention out (for q) against the reference over the layer's model and
+ * the drafts on its path from the root (k, v [n][g*d]: the drafts' rows as given). */
+static bool check_draft(soak *S, const soak_hist *H, const int32_t *parent, uint32_t i,
+                        const float *k, const float *v, const float *q, const float *out,
+                        uint32_t a, uint32_t layer)
+{
+    uint32_t path[8], depth = 0;
+    for (int32_t j = (int32_t)i; j >= 0; j = parent[j])
+        path[depth++] = (uint32_t)j;
+    const size_t bytes = (size_t)(H->len + depth) * S->kd * sizeof(float);
+    soak_hist T = {malloc(bytes), malloc(bytes), H->len};
+    bool ok = T.k && T.v;
+    if (!ok)
+        soak_fail(S, "out of memory for a draft's reference");
+    if (ok) {
+        memcpy(T.k, H->k, (size_t)H->len * S->kd * sizeof(float));
+        memcpy(T.v, H->v, (size_t)H->len * S->kd * sizeof(float));
+        while (depth > 0) { /* root first */
+            depth--;
+            model_append(S, &T, k + (size_t)path[depth] * S->kd,
+                         v + (size_t)path[depth] * S->kd);
+        }
+        ok = check_ref(S, &T, T.len, q, out, "pkv_verify", a, layer);
+    }
+    free(T.k);
+    free(T.v);
+    return ok;
+}
+
+/* Verify a random tree of 1..6 drafts on one layer or on all (one tree for all), each
+ * draft checked against the reference over its ancestors; 1 in 4 times a second
+ * verify of other rows replaces the first. Then commit a random root-to-node path, or
+ * none: the model takes the path's rows, and a decode of the last kept draft's q must
+ * give that draft's verify output to the bit (SPEC section 13). */
+static bool op_verify(soak *S, uint32_t a)
+{
+    soak_slot *sl = &S->slots[a];
+    const uint32_t L = S->cfg.n_layers, one = below(S, L);
+    const bool all = below(S, 2) == 0;
+    const uint32_t l0 = all ? 0 : one, l1 = all ? L : one + 1, nl = l1 - l0;
+    uint32_t n = 1 + below(S, 6);
+    for (uint32_t l = l0; l < l1; l++)
+        if (!make_room(S, a, l, &n))
+            return false;
+    int32_t parent[8];
+    for (uint32_t i = 0; i < n; i++)
+        parent[i] = (int32_t)below(S, i + 1) - 1;
+    /* per verified layer: k, v [n][g*d]; q, out [n][h*d] */
+    const size_t kn = (size_t)n * S->kd, qn = (size_t)n * S->qd;
+    float *buf = malloc((size_t)nl * (2 * kn + 2 * qn) * sizeof(float));
+    if (!buf)
+        return soak_fail(S, "out of memory for a verify");
+    float *k = buf, *v = k + nl * kn, *q = v + nl * kn, *out = q + nl * qn;
+    bool ok = true;
+    for (uint32_t l = l0; ok && l < l1; l++) {
+        const size_t x = l - l0;
+        const uint32_t tries = below(S, 4) == 0 ? 2 : 1;
+        for (uint32_t r = 0; ok && r < tries; r++) {
+            fill(S, k + x * kn, kn, 1.0f);
+            fill(S, v + x * kn, kn, 1.0f);
+            for (uint32_t i = 0; i < n; i++)
+                soak_random_q(S, q + x * qn + (size_t)i * S->qd);
+            S->reads += spilled_in(S, sl->s, l, 0);
+            ok = expect(S, pkv_verify(sl->s, l, n, parent, q + x * qn, k + x * kn, v + x * kn,
+                                      out + x * qn),
+                        PKV_OK, "pkv_verify", a);
+            S->c.verifies += ok;
+        }
+        for (uint32_t i = 0; ok && i < n; i++)
+            ok = check_draft(S, &sl->h[l], parent, i, k + x * kn, v + x * kn,
+                             q + x * qn + (size_t)i * S->qd, out + x * qn + (size_t)i * S->qd,
+                             a, l);
+    }
+    uint32_t path[8], n_keep = 0;
+    if (ok && below(S, 5)) { /* the path to a random draft; 1 in 5 keeps none */
+        uint32_t rev[8];
+        for (int32_t j = (int32_t)below(S, n); j >= 0; j = parent[j])
+            rev[n_keep++] = (uint32_t)j;
+        for (uint32_t j = 0; j < n_keep; j++)
+            path[j] = rev[n_keep - 1 - j];
+    }
+    for (uint32_t l = l0; ok && n_keep && l < l1; l++)
+        S->reads += spilled_in(S, sl->s, l, 0);
+    ok = ok && expect(S, pkv_session_commit(sl->s, n_keep, path), PKV_OK,
+                      "pkv_session_commit", a);
+    for (uint32_t l = l0; ok && l < l1; l++) {
+        const size_t x = l - l0;
+        for (uint32_t j = 0; j < n_keep; j++)
+            model_append(S, &sl->h[l], k + x * kn + (size_t)path[j] * S->kd,
+                         v + x * kn + (size_t)path[j] * S->kd);
+        S->c.tokens += n_keep;
+    }
+    S->c.commits += ok;
+    ok = ok && soak_check_lens(S, a);
+    if (ok && n_keep > 0) {
+        const size_t x = nl - 1, last = path[n_keep - 1];
+        ok = decode_ok(S, sl->s, a, l1 - 1, q + x * qn + last * S->qd, S->out2,
+                       "pkv_decode after commit") &&
+             check_same(S, out + x * qn + last * S->qd, S->out2,
+                        "verify vs decode after commit", a, l1 - 1);
+    }
+    free(buf);
+    return ok;
+}
+
 /* Save slot a, load it back, compare bitwise; the copy replaces a or takes slot b. */
 static bool op_save_load(soak *S, uint32_t a)
 {
@@ -608,7 +713,8 @@ bool soak_step(soak *S)
     if (r < 44) return op_prefill(S, a);
     if (r < 66) return op_decode(S, a);
     if (r < 74) return op_batch(S, a);
-    if (r < 82) return op_fork(S, a);
+    if (r < 80) return op_fork(S, a);
+    if (r < 82) return op_verify(S, a);
     if (r < 88) {   /* 1 in 8 past every layer: PKV_ERANGE */
         uint32_t m = max_len_of(S, sl);
         return do_truncate(S, a, below(S, 8) ? below(S, m + 1) : m + 1 + below(S, 4));

@@ -1,8 +1,8 @@
 /*
  * soak/soak.c - `pagedkv-soak`: a model-based soak test. Thousands of sessions take
- * random operations (create, append, prefill, decode, decode_batch, fork, truncate,
- * destroy, save/load) under a tight memory budget with spill, and every result is
- * checked against a trivial model kept beside the engine.
+ * random operations (create, append, prefill, decode, decode_batch, fork, verify +
+ * commit, truncate, destroy, save/load) under a tight memory budget with spill, and
+ * every result is checked against a trivial model kept beside the engine.
  *
  * A test program, built with the tests (build/tests/pagedkv-soak; test_soak.c runs
  * it) and never installed: it is not part of the `pagedkv` command. It keeps the
@@ -58,10 +58,11 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: pagedkv-soak [OPTIONS]\n\n"
         "Model-based soak: thousands of sessions take random operations (create, append,\n"
-        "prefill, decode, decode_batch, fork, truncate, destroy, save/load) under a tight\n"
-        "memory budget with spill. Every decode is checked against a double-precision\n"
-        "reference on the model's K/V (tolerance 1e-5 * max|V|); batch, fork twins and\n"
-        "loaded copies are checked bitwise; pool invariants after every step.\n\n"
+        "prefill, decode, decode_batch, fork, verify + commit, truncate, destroy,\n"
+        "save/load) under a tight memory budget with spill. Every decode and verified\n"
+        "draft is checked against a double-precision reference on the model's K/V\n"
+        "(tolerance 1e-5 * max|V|); batch, fork twins, loaded copies and decodes after\n"
+        "a commit are checked bitwise; pool invariants after every step.\n\n"
         "  --ops N            operations to run (default 20000 without --minutes)\n"
         "  --minutes M        run for M minutes (fractional allowed; with --ops, the\n"
         "                     first limit reached ends the run)\n"
@@ -261,7 +262,8 @@ static void report(const soak *S, const pkv_stats *st, double secs, const uint64
         {"destroys", c->destroys}, {"max_sessions_alive", c->max_alive},
         {"tokens_appended", c->tokens}, {"prefills", c->prefills},
         {"decodes", c->decodes}, {"split_k_decodes", c->split_decodes},
-        {"batches", c->batches}, {"truncates", c->truncates},
+        {"batches", c->batches}, {"verifies", c->verifies}, {"commits", c->commits},
+        {"truncates", c->truncates},
         {"save_loads", c->saves},
         {"checks", c->inv_checks + c->ref_checks + c->bit_checks},
         {"invariant_checks", c->inv_checks}, {"reference_checks", c->ref_checks},

@@ -55,6 +55,7 @@ typedef struct {
 
 typedef struct {
     uint64_t created, forks, destroys, truncates, tokens, prefills, decodes, batches;
+    uint64_t verifies, commits;
     uint64_t saves, inv_checks, ref_checks, bit_checks, expected_errors, split_decodes;
     uint64_t spill_written, spill_read, spilled_peak, alive, max_alive;
     double max_rel_err;     /* largest |out - ref| / max|V| seen */

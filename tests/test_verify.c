@@ -766,13 +766,20 @@ END_TEST
  * decode had run. */
 START_TEST(commit_past_the_budget)
 {
+    /* _i 1: layer 0 keeps a window of 10 positions; layer 1's verify spills it, so its
+     * commit releases a page that sits spilled before the ones it brings back */
     pkvt_rng r;
-    pkvt_rng_init(&r, pkvt_seed() + 3);
+    pkvt_rng_init(&r, pkvt_seed() + 3 + (uint64_t)_i);
     char dir[256];
     pkvt_scratch_dir(dir, sizeof dir, "verify-commit-budget");
     pkv_config c = pkvt_config(2, 4, 2, 8, 4, PKV_F16);
+    pkv_layer_config lc[2];
+    memset(lc, 0, sizeof lc);
+    lc[0].window = 10;
+    if (_i == 1)
+        c.layer_cfg = lc;
     const uint64_t page = 2ull * 2 * 4 * 8 * 2;
-    c.mem_budget = 14 * page; /* a layer: 9 pages, 11 with the drafts; both: 22 */
+    c.mem_budget = (_i ? 13 : 14) * page; /* a full layer: 9 pages, 11 with the drafts */
     c.spill_dir = dir;
     pkv_engine *e = pkvt_engine_cfg(&c);
     pkv_session *s = pkvt_session(e), *ref = NULL;
@@ -1062,7 +1069,7 @@ int main(void)
     tcase_add_test(tc, bad_input_changes_nothing);
     tcase_add_test(tc, budget_exhaustion_changes_nothing);
     tcase_add_test(tc, pending_drafts_spill_and_come_back);
-    tcase_add_test(tc, commit_past_the_budget);
+    tcase_add_loop_test(tc, commit_past_the_budget, 0, 2);
     tcase_add_test(tc, drop_needs_no_read);
     tcase_add_test(tc, walk_mixes_verify_with_everything);
     tcase_add_test(tc, rope_trees_match_token_by_token);

@@ -17,11 +17,13 @@
  * forks sharing the pages being moved, windows with sinks and rollback, every dtype,
  * spill (a budget and a spill_dir), shards, save/load, recorded tokens and the prefix
  * cache, and the failures (bad ranges, layers without rope, no memory): statuses with
- * nothing changed; crossings_random crosses them all at once in random rounds and holds
- * every step to the double reference too (each key the decode reads against its exact
- * rotation, within a store's error per move; the decode against attention in double
- * over the stored rows). discard_drift prints how far re-rotated keys drift from keys rotated
- * at their final position after 1, 10 and 100 shifts (docs/rope.md quotes it).
+ * nothing changed; verify_after_discard commits draft trees between discards (a
+ * pending tree refuses a discard); crossings_random crosses them all at once in random
+ * rounds and holds every step to the double reference too (each key the decode reads
+ * against its exact rotation, within a store's error per move; the decode against
+ * attention in double over the stored rows). discard_drift prints how far re-rotated
+ * keys drift from keys rotated at their final position after 1, 10 and 100 shifts
+ * (docs/rope.md quotes it).
  */
 #include "testutil.h"
 #include "internal.h"
@@ -280,6 +282,102 @@ static geo_t basic_geo(pkvt_rng *r, pkv_dtype dt)
     G.lc[1].rope_dims = (dt == PKV_Q8 || dt == PKV_Q4) && G.d >= 64 ? 32 : G.d / 2 / 2 * 2;
     return G;
 }
+
+/* Draft trees verified and committed after discards, all five dtypes: a draft sits
+ * at len + depth and the engine turns its key there, so the kept path must be what
+ * appending its rows gives, to the bit (against the model's session), and the last
+ * kept draft's verify output the decode after the commit. While drafts are pending a
+ * discard is PKV_ESTATE and changes nothing. */
+START_TEST(verify_after_discard)
+{
+    static const pkv_dtype dts[] = {PKV_F32, PKV_F16, PKV_BF16, PKV_Q8, PKV_Q4};
+    pkvt_rng r;
+    pkvt_rng_init(&r, pkvt_seed() ^ 0x5eed);
+    for (size_t di = 0; di < 5; di++) {
+        geo_t G = basic_geo(&r, dts[di]);
+        pkv_config c = make_config(&G, true), cp = make_config(&G, false);
+        pkv_engine *e = pkvt_engine_cfg(&c), *plain = pkvt_engine_cfg(&cp);
+        pkv_session *s = pkvt_session(e);
+        model m;
+        model_init(&m, &G, 600);
+        append_rows(e, s, &m, &G, &r, 30 + pkvt_below(&r, 60));
+        const size_t kn = (size_t)G.g * G.d, qn = (size_t)G.h * G.d;
+        for (int step = 0; step < 4; step++) {
+            if (m.len[0] < 8)
+                append_rows(e, s, &m, &G, &r, 8);
+            const uint64_t len = m.len[0];
+            const uint64_t p0 = pkvt_below(&r, (uint32_t)len);
+            const uint64_t p1 = p0 + 1 + pkvt_below(&r, (uint32_t)(len - p0 < 20 ? len - p0 : 20));
+            ck_assert_int_eq(pkv_session_discard(s, p0, p1), PKV_OK);
+            model_discard(e, &m, &G, p0, p1);
+            /* a tree of 1..7 drafts on every layer: rows, and q turned at each draft's
+             * position len + depth */
+            const uint32_t n = 1 + pkvt_below(&r, 7);
+            int32_t parent[7];
+            uint32_t depth[7];
+            for (uint32_t i = 0; i < n; i++) {
+                parent[i] = (int32_t)pkvt_below(&r, i + 1) - 1;
+                depth[i] = parent[i] < 0 ? 0 : depth[parent[i]] + 1;
+            }
+            float *k = pkvt_alloc(G.L * n * kn * 4), *v = pkvt_alloc(G.L * n * kn * 4);
+            float *q = pkvt_alloc(G.L * n * qn * 4), *out = pkvt_alloc(G.L * n * qn * 4);
+            for (uint32_t l = 0; l < G.L; l++) {
+                pkvt_fill(&r, k + l * n * kn, n * kn, -1.5f, 1.5f);
+                pkvt_fill(&r, v + l * n * kn, n * kn, -1.0f, 1.0f);
+                pkvt_fill(&r, q + l * n * qn, n * qn, -1.5f, 1.5f);
+                for (uint32_t i = 0; i < n; i++) {
+                    const uint64_t pos = m.len[l] + depth[i];
+                    ck_assert_int_eq(pkv_rope_q(e, l, 1, &pos, q + (l * n + i) * qn), PKV_OK);
+                }
+                ck_assert_int_eq(pkv_verify(s, l, n, parent, q + l * n * qn, k + l * n * kn,
+                                            v + l * n * kn, out + l * n * qn),
+                                 PKV_OK);
+            }
+            ck_assert_int_eq(pkv_session_discard(s, 0, 1), PKV_ESTATE);
+            for (uint32_t l = 0; l < G.L; l++)
+                ck_assert_uint_eq(pkv_session_len(s, l), m.len[l]);
+            uint32_t path[7], rev[7], n_keep = 0;
+            for (int32_t j = (int32_t)pkvt_below(&r, n); j >= 0; j = parent[j])
+                rev[n_keep++] = (uint32_t)j;
+            for (uint32_t j = 0; j < n_keep; j++)
+                path[j] = rev[n_keep - 1 - j];
+            ck_assert_int_eq(pkv_session_commit(s, n_keep, path), PKV_OK);
+            /* the model appends the kept rows at their positions, as append_rows does */
+            float *tmp = pkvt_alloc(qn * 4);
+            for (uint32_t l = 0; l < G.L; l++)
+                for (uint32_t j = 0; j < n_keep; j++) {
+                    const uint64_t p = m.len[l]++;
+                    const float *raw = k + (l * n + path[j]) * kn;
+                    memcpy(m.raw[l] + p * kn, raw, kn * 4);
+                    memcpy(m.v[l] + p * kn, v + (l * n + path[j]) * kn, kn * 4);
+                    m.orig[l][p] = p;
+                    m.moves[l][p] = 0;
+                    memcpy(tmp, raw, kn * 4);
+                    ck_assert_int_eq(pkv_rope_q(e, l, 1, &p, tmp), PKV_OK);
+                    memcpy(m.k[l] + p * kn, tmp, kn * 4);
+                }
+            for (uint32_t l = 0; l < G.L; l++) { /* the last kept draft: verify == decode */
+                const uint32_t last = path[n_keep - 1];
+                ck_assert_int_eq(pkv_decode(s, l, q + (l * n + last) * qn, tmp), PKV_OK);
+                ck_assert_msg(memcmp(tmp, out + (l * n + last) * qn, qn * 4) == 0,
+                              "%s layer %u: the verify output of draft %u is not the decode "
+                              "after the commit (seed %llu)", pkv_dtype_name(G.dt), l, last,
+                              (unsigned long long)pkvt_seed());
+            }
+            free(tmp);
+            check_bitwise(e, plain, s, &m, &G, &r, "verify + commit after a discard");
+            free(k);
+            free(v);
+            free(q);
+            free(out);
+        }
+        pkv_session_destroy(s);
+        model_free(&m, &G);
+        pkv_engine_destroy(e);
+        pkv_engine_destroy(plain);
+    }
+}
+END_TEST
 
 /* ---- the bitwise runs ----------------------------------------------------------------- */
 
@@ -1210,6 +1308,7 @@ int main(void)
     tcase_add_test(tc, recorded_tokens);
     tcase_add_test(tc, save_load);
     tcase_add_test(tc, crossings_random);
+    tcase_add_test(tc, verify_after_discard);
     suite_add_tcase(s, tc);
     return pkvt_run(s);
 }

@@ -5,8 +5,9 @@
 #
 #   tools/check.sh asan       ASan + UBSan build (build-asan): every suite at quick counts
 #                             (PKV_TEST_QUICK=1) with 4x timeouts, the pipeline suites on
-#                             the one SIMD table only, then the kernel suites at full
-#                             counts
+#                             the one SIMD table only (not the tests that run no library
+#                             code: rules, header-*, python-install), then the kernel
+#                             suites at full counts
 #   tools/check.sh tsan       ThreadSanitizer build (build-tsan): the suites that drive
 #                             the engine's worker threads, and the spill transfers that
 #                             run beside other calls (transit), at quick counts, the

@@ -467,65 +467,48 @@ PKVI_INLINE void tile_qk(const pkv_dtype dt, const qk_kind qk, const uint32_t D,
     const char *pk = t->pfk;
     const bool l2 = p->pf_l2;
     const uint32_t nb = (d + 31) / 32, dp = nb * 32;
-    const size_t hs = (size_t)QL_LIMBS * dp; /* QK_LIMBS: int8 values a head */
     uint32_t h = 0;
-    if (d % 32 == 0 && kt_once(nb, hg)) { /* many heads: K prepared once */
-        kblock kt[KT_MAX_BLOCKS];
-        const float dkmax = ktile_prep(dt, t->k, row, t->n, nb, pk, l2, kt);
-        const size_t bytes = qk == QK_LIMBS ? hs : dp; /* int8 values a head */
+    if (qk == QK_LIMBS || d % 32 == 0) { /* whole blocks: q as QL_LIMBS limbs, or one */
+        const size_t bytes = qk == QK_LIMBS ? (size_t)QL_LIMBS * dp : dp; /* int8s a head */
         const int NL = qk == QK_LIMBS ? QL_LIMBS : 1;
-        for (; h + 4 <= hg; h += 4)
-            ktile_scores(dt, kt, t->n, t->qi + (size_t)h * bytes, t->qs + (size_t)h * nb, dp, nb,
-                         s + h * PKVI_TILE, 4, NL);
-        if (hg - h >= 2) {
-            ktile_scores(dt, kt, t->n, t->qi + (size_t)h * bytes, t->qs + (size_t)h * nb, dp, nb,
-                         s + h * PKVI_TILE, 2, NL);
-            h += 2;
+        /* the tile's largest |dk| (NL > 1): from the preparation, or from the first run
+         * of heads, which reads every block scale; held against every head's budget
+         * once, after all the runs, so the hot loop makes no call and its constants stay
+         * in registers (docs/performance.md, decision table: LIMB_BUDGET) */
+        float dkmax = 0.0f;
+        if (kt_once(nb, hg)) { /* many heads: K prepared once */
+            kblock kt[KT_MAX_BLOCKS];
+            dkmax = ktile_prep(dt, t->k, row, t->n, nb, pk, l2, kt);
+            for (; h + 4 <= hg; h += 4)
+                ktile_scores(dt, kt, t->n, t->qi + (size_t)h * bytes, t->qs + (size_t)h * nb,
+                             dp, nb, s + h * PKVI_TILE, 4, NL);
+            if (hg - h >= 2) {
+                ktile_scores(dt, kt, t->n, t->qi + (size_t)h * bytes, t->qs + (size_t)h * nb,
+                             dp, nb, s + h * PKVI_TILE, 2, NL);
+                h += 2;
+            }
+            if (h < hg)
+                ktile_scores(dt, kt, t->n, t->qi + (size_t)h * bytes, t->qs + (size_t)h * nb,
+                             dp, nb, s + h * PKVI_TILE, 1, NL);
+        } else {
+            for (; h + 4 <= hg; h += 4, pk = NULL)
+                tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * bytes,
+                                  t->qs + (size_t)h * nb, dp, nb, s + h * PKVI_TILE, pk, l2, 4,
+                                  NL, h == 0 ? &dkmax : NULL);
+            if (hg - h >= 2) {
+                tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * bytes,
+                                  t->qs + (size_t)h * nb, dp, nb, s + h * PKVI_TILE, pk, l2, 2,
+                                  NL, h == 0 ? &dkmax : NULL);
+                h += 2;
+                pk = NULL;
+            }
+            if (h < hg)
+                tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * bytes,
+                                  t->qs + (size_t)h * nb, dp, nb, s + h * PKVI_TILE, pk, l2, 1,
+                                  NL, h == 0 ? &dkmax : NULL);
         }
-        if (h < hg)
-            ktile_scores(dt, kt, t->n, t->qi + (size_t)h * bytes, t->qs + (size_t)h * nb, dp, nb,
-                         s + h * PKVI_TILE, 1, NL);
         if (qk == QK_LIMBS)
             limb_check(dt, t, d, row, l2, hg, dkmax, s);
-        return;
-    }
-    if (qk == QK_LIMBS) {
-        /* the tile's largest |dk| (from the first run of heads, which reads every block
-         * scale) against every head's budget once, after all the runs: the hot loop
-         * makes no call, so its constants stay in registers (docs/performance.md,
-         * decision table: LIMB_BUDGET) */
-        float dkmax = 0.0f;
-        for (; h + 4 <= hg; h += 4, pk = NULL)
-            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
-                              dp, nb, s + h * PKVI_TILE, pk, l2, 4, QL_LIMBS,
-                              h == 0 ? &dkmax : NULL);
-        if (hg - h >= 2) {
-            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
-                              dp, nb, s + h * PKVI_TILE, pk, l2, 2, QL_LIMBS,
-                              h == 0 ? &dkmax : NULL);
-            h += 2;
-            pk = NULL;
-        }
-        if (h < hg)
-            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * hs, t->qs + (size_t)h * nb,
-                              dp, nb, s + h * PKVI_TILE, pk, l2, 1, QL_LIMBS,
-                              h == 0 ? &dkmax : NULL);
-        limb_check(dt, t, d, row, l2, hg, dkmax, s);
-        return;
-    }
-    if (d % 32 == 0) {
-        for (; h + 4 <= hg; h += 4, pk = NULL)
-            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
-                              dp, nb, s + h * PKVI_TILE, pk, l2, 4, 1, NULL);
-        if (hg - h >= 2) {
-            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
-                              dp, nb, s + h * PKVI_TILE, pk, l2, 2, 1, NULL);
-            h += 2;
-            pk = NULL;
-        }
-        if (h < hg)
-            tile_scores_limbs(dt, t->k, row, t->n, t->qi + (size_t)h * dp, t->qs + (size_t)h * nb,
-                              dp, nb, s + h * PKVI_TILE, pk, l2, 1, 1, NULL);
         return;
     }
     const uint32_t b0 = qd_wide_count(d, nb);

@@ -639,8 +639,8 @@ static bool op_verify(soak *S, uint32_t a)
         for (uint32_t j = 0; j < n_keep; j++)
             path[j] = rev[n_keep - 1 - j];
     }
-    for (uint32_t l = l0; ok && n_keep && l < l1; l++)
-        S->reads += spilled_in(S, sl->s, l, 0);
+    for (uint32_t l = l0; ok && n_keep && l < l1; l++) /* the pages from len's on */
+        S->reads += spilled_in(S, sl->s, l, sl->h[l].len / S->cfg.block_tokens);
     ok = ok && expect(S, pkv_session_commit(sl->s, n_keep, path), PKV_OK,
                       "pkv_session_commit", a);
     for (uint32_t l = l0; ok && l < l1; l++) {
